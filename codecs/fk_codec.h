@@ -1,0 +1,163 @@
+/* SPDX-License-Identifier: MIT
+ * The codec interface: one const ops struct per codec, with an option table the harness
+ * checks config values against before a codec starts.
+ *
+ * A codec keeps one state per (sequence, layer, kind) stream group, shared by the KV heads
+ * of that layer (they share the dictionary). The replay engine drives it through eviction
+ * events (spec algorithms.md section 4): encode() receives every vector evicted together,
+ * ordered by (token, head), and must commit them all. Stored rows are addressed by
+ * (head, token): tokens are evicted in order, so the compressed tokens of a head are always
+ * 0 .. n_compressed-1.
+ *
+ * Adding a codec = one .c file with one exported `const struct fk_codec_ops` + one line in
+ * codecs/fk_registry.c.
+ */
+#ifndef FK_CODEC_H
+#define FK_CODEC_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+enum fk_opt_type { FK_OPT_INT, FK_OPT_DOUBLE, FK_OPT_BOOL, FK_OPT_ENUM };
+
+/* One option of a codec. INT, BOOL and ENUM options are stored as int, DOUBLE as double,
+ * at `offset` in the codec's options struct. Ranges are inclusive. */
+struct fk_option {
+    const char *name;            /* TOML key and CSV column, [a-z0-9_] */
+    enum fk_opt_type type;
+    size_t offset;               /* offsetof(options struct, field) */
+    double def, min, max;        /* default and inclusive range (ENUM: index of choices) */
+    const char *const *choices;  /* ENUM only: NULL-terminated names */
+    const char *help;            /* one line, with units */
+};
+
+/* Options every codec has (first member of every options struct): the replay engine reads
+ * them to drive the full-precision buffer and the eviction chunk. */
+struct fk_common_opts {
+    int n_b;                     /* full-precision recent-token buffer, tokens */
+    int a_len;                   /* tokens evicted per eviction event */
+    int coef;                    /* coefficient storage: enum fk_coef */
+};
+
+enum fk_coef { FK_COEF_FP32 = 0, FK_COEF_FP16 = 1, FK_COEF_FP8 = 2 };
+extern const char *const fk_coef_names[]; /* {"fp32", "fp16", "fp8", NULL} */
+
+/* Entries of the option table for struct fk_common_opts `c` at the start of `type`. */
+#define FK_COMMON_OPTIONS(type)                                                           \
+    {"n_b", FK_OPT_INT, offsetof(type, c.n_b), 128, 0, 1 << 24, NULL,                    \
+     "full-precision buffer of the most recent tokens (tokens)"},                         \
+    {"a_len", FK_OPT_INT, offsetof(type, c.a_len), 1, 1, 1 << 16, NULL,                  \
+     "tokens compressed per eviction event"},                                            \
+    {"coef", FK_OPT_ENUM, offsetof(type, c.coef), FK_COEF_FP8, 0, 2, fk_coef_names,      \
+     "coefficient storage: fp32 | fp16 | fp8 (E4M3FN)"}
+
+enum fk_cap {
+    FK_CAP_DICT = 1u << 0,    /* needs a dictionary file */
+    FK_CAP_GRAM = 1u << 1,    /* wants the base Gram matrix D^T D */
+    FK_CAP_SPARSE = 1u << 2,  /* stored rows are sparse codes over atoms (sparse_row works) */
+    FK_CAP_GROWS = 1u << 3,   /* the dictionary can grow */
+    FK_CAP_ADAPTS = 1u << 4,  /* the dictionary changes during decoding */
+};
+
+/* A shared, read-only base dictionary for one (layer, kind). */
+struct fk_base_dict {
+    int n_atoms;                 /* N */
+    int m;                       /* head_dim */
+    const float *atoms;          /* [N][m] unit norm, dead atoms zero */
+    const uint8_t *dead;         /* [N] 1 = dead (norm < 1e-12 at load) */
+    const float *gram;           /* [N][N] or NULL when the codec did not ask for it */
+};
+
+/* What the harness tells a codec when it opens a stream group. */
+struct fk_stream_env {
+    int layer;
+    int kind;                    /* FK_KIND_K or FK_KIND_V */
+    int head_dim;                /* m */
+    int n_heads;                 /* KV heads sharing this state */
+    int n_tokens;                /* T: upper bound of stored rows per head */
+    const struct fk_base_dict *base; /* NULL unless FK_CAP_DICT */
+};
+
+/* One eviction event: all vectors evicted together, ordered by (token, head). */
+struct fk_event {
+    int phase;                   /* 0 prefill, 1 decode */
+    int step;                    /* decode step index (0-based), -1 in prefill */
+    int n;                       /* vectors */
+    const float *x;              /* [n][m] */
+    const int32_t *token;        /* [n] token index in the trace */
+    const int32_t *head;         /* [n] KV head */
+};
+
+enum fk_vec_flag {
+    FK_VEC_ZERO = 1u << 0,       /* zero vector: empty code, excluded from error means */
+    FK_VEC_ADAPTED = 1u << 1,    /* coded on a newly appended or replaced atom */
+    FK_VEC_PREMATURE = 1u << 2,  /* encoder stopped early (fewer than s atoms) */
+};
+
+/* Per-vector outcome of encode(). */
+struct fk_vec_out {
+    float err_enc;               /* relative error with unquantised coefficients, at encode */
+    float err;                   /* relative error of the stored (dequantised) row */
+    int32_t nnz;                 /* stored coefficients */
+    uint32_t flags;              /* enum fk_vec_flag */
+};
+
+/* Counters and accounting of one stream group, read after any event. */
+struct fk_stream_stats {
+    int n_atoms;                 /* N_t, current atoms (N for codecs without growth) */
+    int n_base;                  /* N of the base dictionary (0: no dictionary) */
+    uint64_t appends, replacements, adapt_failed, growth_capped, collateral_reencodes;
+    uint64_t saturated;          /* FP8 coefficients saturated to +-448 */
+    uint64_t premature;          /* codes that stopped before s atoms */
+    uint64_t uses_total;         /* nonzeros committed (all codes ever stored) */
+    uint64_t uses_adapted;       /* of which on adapted atoms */
+    double macs;                 /* analytical cost model (spec 10.7), summed over vectors */
+    double bytes_codes;          /* stored codes (spec 10.6) */
+    double bytes_dict_seq;       /* per-sequence dictionary state (spec 10.6) */
+    const uint32_t *ref_count;   /* [n_atoms] stored codes referencing atom j, or NULL */
+    const uint32_t *prefill_use; /* [n_atoms] uses by prefill codes, or NULL */
+    const uint32_t *use_total;   /* [n_atoms] uses ever, or NULL */
+    const uint8_t *is_adapted;   /* [n_atoms] or NULL */
+};
+
+struct fk_codec_ops {
+    const char *name;            /* registry key, TOML `name`, CSV value */
+    const char *summary;         /* one line for `fadkv-bench codecs` */
+    size_t opts_size;            /* sizeof(options struct); starts with fk_common_opts */
+    const struct fk_option *options; /* {NULL}-terminated */
+    unsigned caps;               /* enum fk_cap */
+
+    /* (optional) Cross-option checks after every value is in range (e.g. s <= n). Sets an
+     * fk_err message naming the options. n_atoms = 0 when no dictionary is known yet. */
+    int (*check)(const void *opts, int head_dim, int n_atoms);
+    int (*open)(const void *opts, const struct fk_stream_env *env, void **state);
+    /* Encodes and commits every vector of ev; out[i] describes vector i. */
+    int (*encode)(void *state, const struct fk_event *ev, struct fk_vec_out *out);
+    /* Reconstruction of a stored row with the current dictionary. */
+    int (*reconstruct)(const void *state, int head, int token, float *out);
+    /* (optional, FK_CAP_SPARSE) The stored code of a row: nnz, atom ids, dequantised
+     * coefficients (pointers valid until the next encode). */
+    int (*sparse_row)(const void *state, int head, int token, int *nnz, const int32_t **idx,
+                      const float **coef);
+    /* (optional, FK_CAP_SPARSE) The current atoms [n_atoms][m], contiguous. */
+    const float *(*atoms)(const void *state, int *n_atoms);
+    void (*stats)(const void *state, struct fk_stream_stats *st);
+    void (*close)(void *state); /* accepts NULL and half-opened states */
+};
+
+/* Registry (codecs/fk_registry.c). */
+extern const struct fk_codec_ops *const fk_codecs[]; /* NULL-terminated */
+const struct fk_codec_ops *fk_codec_find(const char *name);
+const struct fk_option *fk_codec_option(const struct fk_codec_ops *ops, const char *name);
+
+/* Option values: defaults, set (range-checked, message names the option and the range),
+ * get as double, and canonical text ("8", "0.5", "fp8"). */
+void fk_opts_defaults(const struct fk_codec_ops *ops, void *opts);
+int fk_opts_set(const struct fk_codec_ops *ops, void *opts, const struct fk_option *o,
+                double value);
+int fk_opts_set_enum(const struct fk_codec_ops *ops, void *opts, const struct fk_option *o,
+                     const char *choice);
+double fk_opts_get(const void *opts, const struct fk_option *o);
+void fk_opts_format(const void *opts, const struct fk_option *o, char *buf, size_t cap);
+
+#endif

@@ -1,0 +1,109 @@
+/* SPDX-License-Identifier: MIT
+ * The numerical core shared by every dictionary codec (spec: algorithms.md sections 3.2,
+ * 3.3, 3.6, 3.7): correlations, Batch-OMP in Gram mode, naive OMP, Top-n screening,
+ * ridge refinement and FP8 E4M3FN coefficients.
+ *
+ * Data are float32; the small triangular solves, coefficients and energies are double.
+ * Every routine is deterministic and single-threaded per vector (ties go to the lowest
+ * atom index), so results do not depend on how vectors are spread over threads.
+ */
+#ifndef FK_SPARSE_H
+#define FK_SPARSE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define FK_SMAX 64 /* largest sparsity a code can hold */
+
+enum fk_code_flag {
+    FK_CODE_ZERO = 1u << 0,      /* ||x||^2 <= 1e-30: empty code, x_hat = 0 */
+    FK_CODE_PREMATURE = 1u << 1, /* residual orthogonal to every candidate: k < s */
+    FK_CODE_TOL = 1u << 2,       /* stopped by the relative error threshold */
+    FK_CODE_DEPENDENT = 1u << 3, /* at least one atom excluded by the dependency guard */
+};
+
+/* One sparse code of a vector x. */
+struct fk_code {
+    int k;                   /* atoms used, 0..s */
+    int32_t idx[FK_SMAX];    /* atom ids in selection order */
+    double coef[FK_SMAX];    /* coefficients (unquantised) */
+    double xx;               /* ||x||^2 */
+    double err2;             /* ||x - D_S coef||^2, recomputed from the atoms */
+    unsigned flags;          /* enum fk_code_flag */
+    int iters;               /* greedy iterations run, counting excluded candidates */
+};
+
+/* Row j of the Gram matrix D^T D (length n_atoms). May fill and return scratch
+ * (n_atoms floats) or return a pointer into a stored matrix. */
+typedef const float *(*fk_gram_row_fn)(void *ctx, int j, float *scratch);
+
+/* A read-only view of a dictionary as a coder sees it. */
+struct fk_dict_view {
+    int m;                   /* head_dim */
+    int n_atoms;             /* N_t, current atom count */
+    const float *atoms;      /* [n_atoms][m] row-major, unit norm, dead atoms all zero */
+    const uint8_t *dead;     /* [n_atoms], 1 = never select; NULL = none dead */
+    fk_gram_row_fn gram_row; /* NULL: Gram mode unavailable */
+    void *gram_ctx;
+};
+
+/* A = X D^T: correlations of nx vectors X [nx][m] with every atom -> A [nx][n_atoms].
+ * One SGEMM (OpenBLAS). For bit-identical results at any thread count, call it with the same
+ * block partition and OpenBLAS at one thread (fk_blas_threads_set(1)) in worker threads. */
+void fk_correlate(const struct fk_dict_view *d, const float *x, int nx, float *a);
+
+/* G = D^T D for atom-major atoms [n_atoms][m] -> gram [n_atoms][n_atoms] (one SSYRK, then
+ * mirrored, so G is exactly symmetric). Runs OpenBLAS on one thread (restoring the caller's
+ * setting) so that the bits do not depend on the thread count. Returns FK_OK or FK_EINVAL. */
+int fk_gram_compute(const float *atoms, int n_atoms, int m, float *gram);
+
+/* OpenBLAS thread count (process-wide). Callers that run their own worker threads set 1. */
+void fk_blas_threads_set(int n);
+int fk_blas_threads_get(void);
+
+/* Scratch size in floats for fk_omp_gram and fk_omp_naive (either mode; any alignment):
+ * about (s + 2) * n_atoms + 2 * s^2 floats. Callers allocate once per thread. */
+size_t fk_omp_work_floats(int n_atoms, int m, int s);
+
+/* OMP over all live atoms in Gram mode (spec 3.3/3.4: progressive update, one Gram row per
+ * iteration, correlation update fused with the |max| search). a = D^T x (length n_atoms).
+ * s_eff = min(s, m, live atoms). tol_rel <= 0: no error threshold. Returns FK_OK, or
+ * FK_EINVAL when x is not finite or d has no Gram.
+ * Implementation: progressive Cholesky of G_SS in double (w = L^{-1} G_{S,j} from the row
+ * fetched for j) plus the v0 rows q_k^T D (float) for the correlation update; memory
+ * (s - 1) * n_atoms floats of work. The dependency guard excludes j when
+ * G_jj - ||w||^2 <= 1e-6 G_jj; out->iters counts accepted plus excluded candidates. */
+int fk_omp_gram(const struct fk_dict_view *d, const float *x, const float *a, int s,
+                double tol_rel, float *work, struct fk_code *out);
+
+/* OMP in naive mode: recomputes c = D_C^T r every iteration. cand: candidate atom ids
+ * (NULL = all live atoms), nc their count. a: D^T x over all atoms (nullable: computed).
+ * Same selection rule and guards as Gram mode; the reference path for tests and for the
+ * cost model, and the screened coder of GM (cand = the pool). */
+int fk_omp_naive(const struct fk_dict_view *d, const float *x, const float *a,
+                 const int32_t *cand, int nc, int s, double tol_rel, float *work,
+                 struct fk_code *out);
+
+/* Top-n screening: the n_eff = min(n, live atoms) atoms with the largest |a_j|, ties to the
+ * smaller index, O(n_atoms). With sort != 0 the output is ordered by |a| descending (ties:
+ * smaller index first); otherwise ascending by index. work: 2*n_atoms floats.
+ * Returns n_eff. */
+int fk_topn(const float *a, const uint8_t *dead, int n_atoms, int n, int sort,
+            int32_t *out, float *work);
+
+/* Ridge refinement (spec 3.6) on the support S (k atoms): lambda_j = lambda0 + rho*G_jj,
+ * M = chol(G_SS + Lambda), gamma0 = 0, iters (>= 1) damped steps. Writes code->coef and
+ * recomputes code->err2 (code->idx, k, xx must be set). */
+int fk_refine(const struct fk_dict_view *d, const float *x, double lambda0, double rho,
+              int iters, struct fk_code *code);
+
+/* FP8 E4M3FN (spec 3.7). encode: round to nearest even, saturate to +-448 (|f| >= 464
+ * counts as saturation: *saturated is incremented when non-NULL). NaN -> 0x7F. */
+uint8_t fk_fp8_encode(double f, uint64_t *saturated);
+float fk_fp8_decode(uint8_t c);
+
+/* Half precision (IEEE binary16) round trip used for fp16 coefficient storage. */
+uint16_t fk_fp16_encode(float f);
+float fk_fp16_decode(uint16_t h);
+
+#endif
