@@ -1,0 +1,620 @@
+/* SPDX-License-Identifier: MIT
+ * OMP core (spec: algorithms.md 3.3, 3.4, 3.8): correlations (one SGEMM), Batch-OMP in
+ * Gram mode and the naive reference mode that recomputes D_C^T r every iteration.
+ *
+ * Gram mode is a progressive Cholesky with the Lexico/Zhu "v0" correlation update: the
+ * factor L of G_SS (double) grows by one row per accepted atom (w = L^{-1} G_{S,j} from
+ * the fetched Gram row j), and the residual correlations c = D^T r are updated with the
+ * orthonormalised row q_k^T D = (G_j - sum_l w_l q_l^T D) / L_kk, fused with the |max|
+ * search in one vectorisable pass. One Gram row is read per iteration. Already selected,
+ * excluded and dead atoms are never chosen: the fused pass finds the maximum over all
+ * atoms (these have |c| ~ 0) and a masked rescan runs when the first maximiser is banned.
+ */
+#include "fk_sparse.h"
+
+#include "fk_err.h"
+
+#include <cblas.h>
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#define STRIP 256 /* atoms per strip of the fused update (1 KiB of stack) */
+
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__)
+#define FK_CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define FK_CLONES
+#endif
+
+void fk_correlate(const struct fk_dict_view *d, const float *x, int nx, float *a)
+{
+    if (nx <= 0 || d->n_atoms <= 0)
+        return;
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nx, d->n_atoms, d->m, 1.0f, x, d->m,
+                d->atoms, d->m, 0.0f, a, d->n_atoms);
+}
+
+int fk_gram_compute(const float *atoms, int n_atoms, int m, float *gram)
+{
+    if (n_atoms <= 0 || m <= 0 || !atoms || !gram)
+        return fk_err(FK_EINVAL, "fk_gram_compute: expected n_atoms > 0, m > 0, got %d, %d",
+                      n_atoms, m);
+    size_t n = (size_t)n_atoms;
+    /* OpenBLAS's threaded SSYRK partitions differently per thread count and the bits change;
+     * one BLAS thread keeps G identical whatever the caller's setting. */
+    int saved = openblas_get_num_threads();
+    openblas_set_num_threads(1);
+    cblas_ssyrk(CblasRowMajor, CblasUpper, CblasNoTrans, n_atoms, m, 1.0f, atoms, m, 0.0f,
+                gram, n_atoms);
+    for (size_t i = 1; i < n; i++)
+        for (size_t j = 0; j < i; j++)
+            gram[i * n + j] = gram[j * n + i];
+    openblas_set_num_threads(saved);
+    return FK_OK;
+}
+
+void fk_blas_threads_set(int n)
+{
+    openblas_set_num_threads(n < 1 ? 1 : n);
+}
+
+int fk_blas_threads_get(void)
+{
+    return openblas_get_num_threads();
+}
+
+static int clamp_s(int s, int m)
+{
+    if (s > m)
+        s = m;
+    if (s > FK_SMAX)
+        s = FK_SMAX;
+    return s < 1 ? 1 : s;
+}
+
+/* Work layout (in floats), shared by both modes:
+ *   [0, dbl)          doubles: L (s*s), z, w, gamma (s each), rx (m)  (aligned to 64 B)
+ *   c                 n_atoms floats: residual correlations
+ *   scratch           n_atoms floats: Gram row scratch for d->gram_row
+ *   smax              n_atoms/STRIP + 1 floats: per-strip maxima
+ *   r                 m floats (naive residual)
+ *   mask              n_atoms bytes: 1 = selected or excluded
+ *   dm                (s - 1) * n_atoms floats: q_k^T D rows (Gram mode) */
+struct omp_ws {
+    double *L;      /* (s, s) lower triangular, row-major */
+    double *z;      /* (s) L^{-1} a_S */
+    double *w;      /* (s) forward-solve result */
+    double *gamma;  /* (s) coefficients */
+    double *rx;     /* (m) residual in double */
+    float *c;       /* (n_atoms) or (nc) residual correlations */
+    float *scratch; /* (n_atoms) Gram row scratch */
+    float *smax;    /* (n_atoms / STRIP + 1) strip maxima */
+    float *r;       /* (m) residual in float */
+    uint8_t *mask;  /* (n_atoms) banned atoms */
+    float *dm;      /* (s - 1, n_atoms) orthonormalised correlation rows */
+};
+
+static size_t ws_layout(int n_atoms, int m, int s, float *work, struct omp_ws *ws)
+{
+    size_t n = (size_t)n_atoms, sm = (size_t)s;
+    size_t ndbl = sm * sm + 3 * sm + (size_t)m;
+    size_t off = 16 + 2 * ndbl; /* 16 floats of slack to align the doubles to 64 B */
+    size_t c_off = off;
+    off += n;
+    size_t scr_off = off;
+    off += n;
+    size_t smax_off = off;
+    off += n / STRIP + 2;
+    size_t r_off = off;
+    off += (size_t)m;
+    size_t mask_off = off;
+    off += (n + 3) / 4;
+    off = (off + 15) & ~(size_t)15;
+    size_t dm_off = off;
+    off += (sm > 1 ? sm - 1 : 0) * n;
+    if (work && ws) {
+        uintptr_t p = (uintptr_t)work;
+        uintptr_t q = (p + 63) & ~(uintptr_t)63;
+        double *dbl = (double *)(void *)q;
+        ws->L = dbl;
+        ws->z = dbl + sm * sm;
+        ws->w = ws->z + sm;
+        ws->gamma = ws->w + sm;
+        ws->rx = ws->gamma + sm;
+        ws->c = work + c_off;
+        ws->scratch = work + scr_off;
+        ws->smax = work + smax_off;
+        ws->r = work + r_off;
+        ws->mask = (uint8_t *)(work + mask_off);
+        ws->dm = work + dm_off;
+    }
+    return off;
+}
+
+size_t fk_omp_work_floats(int n_atoms, int m, int s)
+{
+    if (n_atoms < 1)
+        n_atoms = 1;
+    if (m < 1)
+        m = 1;
+    return ws_layout(n_atoms, m, clamp_s(s, m), NULL, NULL);
+}
+
+/* |f| as its bit pattern: for non-negative non-NaN floats the unsigned order of the bits is
+ * the numeric order, and integer max reductions vectorise without -ffast-math. */
+static inline uint32_t absbits(float f)
+{
+    uint32_t b;
+    memcpy(&b, &f, sizeof b);
+    return b & 0x7FFFFFFFu;
+}
+
+static inline float frombits(uint32_t b)
+{
+    float f;
+    memcpy(&f, &b, sizeof f);
+    return f;
+}
+
+/* One full strip of the fused update: t = g - sum_l wf_l * dm_l; out = t * inv;
+ * c -= zk * out; returns max |c| over the strip. Constant trip counts so that gcc -O2
+ * vectorises every loop. */
+FK_CLONES static float strip_full(const float *restrict g, const float *restrict dm, size_t ld,
+                                  const float *restrict wf, int k, float inv, float zk,
+                                  float *restrict c, float *restrict out)
+{
+    float t[STRIP];
+    for (int i = 0; i < STRIP; i++)
+        t[i] = g[i];
+    for (int l = 0; l < k; l++) {
+        const float *restrict row = dm + (size_t)l * ld;
+        float wl = wf[l];
+        for (int i = 0; i < STRIP; i++)
+            t[i] -= wl * row[i];
+    }
+    uint32_t mb = 0;
+    for (int i = 0; i < STRIP; i++) {
+        float v = t[i] * inv;
+        out[i] = v;
+        float cv = c[i] - zk * v;
+        c[i] = cv;
+        mb = absbits(cv) > mb ? absbits(cv) : mb;
+    }
+    return frombits(mb);
+}
+
+/* Tail strip (len < STRIP), scalar; same arithmetic per element as strip_full. */
+static float strip_tail(int len, const float *g, const float *dm, size_t ld, const float *wf,
+                        int k, float inv, float zk, float *c, float *out)
+{
+    float mx = 0.0f;
+    for (int i = 0; i < len; i++) {
+        float t = g[i];
+        for (int l = 0; l < k; l++)
+            t -= wf[l] * dm[(size_t)l * ld + i];
+        float v = t * inv;
+        out[i] = v;
+        float cv = c[i] - zk * v;
+        c[i] = cv;
+        float av = fabsf(cv);
+        mx = av > mx ? av : mx;
+    }
+    return mx;
+}
+
+/* c = a (copy) and strip maxima of |c|. */
+FK_CLONES static float strip_copy(const float *restrict a, float *restrict c)
+{
+    uint32_t mb = 0;
+    for (int i = 0; i < STRIP; i++) {
+        float v = a[i];
+        c[i] = v;
+        mb = absbits(v) > mb ? absbits(v) : mb;
+    }
+    return frombits(mb);
+}
+
+static int is_banned(const uint8_t *mask, const uint8_t *dead, int j)
+{
+    return mask[j] || (dead && dead[j]);
+}
+
+/* Masked argmax over all atoms (rare path): largest |c|, ties to the lowest index. */
+static int argmax_masked(const float *c, int n, const uint8_t *mask, const uint8_t *dead,
+                         float *best)
+{
+    int bj = -1;
+    float bv = -1.0f;
+    for (int i = 0; i < n; i++) {
+        if (is_banned(mask, dead, i))
+            continue;
+        float v = fabsf(c[i]);
+        if (v > bv) {
+            bv = v;
+            bj = i;
+        }
+    }
+    *best = bv;
+    return bj;
+}
+
+/* Argmax over the strip maxima: the first strip holding mx, then the first index in it. */
+static int argmax_lookup(const float *c, int n, const float *smax, float mx)
+{
+    int ns = (n + STRIP - 1) / STRIP;
+    for (int s = 0; s < ns; s++) {
+        if (smax[s] != mx)
+            continue;
+        int lo = s * STRIP, hi = lo + STRIP < n ? lo + STRIP : n;
+        for (int i = lo; i < hi; i++)
+            if (fabsf(c[i]) == mx)
+                return i;
+    }
+    return -1;
+}
+
+static int check_finite(const float *x, int m)
+{
+    for (int i = 0; i < m; i++)
+        if (!isfinite(x[i]))
+            return i;
+    return -1;
+}
+
+static double dot_xx(const float *x, int m)
+{
+    double xx = 0.0;
+    for (int i = 0; i < m; i++)
+        xx += (double)x[i] * x[i];
+    return xx;
+}
+
+/* gamma = L^{-T} z for the k x k leading block (row-major, stride ld). */
+static void back_solve(const double *L, int ld, int k, const double *z, double *gamma)
+{
+    for (int i = k - 1; i >= 0; i--) {
+        double v = z[i];
+        for (int l = i + 1; l < k; l++)
+            v -= L[l * ld + i] * gamma[l];
+        gamma[i] = v / L[i * ld + i];
+    }
+}
+
+/* ||x - D_S gamma||^2 recomputed from the atoms in double; rx receives the residual. */
+static double resid_energy(const struct fk_dict_view *d, const float *x, const int32_t *idx,
+                           const double *gamma, int k, double *rx)
+{
+    int m = d->m;
+    for (int i = 0; i < m; i++)
+        rx[i] = x[i];
+    for (int l = 0; l < k; l++) {
+        const float *at = d->atoms + (size_t)idx[l] * m;
+        double g = gamma[l];
+        for (int i = 0; i < m; i++)
+            rx[i] -= g * at[i];
+    }
+    double e = 0.0;
+    for (int i = 0; i < m; i++)
+        e += rx[i] * rx[i];
+    return e;
+}
+
+static void code_init(struct fk_code *out, double xx)
+{
+    out->k = 0;
+    out->xx = xx;
+    out->err2 = xx;
+    out->flags = 0;
+    out->iters = 0;
+}
+
+static int count_live(const uint8_t *dead, const int32_t *cand, int nc)
+{
+    if (!dead)
+        return nc;
+    int live = 0;
+    for (int i = 0; i < nc; i++)
+        live += !dead[cand ? cand[i] : i];
+    return live;
+}
+
+/* Forward solve L w = g (k x k block), returns ||w||^2. */
+static double fwd_solve(const double *L, int ld, int k, const double *g, double *w)
+{
+    double ww = 0.0;
+    for (int i = 0; i < k; i++) {
+        double v = g[i];
+        for (int l = 0; l < i; l++)
+            v -= L[i * ld + l] * w[l];
+        w[i] = v / L[i * ld + i];
+        ww += w[i] * w[i];
+    }
+    return ww;
+}
+
+static int check_args(const struct fk_dict_view *d, const float *x, int s, const char *who)
+{
+    if (!d || !x || !d->atoms || d->m <= 0 || d->n_atoms < 0)
+        return fk_err(FK_EINVAL, "%s: expected a dictionary view with m > 0 and atoms", who);
+    if (s < 0 || s > FK_SMAX)
+        return fk_err(FK_EINVAL, "%s: sparsity %d outside 0..%d", who, s, FK_SMAX);
+    int bad = check_finite(x, d->m);
+    if (bad >= 0)
+        return fk_err(FK_EINVAL, "%s: input vector element %d is not finite (%g)", who, bad,
+                      (double)x[bad]);
+    return FK_OK;
+}
+
+int fk_omp_gram(const struct fk_dict_view *d, const float *x, const float *a, int s,
+                double tol_rel, float *work, struct fk_code *out)
+{
+    FK_TRY(check_args(d, x, s, "fk_omp_gram"));
+    if (!d->gram_row || !a || !work || !out)
+        return fk_err(FK_EINVAL, "fk_omp_gram: expected a Gram row function, a, work, out");
+    int n = d->n_atoms, m = d->m;
+    double xx = dot_xx(x, m);
+    code_init(out, xx);
+    if (xx <= 1e-30) {
+        out->flags |= FK_CODE_ZERO;
+        return FK_OK;
+    }
+    double tol2 = tol_rel > 0 ? tol_rel * tol_rel * xx : -1.0;
+    if (xx <= tol2) {
+        out->flags |= FK_CODE_TOL;
+        return FK_OK;
+    }
+    int live = count_live(d->dead, NULL, n);
+    int s_eff = s < m ? s : m;
+    s_eff = s_eff < live ? s_eff : live;
+    if (s_eff <= 0)
+        return FK_OK;
+
+    struct omp_ws ws;
+    ws_layout(n, m, clamp_s(s, m), work, &ws);
+    const int ld = clamp_s(s, m); /* row stride of L */
+    const size_t nn = (size_t)n;
+    memset(ws.mask, 0, nn);
+    int nfull = n / STRIP, ns = (n + STRIP - 1) / STRIP;
+
+    float mx = 0.0f;
+    for (int b = 0; b < nfull; b++) {
+        float v = strip_copy(a + (size_t)b * STRIP, ws.c + (size_t)b * STRIP);
+        ws.smax[b] = v;
+        mx = v > mx ? v : mx;
+    }
+    if (nfull < ns) {
+        float v = 0.0f;
+        for (int i = nfull * STRIP; i < n; i++) {
+            ws.c[i] = a[i];
+            float av = fabsf(a[i]);
+            v = av > v ? av : v;
+        }
+        ws.smax[nfull] = v;
+        mx = v > mx ? v : mx;
+    }
+
+    int k = 0;
+    double zz = 0.0;
+    float wf[FK_SMAX];
+    int have_max = 1; /* mx and smax are valid for the current c */
+    while (k < s_eff) {
+        int j;
+        float best;
+        if (have_max) {
+            j = argmax_lookup(ws.c, n, ws.smax, mx);
+            best = mx;
+            if (j < 0 || is_banned(ws.mask, d->dead, j))
+                j = argmax_masked(ws.c, n, ws.mask, d->dead, &best);
+        } else {
+            j = argmax_masked(ws.c, n, ws.mask, d->dead, &best);
+        }
+        if (j < 0 || (double)best * best <= 1e-24 * xx) {
+            out->flags |= FK_CODE_PREMATURE;
+            break;
+        }
+        out->iters++;
+        const float *grow = d->gram_row(d->gram_ctx, j, ws.scratch);
+        double gjj = grow[j];
+        for (int l = 0; l < k; l++)
+            ws.w[l] = grow[out->idx[l]]; /* g = G_{S,j}, solved in place below */
+        double ww = fwd_solve(ws.L, ld, k, ws.w, ws.w);
+        double delta2 = gjj - ww;
+        if (!(gjj > 0) || delta2 <= 1e-6 * gjj) {
+            ws.mask[j] = 1;
+            out->flags |= FK_CODE_DEPENDENT;
+            have_max = 0;
+            continue;
+        }
+        double lkk = sqrt(delta2);
+        for (int l = 0; l < k; l++)
+            ws.L[k * ld + l] = ws.w[l];
+        ws.L[k * ld + k] = lkk;
+        double wz = 0.0;
+        for (int l = 0; l < k; l++)
+            wz += ws.w[l] * ws.z[l];
+        double zk = ((double)a[j] - wz) / lkk;
+        ws.z[k] = zk;
+        zz += zk * zk;
+        out->idx[k] = j;
+        ws.mask[j] = 1;
+        k++;
+        if (tol2 >= 0 && xx - zz <= tol2) {
+            out->flags |= FK_CODE_TOL;
+            break;
+        }
+        if (k == s_eff)
+            break;
+        /* c -= z_k q_k^T D with q_k^T D = (G_j - sum_l w_l q_l^T D) / L_kk, fused with max */
+        for (int l = 0; l < k - 1; l++)
+            wf[l] = (float)ws.w[l];
+        float inv = (float)(1.0 / lkk), zf = (float)zk;
+        float *dmk = ws.dm + (size_t)(k - 1) * nn;
+        mx = 0.0f;
+        for (int b = 0; b < nfull; b++) {
+            size_t o = (size_t)b * STRIP;
+            float v = strip_full(grow + o, ws.dm + o, nn, wf, k - 1, inv, zf, ws.c + o,
+                                 dmk + o);
+            ws.smax[b] = v;
+            mx = v > mx ? v : mx;
+        }
+        if (nfull < ns) {
+            size_t o = (size_t)nfull * STRIP;
+            float v = strip_tail(n - (int)o, grow + o, ws.dm + o, nn, wf, k - 1, inv, zf,
+                                 ws.c + o, dmk + o);
+            ws.smax[nfull] = v;
+            mx = v > mx ? v : mx;
+        }
+        have_max = 1;
+    }
+    out->k = k;
+    back_solve(ws.L, ld, k, ws.z, ws.gamma);
+    for (int l = 0; l < k; l++)
+        out->coef[l] = ws.gamma[l];
+    out->err2 = resid_energy(d, x, out->idx, ws.gamma, k, ws.rx);
+    return FK_OK;
+}
+
+/* Candidate-restricted argmax for naive mode: |c_i| largest, ties to the smaller atom id. */
+static int argmax_cand(const float *c, const int32_t *cand, int nc, const uint8_t *mask,
+                       const uint8_t *dead, float *best)
+{
+    int bp = -1, bj = -1;
+    float bv = -1.0f;
+    for (int p = 0; p < nc; p++) {
+        int j = cand ? cand[p] : p;
+        if (is_banned(mask, dead, j))
+            continue;
+        float v = fabsf(c[p]);
+        if (v > bv || (v == bv && j < bj)) {
+            bv = v;
+            bj = j;
+            bp = p;
+        }
+    }
+    *best = bv;
+    return bp;
+}
+
+int fk_omp_naive(const struct fk_dict_view *d, const float *x, const float *a,
+                 const int32_t *cand, int nc, int s, double tol_rel, float *work,
+                 struct fk_code *out)
+{
+    FK_TRY(check_args(d, x, s, "fk_omp_naive"));
+    if (!work || !out)
+        return fk_err(FK_EINVAL, "fk_omp_naive: expected work and out");
+    int n = d->n_atoms, m = d->m;
+    if (!cand)
+        nc = n;
+    if (nc < 0 || nc > n)
+        return fk_err(FK_EINVAL, "fk_omp_naive: %d candidates for %d atoms", nc, n);
+    for (int p = 0; cand && p < nc; p++)
+        if (cand[p] < 0 || cand[p] >= n)
+            return fk_err(FK_EINVAL, "fk_omp_naive: candidate %d is atom %d, outside 0..%d", p,
+                          cand[p], n - 1);
+    double xx = dot_xx(x, m);
+    code_init(out, xx);
+    if (xx <= 1e-30) {
+        out->flags |= FK_CODE_ZERO;
+        return FK_OK;
+    }
+    double tol2 = tol_rel > 0 ? tol_rel * tol_rel * xx : -1.0;
+    if (xx <= tol2) {
+        out->flags |= FK_CODE_TOL;
+        return FK_OK;
+    }
+    int live = count_live(d->dead, cand, nc);
+    int s_eff = s < m ? s : m;
+    s_eff = s_eff < live ? s_eff : live;
+    if (s_eff <= 0)
+        return FK_OK;
+
+    struct omp_ws ws;
+    ws_layout(n, m, clamp_s(s, m), work, &ws);
+    const int ld = clamp_s(s, m);
+    memset(ws.mask, 0, (size_t)n);
+    const float *r = x;
+
+    for (;;) {
+        /* c = D_C^T r (first pass: the given a when available) */
+        if (r == x && a) {
+            for (int p = 0; p < nc; p++)
+                ws.c[p] = a[cand ? cand[p] : p];
+        } else if (!cand) {
+            cblas_sgemv(CblasRowMajor, CblasNoTrans, n, m, 1.0f, d->atoms, m, r, 1, 0.0f, ws.c,
+                        1);
+        } else {
+            for (int p = 0; p < nc; p++)
+                ws.c[p] = cblas_sdot(m, d->atoms + (size_t)cand[p] * m, 1, r, 1);
+        }
+        int accepted = 0;
+        while (!accepted) {
+            float best;
+            int p = argmax_cand(ws.c, cand, nc, ws.mask, d->dead, &best);
+            if (p < 0 || (double)best * best <= 1e-24 * xx) {
+                out->flags |= FK_CODE_PREMATURE;
+                goto done;
+            }
+            int j = cand ? cand[p] : p;
+            out->iters++;
+            int k = out->k;
+            const float *dj = d->atoms + (size_t)j * m;
+            double gjj = 0.0;
+            for (int i = 0; i < m; i++)
+                gjj += (double)dj[i] * dj[i];
+            for (int l = 0; l < k; l++) {
+                const float *dl = d->atoms + (size_t)out->idx[l] * m;
+                double g = 0.0;
+                for (int i = 0; i < m; i++)
+                    g += (double)dl[i] * dj[i];
+                ws.w[l] = g;
+            }
+            double ww = fwd_solve(ws.L, ld, k, ws.w, ws.w);
+            double delta2 = gjj - ww;
+            ws.mask[j] = 1;
+            if (!(gjj > 0) || delta2 <= 1e-6 * gjj) {
+                out->flags |= FK_CODE_DEPENDENT;
+                continue;
+            }
+            double lkk = sqrt(delta2);
+            for (int l = 0; l < k; l++)
+                ws.L[k * ld + l] = ws.w[l];
+            ws.L[k * ld + k] = lkk;
+            double aj;
+            if (a) {
+                aj = a[j];
+            } else {
+                aj = 0.0;
+                for (int i = 0; i < m; i++)
+                    aj += (double)dj[i] * x[i];
+            }
+            double wz = 0.0;
+            for (int l = 0; l < k; l++)
+                wz += ws.w[l] * ws.z[l];
+            ws.z[k] = (aj - wz) / lkk;
+            out->idx[k] = j;
+            out->k = ++k;
+            accepted = 1;
+        }
+        double zz = 0.0;
+        for (int l = 0; l < out->k; l++)
+            zz += ws.z[l] * ws.z[l];
+        if (tol2 >= 0 && xx - zz <= tol2) {
+            out->flags |= FK_CODE_TOL;
+            break;
+        }
+        if (out->k == s_eff)
+            break;
+        back_solve(ws.L, ld, out->k, ws.z, ws.gamma);
+        resid_energy(d, x, out->idx, ws.gamma, out->k, ws.rx);
+        for (int i = 0; i < m; i++)
+            ws.r[i] = (float)ws.rx[i];
+        r = ws.r;
+    }
+done:
+    back_solve(ws.L, ld, out->k, ws.z, ws.gamma);
+    for (int l = 0; l < out->k; l++)
+        out->coef[l] = ws.gamma[l];
+    out->err2 = resid_energy(d, x, out->idx, ws.gamma, out->k, ws.rx);
+    return FK_OK;
+}
