@@ -166,6 +166,7 @@ int fk_h5_write(hid_t loc, const char *name, hid_t filetype, hid_t memtype, int 
 {
     hid_t sp = H5Screate_simple(rank, dims, NULL);
     hid_t dcpl = H5Pcreate(H5P_DATASET_CREATE);
+    H5Pset_obj_track_times(dcpl, 0); /* identical data give identical file bytes */
     int empty = 0;
     for (int i = 0; i < rank; i++)
         empty |= dims[i] == 0;

@@ -82,9 +82,10 @@ static double softmax(const double *z, int n, double *p)
     return mx + log(sum);
 }
 
-/* Indices of the min(k, n) largest z, ordered by (z descending, index ascending). */
-static int topk(const double *z, int n, int k, int32_t *out)
+int fk_attn_topk(const double *z, int n, int k, int32_t *out)
 {
+    if (k < 1 || n < 1)
+        return 0;
     int cnt = 0;
     for (int i = 0; i < n; i++) {
         if (cnt == k && !(z[i] > z[out[k - 1]]))
@@ -129,8 +130,8 @@ static void head_metrics(const double *z, const double *zh, const double *p, con
     met->kl = kl - lse + lseh;
     met->mass = mass;
     int32_t ta[TOPK_MAX], tb[TOPK_MAX];
-    int na = topk(z, n, TOPK_MAX, ta);
-    topk(zh, n, TOPK_MAX, tb);
+    int na = fk_attn_topk(z, n, TOPK_MAX, ta);
+    fk_attn_topk(zh, n, TOPK_MAX, tb);
     for (int q = 0; q < 3; q++) {
         int kk = topk_ks[q] < na ? topk_ks[q] : na;
         int hit = 0;
@@ -504,7 +505,7 @@ int fk_attn_eval_naive_out(const struct fk_attn_in *in, struct fk_attn_acc *acc,
             }
         }
     for (int h = 0; h < Hq && rc == FK_OK; h++) {
-        int g = h % Hkv;
+        int g = (h + r) % Hkv;
         const float *q = in->q + (size_t)h * m;
         double *zz = z, *zh = z + n, *p = z + 2 * (size_t)n, *ph = z + 3 * (size_t)n;
         for (int i = 0; i < n; i++) {

@@ -80,6 +80,11 @@ int fk_attn_scratch_result(const struct fk_attn_scratch *s, int h, const double 
  * (fk_attn_eval otherwise grows cos_vals geometrically when it is full). */
 int fk_attn_acc_reserve(struct fk_attn_acc *acc, long extra);
 
+/* Top-k selection used by the overlap metric: the min(k, n) indices of the largest z,
+ * ordered by (z descending, index ascending), into out [k]. O(n k) at worst, about O(n)
+ * on typical data. Returns min(k, n) (0 if k < 1 or n < 1). */
+int fk_attn_topk(const double *z, int n, int k, int32_t *out);
+
 void fk_attn_acc_free(struct fk_attn_acc *acc);
 /* dst += src (cos values appended in order). */
 int fk_attn_acc_merge(struct fk_attn_acc *dst, const struct fk_attn_acc *src);

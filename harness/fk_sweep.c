@@ -209,8 +209,18 @@ static int load_dataset(const struct fk_toml_value *tab, const char *name, int i
             const char *p;
             FK_TRY(get_str(e->value, &p));
             ds->dict = xstrdup(p);
+        } else if (!is_sweep && !strcmp(e->key, "defaults")) {
+            if (fk_toml_type(e->value) != FK_TOML_TABLE)
+                return entry_err(e, "expected a table of codec options, e.g. { s = 4, n = 64 }");
+            for (size_t j = 0; j < fk_toml_table_len(e->value); j++) {
+                const struct fk_toml_entry *o = fk_toml_table_at(e->value, j);
+                if (!is_known_option(o->key))
+                    return entry_err(o, "no codec has this option (see `fadkv-bench codecs`)");
+            }
+            ds->defaults = e->value;
         } else if (!is_sweep && strcmp(e->key, "name")) {
-            return entry_err(e, "unknown key in [[dataset]] (allowed: name, traces, dictionary)");
+            return entry_err(e, "unknown key in [[dataset]] (allowed: name, traces, dictionary, "
+                                "defaults)");
         }
     }
     if (ds->n_traces == 0)
@@ -268,11 +278,11 @@ static int canon_opts(const struct fk_codec_ops *ops, const void *opts, char *bu
 }
 
 static int push_cell(struct fk_sweep *s, struct cellvec *cv, const struct fk_codec_ops *ops,
-                     const void *opts, const struct fk_toml_value *excl)
+                     const void *opts, const struct fk_toml_value *excl, int d)
 {
     char canon[4096];
     FK_TRY(canon_opts(ops, opts, canon, sizeof canon));
-    for (int d = 0; d < s->n_datasets; d++) {
+    {
         /* [[exclude]]: drop the cell if every key of one rule matches */
         int excluded = 0;
         for (size_t r = 0; excl && r < fk_toml_array_len(excl) && !excluded; r++) {
@@ -311,7 +321,7 @@ static int push_cell(struct fk_sweep *s, struct cellvec *cv, const struct fk_cod
             excluded = all && fk_toml_table_len(rule) > 0;
         }
         if (excluded)
-            continue;
+            return FK_OK;
         for (int rep = 0; rep < s->repeats; rep++) {
             char full[4600];
             snprintf(full, sizeof full, "%s;dataset=%s;repeat=%d", canon, s->datasets[d].name,
@@ -357,10 +367,10 @@ struct dim {
 
 static int expand(struct fk_sweep *s, struct cellvec *cv, const struct fk_codec_ops *ops,
                   void *opts, const struct dim *dims, int n_dims, int at,
-                  const struct fk_toml_value *excl)
+                  const struct fk_toml_value *excl, int ds)
 {
     if (at == n_dims)
-        return push_cell(s, cv, ops, opts, excl);
+        return push_cell(s, cv, ops, opts, excl, ds);
     const struct dim *d = &dims[at];
     void *saved = malloc(ops->opts_size);
     if (!saved)
@@ -383,7 +393,7 @@ static int expand(struct fk_sweep *s, struct cellvec *cv, const struct fk_codec_
                                     d->e[0]->col, ops->name);
         }
         if (rc == FK_OK)
-            rc = expand(s, cv, ops, opts, dims, n_dims, at + 1, excl);
+            rc = expand(s, cv, ops, opts, dims, n_dims, at + 1, excl, ds);
     }
     memcpy(opts, saved, ops->opts_size);
     free(saved);
@@ -455,46 +465,74 @@ static int resolve_codec(struct fk_sweep *s, struct cellvec *cv, const struct fk
         }
         return cfg_err(nv, "unknown codec '%s' (registered: %s)", name, allowed);
     }
+    /* datasets = ["a", "b"] restricts the block to those datasets */
+    const struct fk_toml_value *only = fk_toml_table_get(blk, "datasets");
+    if (only && fk_toml_type(only) != FK_TOML_ARRAY)
+        return cfg_err(only, "datasets: expected a list of dataset names%s%s", "", "");
+    for (size_t i = 0; only && i < fk_toml_array_len(only); i++) {
+        const char *dn;
+        FK_TRY(get_str(fk_toml_array_at(only, i), &dn));
+        int found = 0;
+        for (int d = 0; d < s->n_datasets; d++)
+            found |= !strcmp(s->datasets[d].name, dn);
+        if (!found)
+            return cfg_err(fk_toml_array_at(only, i), "unknown dataset '%s'%s", dn, "");
+    }
     void *opts = calloc(1, ops->opts_size);
     if (!opts)
         return fk_err(FK_ENOMEM, "out of memory");
-    fk_opts_defaults(ops, opts);
     int rc = FK_OK;
-    /* [defaults]: keys the codec lacks are skipped (checked once globally) */
-    for (size_t i = 0; defaults && i < fk_toml_table_len(defaults) && rc == FK_OK; i++) {
-        const struct fk_toml_entry *e = fk_toml_table_at(defaults, i);
-        if (fk_codec_option(ops, e->key))
-            rc = set_option(ops, opts, e->key, e->value, e->origin, e->line, e->col);
-    }
-    const struct fk_toml_value *pv = fk_toml_table_get(blk, "preset");
-    if (rc == FK_OK && pv) {
-        const char *pname;
-        rc = get_str(pv, &pname);
-        const struct fk_preset *p = NULL;
-        for (int i = 0; rc == FK_OK && fk_presets[i].name; i++)
-            if (!strcmp(fk_presets[i].name, pname))
-                p = &fk_presets[i];
-        if (rc == FK_OK && !p)
-            rc = cfg_err(pv, "unknown preset '%s' (presets: paper-3b, paper-4b, paper-8b, "
-                             "lexico-config)%s", pname, "");
-        for (int i = 0; rc == FK_OK && p->kv[i]; i += 2)
-            rc = set_text(ops, opts, p->kv[i], p->kv[i + 1]);
-    }
-    struct dim dims[64];
-    int n_dims = 0;
-    for (size_t i = 0; i < fk_toml_table_len(blk) && rc == FK_OK; i++) {
-        const struct fk_toml_entry *e = fk_toml_table_at(blk, i);
-        if (!strcmp(e->key, "name") || !strcmp(e->key, "preset"))
+    for (int d = 0; d < s->n_datasets && rc == FK_OK; d++) {
+        int take = !only;
+        for (size_t i = 0; only && i < fk_toml_array_len(only); i++) {
+            const char *dn = NULL;
+            get_str(fk_toml_array_at(only, i), &dn);
+            take |= !strcmp(dn, s->datasets[d].name);
+        }
+        if (!take)
             continue;
-        if (!strcmp(e->key, "grid"))
-            rc = add_dims(e->value, 0, dims, &n_dims, "grid");
-        else if (!strcmp(e->key, "zip"))
-            rc = add_dims(e->value, 1, dims, &n_dims, "zip");
-        else
-            rc = set_option(ops, opts, e->key, e->value, e->origin, e->line, e->col);
+        fk_opts_defaults(ops, opts);
+        /* [defaults], then the dataset's defaults: keys the codec lacks are skipped (each key
+         * was checked once to belong to some codec) */
+        const struct fk_toml_value *layers[2] = {defaults, s->datasets[d].defaults};
+        for (int li = 0; li < 2 && rc == FK_OK; li++)
+            for (size_t i = 0; layers[li] && i < fk_toml_table_len(layers[li]) && rc == FK_OK;
+                 i++) {
+                const struct fk_toml_entry *e = fk_toml_table_at(layers[li], i);
+                if (fk_codec_option(ops, e->key))
+                    rc = set_option(ops, opts, e->key, e->value, e->origin, e->line, e->col);
+            }
+        const struct fk_toml_value *pv = fk_toml_table_get(blk, "preset");
+        if (rc == FK_OK && pv) {
+            const char *pname;
+            rc = get_str(pv, &pname);
+            const struct fk_preset *p = NULL;
+            for (int i = 0; rc == FK_OK && fk_presets[i].name; i++)
+                if (!strcmp(fk_presets[i].name, pname))
+                    p = &fk_presets[i];
+            if (rc == FK_OK && !p)
+                rc = cfg_err(pv, "unknown preset '%s' (presets: paper-3b, paper-4b, paper-8b, "
+                                 "lexico-config)%s", pname, "");
+            for (int i = 0; rc == FK_OK && p->kv[i]; i += 2)
+                rc = set_text(ops, opts, p->kv[i], p->kv[i + 1]);
+        }
+        struct dim dims[64];
+        int n_dims = 0;
+        for (size_t i = 0; i < fk_toml_table_len(blk) && rc == FK_OK; i++) {
+            const struct fk_toml_entry *e = fk_toml_table_at(blk, i);
+            if (!strcmp(e->key, "name") || !strcmp(e->key, "preset") ||
+                !strcmp(e->key, "datasets"))
+                continue;
+            if (!strcmp(e->key, "grid"))
+                rc = add_dims(e->value, 0, dims, &n_dims, "grid");
+            else if (!strcmp(e->key, "zip"))
+                rc = add_dims(e->value, 1, dims, &n_dims, "zip");
+            else
+                rc = set_option(ops, opts, e->key, e->value, e->origin, e->line, e->col);
+        }
+        if (rc == FK_OK)
+            rc = expand(s, cv, ops, opts, dims, n_dims, 0, excl, d);
     }
-    if (rc == FK_OK)
-        rc = expand(s, cv, ops, opts, dims, n_dims, 0, excl);
     free(opts);
     return rc;
 }

@@ -16,12 +16,15 @@
 
 #include "fk_codec.h"
 
+struct fk_toml_value;
+
 struct fk_dataset {
     char *name;                  /* [[dataset]] name, or "default" */
     char **traces;               /* expanded paths, sorted */
     int n_traces;
     char *dict;                  /* dictionary path or NULL */
     char *content_hash;          /* sha256 over the traces' and dictionary's hashes */
+    const struct fk_toml_value *defaults; /* dataset's option defaults (resolution only) */
 };
 
 struct fk_sweep_cell {

@@ -312,8 +312,9 @@ END_TEST
  * query head h = c e_{h mod 4}: z_i = 2c [i = h mod 4] (sqrt(m) = 2). Values of KV head g:
  * v_i = (100 g + i) e_0 + (g + 1) e_1, g = h / 3. So P_j = e^{2c} / (e^{2c} + 3) at
  * j = h mod 4, 1 / (e^{2c} + 3) elsewhere, o_0 = sum_i P_i (100 g + i), o_1 = g + 1: a wrong
- * head mapping is off by 100 in o_0. Token 4 holds a huge key and value (invisible). The codec stores rows exactly (full, or lexico over the identity
- * dictionary with fp32 coefficients), so o_hat must equal the hand value too. */
+ * head mapping is off by 100 in o_0. Token 4 holds a huge key and value (invisible). The
+ * codec stores rows exactly (full, or lexico over the identity dictionary with fp32
+ * coefficients), so o_hat must equal the hand value too. */
 static void gqa_case(const char *codec, int n_comp)
 {
     struct fix f;
@@ -701,6 +702,35 @@ START_TEST(metrics_ranges_and_oracle)
 }
 END_TEST
 
+/* fk_attn_topk against a full sort on arrays full of ties (values in {0, 1, 2, 3}), for
+ * every k around the list lengths. */
+START_TEST(topk_matches_sort_with_ties)
+{
+    gsl_rng *rng = gsl_rng_alloc(gsl_rng_mt19937);
+    gsl_rng_set(rng, 31);
+    double z[80];
+    int idx[80];
+    int32_t out[40];
+    for (int rep = 0; rep < 200; rep++) {
+        int n = 1 + (int)gsl_rng_uniform_int(rng, 80);
+        for (int i = 0; i < n; i++) {
+            z[i] = (double)gsl_rng_uniform_int(rng, 4);
+            idx[i] = i;
+        }
+        sort_key = z;
+        qsort(idx, (size_t)n, sizeof(int), cmp_idx);
+        for (int k = 1; k <= 40; k++) {
+            int got = fk_attn_topk(z, n, k, out);
+            ck_assert_int_eq(got, k < n ? k : n);
+            for (int a = 0; a < got; a++)
+                ck_assert_msg(out[a] == idx[a], "n %d k %d: position %d is %d, want %d", n, k,
+                              a, out[a], idx[a]);
+        }
+    }
+    gsl_rng_free(rng);
+}
+END_TEST
+
 static Suite *attn_suite(void)
 {
     Suite *s = suite_create("attn");
@@ -710,6 +740,7 @@ static Suite *attn_suite(void)
     tcase_add_test(tc, full_codec_exact);
     tcase_add_test(tc, gqa_mapping_hand_case);
     tcase_add_test(tc, topk_ties_to_smaller_index);
+    tcase_add_test(tc, topk_matches_sort_with_ties);
     tcase_add_test(tc, future_tokens_never_matter);
     tcase_add_test(tc, skipped_step_and_checks);
     tcase_add_test(tc, metrics_ranges_and_oracle);

@@ -8,6 +8,7 @@
  */
 #include <check.h>
 #include <math.h>
+#include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -16,6 +17,34 @@
 
 #include "fk_err.h"
 #include "fk_toml.h"
+
+/* Allocation for test scaffolding: a failure fails the test (never returns NULL). */
+static void *xrealloc(void *p, size_t n)
+{
+    void *q = realloc(p, n ? n : 1);
+    if (!q) {
+        ck_abort_msg("out of memory in test scaffolding");
+        abort(); /* not reached; tells the compiler q is never NULL below */
+    }
+    return q;
+}
+
+/* Appends printf text at buf + k (capacity cap) and returns the new length. */
+static size_t bput(char *buf, size_t cap, size_t k, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 4, 5)))
+#endif
+    ;
+
+static size_t bput(char *buf, size_t cap, size_t k, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(buf + k, cap - k, fmt, ap);
+    va_end(ap);
+    ck_assert(n >= 0 && (size_t)n < cap - k);
+    return k + (size_t)n;
+}
 
 static struct fk_toml_value *parse_ok(const char *text)
 {
@@ -492,10 +521,10 @@ START_TEST(test_depth_limit)
 {
     /* arrays: FK_TOML_MAX_DEPTH levels pass, one more fails at the offending bracket */
     size_t cap = 4 * FK_TOML_MAX_DEPTH + 64;
-    char *doc = malloc(cap);
+    char *doc = xrealloc(NULL, cap);
     for (int depth = FK_TOML_MAX_DEPTH; depth <= FK_TOML_MAX_DEPTH + 1; depth++) {
         size_t k = 0;
-        k += (size_t)sprintf(doc + k, "a = ");
+        k = bput(doc, cap, k, "a = ");
         for (int i = 0; i < depth; i++)
             doc[k++] = '[';
         for (int i = 0; i < depth; i++)
@@ -517,17 +546,18 @@ START_TEST(test_depth_limit)
     free(doc);
     /* inline tables and dotted keys count too; a very deep input fails cleanly */
     size_t big = 200000;
-    doc = malloc(3 * big + 16);
-    size_t k = (size_t)sprintf(doc, "a = ");
+    cap = 3 * big + 16;
+    doc = xrealloc(NULL, cap);
+    size_t k = bput(doc, cap, 0, "a = ");
     for (size_t i = 0; i < big; i++)
-        k += (size_t)sprintf(doc + k, "{b=");
+        k = bput(doc, cap, k, "{b=");
     struct fk_toml_value *v = NULL;
     ck_assert_int_eq(fk_toml_parse(doc, k, "t.toml", &v), FK_ECONFIG);
     ck_assert(strstr(fk_errmsg(), "nesting deeper than") != NULL);
     k = 0;
     for (size_t i = 0; i < 300; i++)
-        k += (size_t)sprintf(doc + k, "k.");
-    k += (size_t)sprintf(doc + k, "k = 1");
+        k = bput(doc, cap, k, "k.");
+    k = bput(doc, cap, k, "k = 1");
     ck_assert_int_eq(fk_toml_parse(doc, k, "t.toml", &v), FK_ECONFIG);
     ck_assert(strstr(fk_errmsg(), "dotted parts") != NULL);
     free(doc);
@@ -614,7 +644,8 @@ START_TEST(test_canonical_text)
                                        "07:32:00Z\nb = false\n");
     char *s = canon(v);
     ck_assert_str_eq(s, "{f = 0.10000000000000001, g = 1.0000000000000001e+300, h = -0.0, "
-                        "i = 2.0, j = [inf, -inf, nan], k = \"q\\\"\\\\\\n\\u0001\\u007F\xc3\xa9\", "
+                        "i = 2.0, j = [inf, -inf, nan], "
+                        "k = \"q\\\"\\\\\\n\\u0001\\u007F\xc3\xa9\", "
                         "\"key with space\" = 1, \"\" = 2, d = 1979-05-27 07:32:00Z, b = false}");
     /* it is a fixed point of parse_value -> to_string, and doubles survive exactly */
     struct fk_toml_value *back = NULL;
@@ -680,10 +711,10 @@ END_TEST
 START_TEST(test_big_table_index)
 {
     /* 3000 keys exercise the hash index; lookups and duplicate detection against brute force */
-    size_t n = 3000, k = 0;
-    char *doc = malloc(n * 32 + 64);
+    size_t n = 3000, k = 0, cap = n * 32 + 64;
+    char *doc = xrealloc(NULL, cap);
     for (size_t i = 0; i < n; i++)
-        k += (size_t)sprintf(doc + k, "key_%zu = %zu\n", (i * 7919) % n, i);
+        k = bput(doc, cap, k, "key_%zu = %zu\n", (i * 7919) % n, i);
     struct fk_toml_value *v = parse_ok(doc);
     ck_assert_uint_eq(fk_toml_table_len(v), n);
     for (size_t i = 0; i < n; i++) {
@@ -696,7 +727,7 @@ START_TEST(test_big_table_index)
     }
     ck_assert_ptr_null(fk_toml_table_get(v, "key_3000"));
     fk_toml_free(&v);
-    k += (size_t)sprintf(doc + k, "key_1234 = 0\n");
+    k = bput(doc, cap, k, "key_1234 = 0\n");
     char want[80];
     snprintf(want, sizeof want, "t.toml:%zu:1: duplicate key 'key_1234'", n + 1);
     parse_bad(doc, want, "first defined");
@@ -712,7 +743,7 @@ START_TEST(test_mutations)
                        "[t.\"q\"]\nd = 1979-05-27T07:32:00Z\ns = \"\"\"\nml\\\n  x\"\"\"\n"
                        "[[arr]]\nv = inf\nl = '''lit'''\ni = {x.y = [true, false]}\n";
     size_t n = strlen(seed);
-    char *buf = malloc(n + 1);
+    char *buf = xrealloc(NULL, n + 1);
     const char alphabet[] = "[]{}=.,\"'\\#\n\r\t 0x_e+-:Tz\x80\xc3";
     uint64_t st = 88172645463325252ull;
     int ok = 0, bad = 0;

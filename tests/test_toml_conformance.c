@@ -16,6 +16,17 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* Allocation for test scaffolding: a failure fails the test (never returns NULL). */
+static void *xrealloc(void *p, size_t n)
+{
+    void *q = realloc(p, n ? n : 1);
+    if (!q) {
+        ck_abort_msg("out of memory in test scaffolding");
+        abort(); /* not reached; tells the compiler q is never NULL below */
+    }
+    return q;
+}
+
 /* ---- minimal JSON reader ---- */
 
 enum jtype { J_NULL, J_BOOL, J_NUM, J_STR, J_ARR, J_OBJ };
@@ -101,7 +112,7 @@ static int jstr(struct jp *p, char **out, size_t *len)
     if (p->i >= p->n || p->s[p->i] != '"')
         return -1;
     p->i++;
-    char *o = malloc(p->n - p->i + 1); /* decoded text is never longer than the source */
+    char *o = xrealloc(NULL, p->n - p->i + 1); /* decoded text is never longer than the source */
     size_t k = 0;
     while (p->i < p->n && p->s[p->i] != '"') {
         char c = p->s[p->i++];
@@ -152,7 +163,8 @@ static struct jv *jparse(struct jp *p)
     jws(p);
     if (p->i >= p->n || ++p->depth > 200)
         return NULL;
-    struct jv *v = calloc(1, sizeof *v);
+    struct jv *v = xrealloc(NULL, sizeof *v);
+    memset(v, 0, sizeof *v);
     char c = p->s[p->i];
     if (c == '{' || c == '[') {
         v->t = c == '{' ? J_OBJ : J_ARR;
@@ -167,10 +179,10 @@ static struct jv *jparse(struct jp *p)
         for (;;) {
             if (v->n == cap) {
                 cap = cap ? 2 * cap : 4;
-                v->items = realloc(v->items, cap * sizeof *v->items);
+                v->items = xrealloc(v->items, cap * sizeof *v->items);
                 if (c == '{') {
-                    v->keys = realloc(v->keys, cap * sizeof *v->keys);
-                    v->klen = realloc(v->klen, cap * sizeof *v->klen);
+                    v->keys = xrealloc(v->keys, cap * sizeof *v->keys);
+                    v->klen = xrealloc(v->klen, cap * sizeof *v->klen);
                 }
             }
             if (c == '{') {
@@ -219,7 +231,9 @@ static struct jv *jparse(struct jp *p)
         if (p->i == s)
             goto bad;
         v->t = J_NUM;
-        v->s = strndup(p->s + s, p->i - s);
+        v->s = xrealloc(NULL, p->i - s + 1);
+        memcpy(v->s, p->s + s, p->i - s);
+        v->s[p->i - s] = '\0';
     }
     p->depth--;
     return v;
@@ -244,13 +258,13 @@ static char *read_all(const char *path, size_t *len)
     if (!f)
         return NULL;
     size_t cap = 4096, n = 0;
-    char *b = malloc(cap);
+    char *b = xrealloc(NULL, cap);
     size_t got;
     while ((got = fread(b + n, 1, cap - n - 1, f)) > 0) {
         n += got;
         if (cap - n - 1 == 0) {
             cap *= 2;
-            b = realloc(b, cap);
+            b = xrealloc(b, cap);
         }
     }
     fclose(f);

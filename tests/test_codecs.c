@@ -1,0 +1,1364 @@
+/* SPDX-License-Identifier: MIT
+ * Codec conformance (codecs/fk_codec.h; spec: algorithms.md sections 3-8, 10.6, 10.7, 11).
+ *
+ * Every codec is driven exactly as the replay engine drives it: options from the table
+ * (fk_opts_defaults, fk_opts_set, fk_opts_set_enum), ops->check, ops->open with a
+ * struct fk_stream_env over a seeded random unit dictionary (Gram from fk_gram_build for
+ * FK_CAP_GRAM codecs), one prefill event ordered (token, head), then decode events of a_len
+ * tokens. Results are checked against independent recomputations: errors from
+ * ops->reconstruct, ref_count recounted from the stored codes, supports of a brute-force
+ * top-s and of full OMP, bit-exact snapshots of past rows, byte and MAC formulas of the spec.
+ * This file includes GSL and never <cblas.h>.
+ */
+#include "fk_codec.h"
+#include "fk_dict.h"
+#include "fk_err.h"
+#include "fk_sparse.h"
+
+#include <check.h>
+#include <gsl/gsl_errno.h>
+#include <gsl/gsl_randist.h>
+#include <gsl/gsl_rng.h>
+#include <math.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- fixtures: dictionary, stream, options -------------------------------------------- */
+
+struct tdict {
+    int N, m;                    /* atoms, head_dim */
+    float *atoms;                /* [N][m] unit norm */
+    uint8_t *dead;               /* [N] all zero */
+    float *gram;                 /* [N][N] from fk_gram_build, or NULL */
+    struct fk_base_dict with;    /* base with the Gram (FK_CAP_GRAM codecs) */
+    struct fk_base_dict without; /* base without it */
+};
+
+struct tstream {
+    int m, H;                    /* head_dim, KV heads */
+    int P, T;                    /* prefill tokens (one event), total tokens */
+    float *x;                    /* [T][H][m] */
+};
+
+/* How a stream is generated. */
+struct tgen {
+    int n_use;                   /* structured vectors combine atoms 0 .. n_use-1 */
+    int k_gen;                   /* atoms per structured vector */
+    double noise;                /* noise standard deviation per coordinate */
+    double p_novel_prefill;      /* prefill: probability of a vector far from the dictionary */
+    double p_novel;              /* decode: same */
+    int n_dirs;                  /* novel vectors reuse n_dirs fixed directions (0: fresh) */
+    int zero_every;              /* every zero_every-th vector is exactly zero (0: never) */
+};
+
+static gsl_rng *rng_new(unsigned long seed)
+{
+    gsl_rng *r = gsl_rng_alloc(gsl_rng_mt19937);
+    ck_assert_ptr_nonnull(r);
+    gsl_rng_set(r, seed);
+    return r;
+}
+
+/* A random direction of the given norm. */
+static void random_dir(gsl_rng *r, int m, double norm, float *u)
+{
+    double s = 0;
+    for (int i = 0; i < m; i++) {
+        u[i] = (float)gsl_ran_gaussian(r, 1.0);
+        s += (double)u[i] * u[i];
+    }
+    for (int i = 0; i < m; i++)
+        u[i] = (float)(u[i] * norm / sqrt(s));
+}
+
+static void tdict_init(struct tdict *d, int N, int m, int with_gram, unsigned long seed)
+{
+    memset(d, 0, sizeof *d);
+    d->N = N;
+    d->m = m;
+    d->atoms = malloc(sizeof(float) * (size_t)N * m);
+    d->dead = calloc((size_t)N, 1);
+    ck_assert(d->atoms && d->dead);
+    gsl_rng *r = rng_new(seed);
+    for (int j = 0; j < N; j++)
+        random_dir(r, m, 1.0, d->atoms + (size_t)j * m);
+    gsl_rng_free(r);
+    if (with_gram)
+        ck_assert_int_eq(fk_gram_build(d->atoms, N, m, &d->gram), FK_OK);
+    d->with = (struct fk_base_dict){.n_atoms = N, .m = m, .atoms = d->atoms, .dead = d->dead,
+                                    .gram = d->gram};
+    d->without = d->with;
+    d->without.gram = NULL;
+}
+
+static void tdict_free(struct tdict *d)
+{
+    free(d->atoms);
+    free(d->dead);
+    free(d->gram);
+}
+
+static void tstream_init(struct tstream *s, const struct tdict *d, int H, int P, int T,
+                         const struct tgen *g, unsigned long seed)
+{
+    int m = d->m;
+    s->m = m;
+    s->H = H;
+    s->P = P;
+    s->T = T;
+    s->x = calloc((size_t)T * H * m, sizeof(float));
+    float *dirs = malloc(sizeof(float) * (size_t)(g->n_dirs + 1) * m);
+    ck_assert(s->x && dirs);
+    gsl_rng *r = rng_new(seed);
+    for (int k = 0; k < g->n_dirs; k++)
+        random_dir(r, m, 1.0, dirs + (size_t)k * m);
+    int pick[FK_SMAX];
+    for (int i = 0; i < T * H; i++) {
+        float *x = s->x + (size_t)i * m;
+        int t = i / H;
+        if (g->zero_every && i % g->zero_every == g->zero_every - 1)
+            continue;
+        double pn = t < P ? g->p_novel_prefill : g->p_novel;
+        if (gsl_rng_uniform(r) < pn) {
+            double norm = 1.0 + 2.0 * gsl_rng_uniform(r);
+            if (g->n_dirs > 0) {
+                const float *u = dirs + (size_t)gsl_rng_uniform_int(r, g->n_dirs) * m;
+                for (int c = 0; c < m; c++)
+                    x[c] = (float)(norm * u[c] + 0.02 * gsl_ran_gaussian(r, 1.0) / sqrt(m));
+            } else {
+                random_dir(r, m, norm, x);
+            }
+            continue;
+        }
+        for (int k = 0; k < g->k_gen; k++) {
+            int j, dup;
+            do {
+                j = (int)gsl_rng_uniform_int(r, (unsigned long)g->n_use);
+                dup = 0;
+                for (int l = 0; l < k; l++)
+                    dup |= pick[l] == j;
+            } while (dup);
+            pick[k] = j;
+            double w = (0.5 + gsl_rng_uniform(r)) * (gsl_rng_uniform(r) < 0.5 ? -1 : 1);
+            for (int c = 0; c < m; c++)
+                x[c] += (float)(w * d->atoms[(size_t)j * m + c]);
+        }
+        for (int c = 0; c < m; c++)
+            x[c] += (float)(g->noise * gsl_ran_gaussian(r, 1.0));
+    }
+    gsl_rng_free(r);
+    free(dirs);
+}
+
+static void *opts_new(const struct fk_codec_ops *ops)
+{
+    void *o = malloc(ops->opts_size);
+    ck_assert_ptr_nonnull(o);
+    fk_opts_defaults(ops, o);
+    return o;
+}
+
+/* Sets a numeric option; returns 0 when the codec has no such option. */
+static int opt_try(const struct fk_codec_ops *ops, void *o, const char *name, double v)
+{
+    const struct fk_option *opt = fk_codec_option(ops, name);
+    if (!opt)
+        return 0;
+    ck_assert_msg(fk_opts_set(ops, o, opt, v) == FK_OK, "%s.%s = %g: %s", ops->name, name, v,
+                  fk_errmsg());
+    return 1;
+}
+
+static void opt_set(const struct fk_codec_ops *ops, void *o, const char *name, double v)
+{
+    ck_assert_msg(opt_try(ops, o, name, v), "codec %s has no option %s", ops->name, name);
+}
+
+static void opt_enum(const struct fk_codec_ops *ops, void *o, const char *name,
+                     const char *choice)
+{
+    const struct fk_option *opt = fk_codec_option(ops, name);
+    ck_assert_msg(opt != NULL, "codec %s has no option %s", ops->name, name);
+    ck_assert_msg(fk_opts_set_enum(ops, o, opt, choice) == FK_OK, "%s.%s = %s: %s", ops->name,
+                  name, choice, fk_errmsg());
+}
+
+/* Defaults with the sizes of the small tests. */
+static void *opts_small(const struct fk_codec_ops *ops, int s, int n)
+{
+    void *o = opts_new(ops);
+    opt_try(ops, o, "s", s);
+    opt_try(ops, o, "n", n);
+    return o;
+}
+
+static const struct fk_codec_ops *codec(const char *name)
+{
+    const struct fk_codec_ops *ops = fk_codec_find(name);
+    ck_assert_msg(ops != NULL, "codec %s is not registered", name);
+    return ops;
+}
+
+/* ---- the replay driver ---------------------------------------------------------------- */
+
+struct trun {
+    const struct fk_codec_ops *ops;
+    void *st;                    /* codec state */
+    struct fk_vec_out *out;      /* [T][H] outcome of every vector */
+    int H, m;                    /* heads, head_dim */
+    int n_tok;                   /* tokens committed (all heads) */
+    int n_tok_prev;              /* tokens committed before the last event */
+    int events;                  /* encode calls */
+};
+
+/* Called before (after = 0) and after (after = 1) every event. */
+typedef void (*thook_fn)(void *ctx, struct trun *r, const struct fk_event *ev, int after);
+
+static void trun_open(struct trun *r, const struct fk_codec_ops *ops, const void *opts,
+                      const struct tdict *d, int H, int T, int kind)
+{
+    memset(r, 0, sizeof *r);
+    r->ops = ops;
+    r->H = H;
+    r->m = d->m;
+    const struct fk_base_dict *base = NULL;
+    if (ops->caps & FK_CAP_DICT)
+        base = (ops->caps & FK_CAP_GRAM) ? &d->with : &d->without;
+    if (ops->check)
+        ck_assert_msg(ops->check(opts, d->m, base ? d->N : 0) == FK_OK, "%s: check: %s",
+                      ops->name, fk_errmsg());
+    struct fk_stream_env env = {.layer = 0, .kind = kind, .head_dim = d->m, .n_heads = H,
+                                .n_tokens = T, .base = base};
+    ck_assert_msg(ops->open(opts, &env, &r->st) == FK_OK, "%s: open: %s", ops->name,
+                  fk_errmsg());
+    r->out = calloc((size_t)T * H, sizeof *r->out);
+    ck_assert_ptr_nonnull(r->out);
+}
+
+/* Encodes one event of tokens t0 .. t1-1 (all heads); returns encode's result. */
+static int trun_event(struct trun *r, const struct tstream *s, int t0, int t1, int phase,
+                      int step, thook_fn hook, void *ctx)
+{
+    int n = (t1 - t0) * s->H;
+    int32_t *token = malloc(sizeof(int32_t) * (size_t)n);
+    int32_t *head = malloc(sizeof(int32_t) * (size_t)n);
+    ck_assert(token && head);
+    for (int i = 0; i < n; i++) {
+        token[i] = t0 + i / s->H;
+        head[i] = i % s->H;
+    }
+    struct fk_event ev = {.phase = phase, .step = step, .n = n,
+                          .x = s->x + (size_t)t0 * s->H * s->m, .token = token, .head = head};
+    if (hook)
+        hook(ctx, r, &ev, 0);
+    int rc = r->ops->encode(r->st, &ev, r->out + (size_t)t0 * s->H);
+    if (rc == FK_OK) {
+        r->n_tok_prev = r->n_tok;
+        r->n_tok = t1;
+        r->events++;
+        if (hook)
+            hook(ctx, r, &ev, 1);
+    }
+    free(token);
+    free(head);
+    return rc;
+}
+
+/* The whole stream: prefill event (tokens 0 .. P-1), then decode events of a_len tokens. */
+static void trun_stream(struct trun *r, const struct fk_codec_ops *ops, const void *opts,
+                        const struct tdict *d, const struct tstream *s, int kind, thook_fn hook,
+                        void *ctx)
+{
+    trun_open(r, ops, opts, d, s->H, s->T, kind);
+    int a_len = ((const struct fk_common_opts *)opts)->a_len;
+    if (s->P > 0) {
+        int rc = trun_event(r, s, 0, s->P, 0, -1, hook, ctx);
+        ck_assert_msg(rc == FK_OK, "%s: prefill encode: %s", ops->name, fk_errmsg());
+    }
+    for (int t0 = s->P; t0 < s->T; t0 += a_len) {
+        int t1 = t0 + a_len < s->T ? t0 + a_len : s->T;
+        int rc = trun_event(r, s, t0, t1, 1, t0 - s->P, hook, ctx);
+        ck_assert_msg(rc == FK_OK, "%s: decode encode of tokens %d..%d (a_len %d): %s",
+                      ops->name, t0, t1 - 1, a_len, fk_errmsg());
+    }
+}
+
+static void trun_close(struct trun *r)
+{
+    r->ops->close(r->st);
+    free(r->out);
+    r->st = NULL;
+    r->out = NULL;
+}
+
+static struct fk_stream_stats stats_of(const struct trun *r)
+{
+    struct fk_stream_stats st;
+    memset(&st, 0, sizeof st);
+    r->ops->stats(r->st, &st);
+    return st;
+}
+
+static double dot_fd(const float *a, const float *b, int m)
+{
+    double s = 0;
+    for (int i = 0; i < m; i++)
+        s += (double)a[i] * b[i];
+    return s;
+}
+
+/* Relative error of a stored row, recomputed from ops->reconstruct. */
+static double row_err(const struct trun *r, const float *x, int h, int t, float *xh)
+{
+    ck_assert_msg(r->ops->reconstruct(r->st, h, t, xh) == FK_OK, "%s: reconstruct(%d, %d): %s",
+                  r->ops->name, h, t, fk_errmsg());
+    double e = 0, xx = 0;
+    for (int c = 0; c < r->m; c++) {
+        double d = (double)x[c] - xh[c];
+        e += d * d;
+        xx += (double)x[c] * x[c];
+    }
+    return xx > 0 ? sqrt(e / xx) : sqrt(e);
+}
+
+/* ---- checks run around events --------------------------------------------------------- */
+
+enum {
+    CK_REFCOUNT = 1u << 0, /* ref_count equals a recount of the stored codes */
+    CK_PAST = 1u << 1,     /* past rows reconstruct bit-identically after the event */
+    CK_ATOMS = 1u << 2,    /* atom-set evolution (sizes, unit norm, append-only) */
+    CK_NODUP = 1u << 3,    /* appended atoms are no near-duplicates of pre-event atoms */
+};
+
+struct tcheck {
+    unsigned what;               /* CK_* */
+    int N;                       /* base atoms */
+    double delta;                /* adaptation threshold of the stream's kind */
+    float *snap;                 /* [T*H][m] reconstructions before the event (CK_PAST) */
+    float *atoms0;               /* [n0][m] atoms before the event (CK_ATOMS) */
+    int n0;                      /* atoms before the event */
+    struct fk_stream_stats st0;  /* stats before the event */
+    long past_rows;              /* rows compared bit-exactly */
+    long recounts;               /* ref_count recounts done */
+    long new_atoms;              /* appended or replaced atoms checked */
+    double max_coh;              /* largest |d_j . u| of an appended atom over pre-event atoms */
+};
+
+static void recount_refs(const struct trun *r, struct tcheck *c)
+{
+    struct fk_stream_stats st = stats_of(r);
+    ck_assert_ptr_nonnull(st.ref_count);
+    uint32_t *cnt = calloc((size_t)st.n_atoms + 1, sizeof(uint32_t));
+    ck_assert_ptr_nonnull(cnt);
+    for (int h = 0; h < r->H; h++)
+        for (int t = 0; t < r->n_tok; t++) {
+            int nnz = -1;
+            const int32_t *idx = NULL;
+            const float *coef = NULL;
+            ck_assert_int_eq(r->ops->sparse_row(r->st, h, t, &nnz, &idx, &coef), FK_OK);
+            for (int i = 0; i < nnz; i++) {
+                ck_assert_msg(idx[i] >= 0 && idx[i] < st.n_atoms,
+                              "%s: row (%d, %d) atom %d outside [0, %d)", r->ops->name, h, t,
+                              idx[i], st.n_atoms);
+                for (int k = 0; k < i; k++)
+                    ck_assert_msg(idx[k] != idx[i], "%s: row (%d, %d) holds atom %d twice",
+                                  r->ops->name, h, t, idx[i]);
+                cnt[idx[i]]++;
+            }
+        }
+    for (int j = 0; j < st.n_atoms; j++)
+        ck_assert_msg(cnt[j] == st.ref_count[j],
+                      "%s: after event %d atom %d: ref_count %u, recount %u", r->ops->name,
+                      r->events, j, st.ref_count[j], cnt[j]);
+    free(cnt);
+    c->recounts++;
+}
+
+static void check_hook(void *ctx, struct trun *r, const struct fk_event *ev, int after)
+{
+    struct tcheck *c = ctx;
+    const struct fk_codec_ops *ops = r->ops;
+    int m = r->m;
+    if (!after) {
+        c->st0 = stats_of(r);
+        if (c->what & CK_ATOMS) {
+            int n0 = -1;
+            const float *A = ops->atoms(r->st, &n0);
+            ck_assert_int_eq(n0, c->st0.n_atoms);
+            free(c->atoms0);
+            c->atoms0 = malloc(sizeof(float) * (size_t)n0 * m);
+            ck_assert_ptr_nonnull(c->atoms0);
+            memcpy(c->atoms0, A, sizeof(float) * (size_t)n0 * m);
+            c->n0 = n0;
+        }
+        if ((c->what & CK_PAST) && ev->phase == 1)
+            for (int i = 0; i < r->n_tok * r->H; i++)
+                ck_assert_int_eq(ops->reconstruct(r->st, i % r->H, i / r->H,
+                                                  c->snap + (size_t)i * m), FK_OK);
+        return;
+    }
+    struct fk_stream_stats st = stats_of(r);
+    if (c->what & CK_REFCOUNT)
+        recount_refs(r, c);
+    if ((c->what & CK_PAST) && ev->phase == 1) {
+        float *xh = malloc(sizeof(float) * (size_t)m);
+        ck_assert_ptr_nonnull(xh);
+        for (int i = 0; i < r->n_tok_prev * r->H; i++) {
+            ck_assert_int_eq(ops->reconstruct(r->st, i % r->H, i / r->H, xh), FK_OK);
+            ck_assert_msg(!memcmp(xh, c->snap + (size_t)i * m, sizeof(float) * (size_t)m),
+                          "%s: event %d (step %d) changed the reconstruction of stored row "
+                          "(head %d, token %d); replacements %llu -> %llu",
+                          ops->name, r->events, ev->step, i % r->H, i / r->H,
+                          (unsigned long long)c->st0.replacements,
+                          (unsigned long long)st.replacements);
+            c->past_rows++;
+        }
+        free(xh);
+    }
+    if (c->what & CK_ATOMS) {
+        int n1 = -1;
+        const float *A = ops->atoms(r->st, &n1);
+        ck_assert_int_eq(n1, st.n_atoms);
+        ck_assert_int_eq(st.n_base, c->N);
+        if (!(ops->caps & FK_CAP_GROWS)) {
+            ck_assert_msg(n1 == c->N, "%s: n_atoms %d != N %d after event %d", ops->name, n1,
+                          c->N, r->events);
+            int changed = 0;
+            for (int j = 0; j < n1; j++) {
+                const float *u = A + (size_t)j * m;
+                if (!memcmp(u, c->atoms0 + (size_t)j * m, sizeof(float) * (size_t)m))
+                    continue;
+                changed++;
+                ck_assert_msg(fabs(sqrt(dot_fd(u, u, m)) - 1) < 1e-5,
+                              "%s: replaced atom %d has norm %g", ops->name, j,
+                              sqrt(dot_fd(u, u, m)));
+                ck_assert(st.is_adapted && st.is_adapted[j]);
+                c->new_atoms++;
+            }
+            /* one atom can be replaced twice in an event; never more changes than replacements */
+            ck_assert_uint_le((uint64_t)changed, st.replacements - c->st0.replacements);
+            if (ev->phase == 0 || !(ops->caps & FK_CAP_ADAPTS))
+                ck_assert_int_eq(changed, 0);
+        } else {
+            ck_assert_msg(n1 >= c->n0, "%s: the dictionary shrank from %d to %d atoms",
+                          ops->name, c->n0, n1);
+            if (ev->phase == 0)
+                ck_assert_msg(n1 == c->n0, "%s: grew during prefill (%d -> %d atoms)",
+                              ops->name, c->n0, n1);
+            ck_assert_uint_eq((uint64_t)(n1 - c->n0), st.appends - c->st0.appends);
+            ck_assert_msg(!memcmp(A, c->atoms0, sizeof(float) * (size_t)c->n0 * m),
+                          "%s: an append changed an existing atom", ops->name);
+            for (int j = c->n0; j < n1; j++) {
+                const float *u = A + (size_t)j * m;
+                double nrm = sqrt(dot_fd(u, u, m));
+                ck_assert_msg(fabs(nrm - 1) < 1e-5, "%s: appended atom %d has norm %.9f",
+                              ops->name, j, nrm);
+                ck_assert(st.is_adapted && st.is_adapted[j]);
+                c->new_atoms++;
+                if (!(c->what & CK_NODUP))
+                    continue;
+                for (int k = 0; k < c->n0; k++) {
+                    double coh = fabs(dot_fd(c->atoms0 + (size_t)k * m, u, m));
+                    if (coh > c->max_coh)
+                        c->max_coh = coh;
+                    ck_assert_msg(coh < 1 - 1e-6,
+                                  "%s: appended atom %d duplicates atom %d (|d.u| = %.9f)",
+                                  ops->name, j, k, coh);
+                    /* spec 6.3: e > delta implies |d^T x|/|x| < sqrt(1 - delta^2) */
+                    ck_assert_msg(coh < sqrt(1 - c->delta * c->delta) + 1e-4,
+                                  "%s: appended atom %d has coherence %.6f with atom %d, above "
+                                  "sqrt(1 - delta^2) = %.6f", ops->name, j, coh, k,
+                                  sqrt(1 - c->delta * c->delta));
+                }
+            }
+        }
+    }
+}
+
+static void tcheck_free(struct tcheck *c)
+{
+    free(c->snap);
+    free(c->atoms0);
+}
+
+/* ---- 1. option tables and cross-option checks ----------------------------------------- */
+
+static int is_name(const char *s)
+{
+    if (!s || !*s)
+        return 0;
+    for (; *s; s++)
+        if (!((*s >= 'a' && *s <= 'z') || (*s >= '0' && *s <= '9') || *s == '_'))
+            return 0;
+    return 1;
+}
+
+static void lint_option(const struct fk_codec_ops *ops, const struct fk_option *o, void *buf)
+{
+    const char *cn = ops->name;
+    ck_assert_msg(is_name(o->name), "%s: option name '%s' is not [a-z0-9_]+", cn, o->name);
+    ck_assert_msg(o->help && *o->help, "%s.%s: no help", cn, o->name);
+    ck_assert_msg(o->min <= o->def && o->def <= o->max, "%s.%s: def %g outside [%g, %g]", cn,
+                  o->name, o->def, o->min, o->max);
+    size_t sz = o->type == FK_OPT_DOUBLE ? sizeof(double) : sizeof(int);
+    ck_assert_msg(o->offset + sz <= ops->opts_size, "%s.%s: offset outside the struct", cn,
+                  o->name);
+    if (o->type != FK_OPT_DOUBLE)
+        ck_assert_msg(o->def == floor(o->def) && o->min == floor(o->min) &&
+                          o->max == floor(o->max) && o->max <= 2147483647.0,
+                      "%s.%s: integer option with non-integer bounds", cn, o->name);
+    if (o->type == FK_OPT_BOOL)
+        ck_assert_msg(o->min == 0 && o->max == 1, "%s.%s: BOOL range not [0, 1]", cn, o->name);
+    if (o->type == FK_OPT_ENUM) {
+        ck_assert_msg(o->choices != NULL, "%s.%s: ENUM without choices", cn, o->name);
+        int n = 0;
+        while (o->choices[n]) {
+            ck_assert_msg(is_name(o->choices[n]) || strchr(o->choices[n], '-'),
+                          "%s.%s: bad choice", cn, o->name);
+            for (int k = 0; k < n; k++)
+                ck_assert_msg(strcmp(o->choices[k], o->choices[n]), "%s.%s: choice %s twice",
+                              cn, o->name, o->choices[n]);
+            n++;
+        }
+        ck_assert_msg(o->min == 0 && o->max == n - 1, "%s.%s: range [%g, %g] but %d choices",
+                      cn, o->name, o->min, o->max, n);
+        for (int k = 0; k < n; k++) {
+            ck_assert_int_eq(fk_opts_set_enum(ops, buf, o, o->choices[k]), FK_OK);
+            ck_assert_int_eq((int)fk_opts_get(buf, o), k);
+            char txt[64];
+            fk_opts_format(buf, o, txt, sizeof txt);
+            ck_assert_str_eq(txt, o->choices[k]);
+        }
+        fk_err_clear();
+        ck_assert_int_eq(fk_opts_set_enum(ops, buf, o, "no-such-choice"), FK_ECONFIG);
+        ck_assert_msg(strstr(fk_errmsg(), o->name) != NULL, "%s.%s: message '%s' lacks the name",
+                      cn, o->name, fk_errmsg());
+        ck_assert_int_eq((int)fk_opts_get(buf, o), n - 1); /* unchanged by the failure */
+    }
+    /* range checks: accepted ends, rejected outside, non-integers, NaN and inf */
+    ck_assert_int_eq(fk_opts_set(ops, buf, o, o->min), FK_OK);
+    ck_assert_int_eq(fk_opts_set(ops, buf, o, o->max), FK_OK);
+    ck_assert(fk_opts_get(buf, o) == o->max);
+    ck_assert_int_eq(fk_opts_set(ops, buf, o, o->def), FK_OK);
+    double span = o->max - o->min;
+    double below = o->min - (span > 0 ? span * 1e-3 : 1);
+    double above = o->max + (span > 0 ? span * 1e-3 : 1);
+    if (o->type != FK_OPT_DOUBLE) {
+        below = o->min - 1;
+        above = o->max + 1;
+    }
+    fk_err_clear();
+    ck_assert_msg(fk_opts_set(ops, buf, o, below) == FK_ECONFIG, "%s.%s accepted %g", cn, o->name,
+                  below);
+    ck_assert_msg(strstr(fk_errmsg(), o->name) != NULL, "%s.%s: message '%s' lacks the name", cn,
+                  o->name, fk_errmsg());
+    ck_assert_msg(fk_opts_set(ops, buf, o, above) == FK_ECONFIG, "%s.%s accepted %g", cn, o->name,
+                  above);
+    ck_assert_int_eq(fk_opts_set(ops, buf, o, NAN), FK_ECONFIG);
+    ck_assert_int_eq(fk_opts_set(ops, buf, o, INFINITY), FK_ECONFIG);
+    if (o->type != FK_OPT_DOUBLE && o->max > o->min)
+        ck_assert_msg(fk_opts_set(ops, buf, o, o->min + 0.5) == FK_ECONFIG,
+                      "%s.%s accepted the non-integer %g", cn, o->name, o->min + 0.5);
+    ck_assert_msg(fk_opts_get(buf, o) == o->def, "%s.%s: a rejected set changed the value", cn,
+                  o->name);
+    if (o->type == FK_OPT_DOUBLE) {
+        double v = o->min + span / 3;
+        ck_assert_int_eq(fk_opts_set(ops, buf, o, v), FK_OK);
+        char txt[64];
+        fk_opts_format(buf, o, txt, sizeof txt);
+        ck_assert_msg(strtod(txt, NULL) == v, "%s.%s: '%s' does not read back", cn, o->name,
+                      txt);
+        ck_assert_int_eq(fk_opts_set(ops, buf, o, o->def), FK_OK);
+    }
+}
+
+START_TEST(options_lint)
+{
+    int n_codecs = 0;
+    for (int ci = 0; fk_codecs[ci]; ci++, n_codecs++) {
+        const struct fk_codec_ops *ops = fk_codecs[ci];
+        ck_assert_msg(is_name(ops->name) || strchr(ops->name, '-'), "bad codec name");
+        ck_assert_ptr_eq(fk_codec_find(ops->name), ops);
+        for (int k = 0; k < ci; k++)
+            ck_assert_str_ne(fk_codecs[k]->name, ops->name);
+        ck_assert(ops->summary && *ops->summary);
+        ck_assert(ops->open && ops->encode && ops->reconstruct && ops->stats && ops->close);
+        if (ops->caps & FK_CAP_SPARSE)
+            ck_assert(ops->sparse_row && ops->atoms);
+        ck_assert_uint_ge(ops->opts_size, sizeof(struct fk_common_opts));
+        const struct fk_option *o = ops->options;
+        ck_assert_ptr_nonnull(o);
+        /* the common options come first, at the offsets of struct fk_common_opts */
+        ck_assert_msg(o[0].name && !strcmp(o[0].name, "n_b") &&
+                          o[0].offset == offsetof(struct fk_common_opts, n_b),
+                      "%s: first option is not n_b", ops->name);
+        ck_assert_msg(o[1].name && !strcmp(o[1].name, "a_len") &&
+                          o[1].offset == offsetof(struct fk_common_opts, a_len),
+                      "%s: second option is not a_len", ops->name);
+        ck_assert_msg(o[2].name && !strcmp(o[2].name, "coef") && o[2].type == FK_OPT_ENUM &&
+                          o[2].offset == offsetof(struct fk_common_opts, coef),
+                      "%s: third option is not coef", ops->name);
+        void *buf = opts_new(ops);
+        for (int i = 0; o[i].name; i++) {
+            for (int k = 0; k < i; k++)
+                ck_assert_msg(strcmp(o[k].name, o[i].name), "%s: option %s twice", ops->name,
+                              o[i].name);
+            for (int k = 0; k < i; k++)
+                ck_assert_msg(o[k].offset != o[i].offset, "%s: options %s and %s overlap",
+                              ops->name, o[k].name, o[i].name);
+            ck_assert_msg(fk_opts_get(buf, &o[i]) == o[i].def, "%s.%s: default not applied",
+                          ops->name, o[i].name);
+            ck_assert_ptr_eq(fk_codec_option(ops, o[i].name), &o[i]);
+            lint_option(ops, &o[i], buf);
+        }
+        ck_assert_ptr_null(fk_codec_option(ops, "no_such_option"));
+        free(buf);
+    }
+    ck_assert_int_ge(n_codecs, 6);
+    ck_assert_ptr_null(fk_codec_find("no-such-codec"));
+
+    /* cross-option checks */
+    for (int ci = 0; fk_codecs[ci]; ci++) {
+        const struct fk_codec_ops *ops = fk_codecs[ci];
+        if (!(ops->caps & FK_CAP_DICT))
+            continue;
+        ck_assert_ptr_nonnull(ops->check);
+        void *o = opts_new(ops);
+        ck_assert_msg(ops->check(o, 128, 4096) == FK_OK, "%s: defaults rejected: %s",
+                      ops->name, fk_errmsg());
+        ck_assert_msg(ops->check(o, 128, 0) == FK_OK, "%s: defaults rejected without N: %s",
+                      ops->name, fk_errmsg());
+        /* s > N */
+        opt_set(ops, o, "s", 16);
+        opt_try(ops, o, "n", 8);
+        ck_assert_msg(ops->check(o, 128, 8) < 0, "%s: accepted s = 16 > N = 8", ops->name);
+        free(o);
+        int screened = !strcmp(ops->name, "gm") || !strcmp(ops->name, "fadkv");
+        if (!screened)
+            continue;
+        o = opts_new(ops);
+        opt_set(ops, o, "s", 8);
+        opt_set(ops, o, "n", 4);
+        fk_err_clear();
+        ck_assert_msg(ops->check(o, 128, 4096) < 0, "%s: accepted s = 8 > n = 4", ops->name);
+        ck_assert_msg(strstr(fk_errmsg(), "n = 4") != NULL, "%s: message '%s'", ops->name,
+                      fk_errmsg());
+        opt_set(ops, o, "n", 512);
+        ck_assert_msg(ops->check(o, 128, 4096) == FK_OK, "%s: %s", ops->name, fk_errmsg());
+        ck_assert_msg(ops->check(o, 128, 256) < 0, "%s: accepted n = 512 > N = 256", ops->name);
+        opt_set(ops, o, "n", 8);
+        ck_assert_msg(ops->check(o, 128, 8) == FK_OK, "%s: s = n = N rejected: %s", ops->name,
+                      fk_errmsg());
+        free(o);
+    }
+}
+END_TEST
+
+/* ---- 2. every codec: reported errors, zero vectors, full, determinism ----------------- */
+
+static void check_stream_outcome(const struct trun *r, const struct tstream *s, const void *opts)
+{
+    const struct fk_codec_ops *ops = r->ops;
+    int m = s->m, H = s->H;
+    int sparse = (ops->caps & FK_CAP_SPARSE) != 0;
+    struct fk_stream_stats st = stats_of(r);
+    float *xh = malloc(sizeof(float) * (size_t)m);
+    float *xs = malloc(sizeof(float) * (size_t)m);
+    ck_assert(xh && xs);
+    const struct fk_option *so = fk_codec_option(ops, "s");
+    int s_max = so ? (int)fk_opts_get(opts, so) : m;
+    const struct fk_common_opts *co = opts;
+    const struct fk_option *po = fk_codec_option(ops, "ptr_bytes");
+    int b_ptr = po ? (int)fk_opts_get(opts, po) : 0;
+    int b_val = co->coef == FK_COEF_FP8 ? 1 : co->coef == FK_COEF_FP16 ? 2 : 4;
+    double bytes = 0;
+    uint64_t nnz_sum = 0, adapted = 0, zeros = 0;
+    int n_atoms = 0;
+    const float *A = sparse ? ops->atoms(r->st, &n_atoms) : NULL;
+    for (int i = 0; i < s->T * H; i++) {
+        int h = i % H, t = i / H;
+        const float *x = s->x + (size_t)i * m;
+        const struct fk_vec_out *o = &r->out[i];
+        double err = row_err(r, x, h, t, xh);
+        double xx = dot_fd(x, x, m);
+        if (o->flags & FK_VEC_ADAPTED)
+            adapted++;
+        if (xx == 0) {
+            zeros++;
+            ck_assert_msg(o->flags & FK_VEC_ZERO, "%s: zero vector %d lacks FK_VEC_ZERO",
+                          ops->name, i);
+            ck_assert(!(o->flags & FK_VEC_ADAPTED));
+            ck_assert(o->err == 0 && o->err_enc == 0);
+            for (int c = 0; c < m; c++)
+                ck_assert_msg(xh[c] == 0, "%s: zero vector %d reconstructs nonzero", ops->name,
+                              i);
+            if (sparse)
+                ck_assert_msg(o->nnz == 0, "%s: zero vector %d has nnz %d", ops->name, i,
+                              o->nnz);
+        } else {
+            ck_assert_msg(!(o->flags & FK_VEC_ZERO), "%s: vector %d flagged zero", ops->name, i);
+            ck_assert_msg(fabs(err - o->err) <= 1e-5,
+                          "%s: vector %d (head %d, token %d): reported err %.8f, recomputed "
+                          "%.8f", ops->name, i, h, t, o->err, err);
+            ck_assert(isfinite(o->err_enc) && o->err_enc >= 0);
+        }
+        if (!sparse) {
+            ck_assert_msg(!memcmp(xh, x, sizeof(float) * (size_t)m) && o->err == 0,
+                          "%s: row %d is not stored exactly", ops->name, i);
+            continue;
+        }
+        int nnz = -1;
+        const int32_t *idx = NULL;
+        const float *coef = NULL;
+        ck_assert_int_eq(ops->sparse_row(r->st, h, t, &nnz, &idx, &coef), FK_OK);
+        ck_assert_msg(nnz == o->nnz, "%s: row %d stores %d atoms, reported %d", ops->name, i,
+                      nnz, o->nnz);
+        ck_assert_msg(nnz >= 0 && nnz <= s_max, "%s: row %d has nnz %d > s %d", ops->name, i,
+                      nnz, s_max);
+        /* the reconstruction is sum coef_i d_idx_i over the current atoms */
+        memset(xs, 0, sizeof(float) * (size_t)m);
+        for (int k = 0; k < nnz; k++) {
+            ck_assert(idx[k] >= 0 && idx[k] < n_atoms);
+            for (int c = 0; c < m; c++)
+                xs[c] += coef[k] * A[(size_t)idx[k] * m + c];
+        }
+        for (int c = 0; c < m; c++)
+            ck_assert_msg(fabsf(xs[c] - xh[c]) <= 1e-5f * (1 + fabsf(xh[c])),
+                          "%s: row %d: reconstruct differs from its sparse code", ops->name, i);
+        nnz_sum += (uint64_t)nnz;
+        bytes += nnz * (b_val + 2) + b_ptr;
+    }
+    ck_assert_int_gt((int)zeros, 0);
+    if (sparse) {
+        ck_assert_msg(st.uses_total == nnz_sum, "%s: uses_total %llu, stored nnz %llu",
+                      ops->name, (unsigned long long)st.uses_total,
+                      (unsigned long long)nnz_sum);
+        ck_assert_msg(st.bytes_codes == bytes, "%s: bytes_codes %.0f, expected %.0f", ops->name,
+                      st.bytes_codes, bytes);
+    } else {
+        ck_assert(st.bytes_codes == 2.0 * m * s->T * H);
+    }
+    ck_assert_msg(adapted == st.appends + st.replacements,
+                  "%s: %llu vectors flagged adapted, appends + replacements = %llu", ops->name,
+                  (unsigned long long)adapted,
+                  (unsigned long long)(st.appends + st.replacements));
+    if (ops->caps & FK_CAP_ADAPTS)
+        ck_assert_msg(adapted > 0, "%s: the stream never adapted (test data too easy)",
+                      ops->name);
+    else
+        ck_assert_int_eq((int)adapted, 0);
+    free(xh);
+    free(xs);
+}
+
+static void assert_runs_equal(const struct trun *a, const struct trun *b, int n_vec)
+{
+    const char *cn = a->ops->name;
+    ck_assert_msg(!memcmp(a->out, b->out, sizeof *a->out * (size_t)n_vec),
+                  "%s: per-vector outcomes differ between two identical runs", cn);
+    struct fk_stream_stats sa = stats_of(a), sb = stats_of(b);
+    ck_assert(sa.n_atoms == sb.n_atoms && sa.appends == sb.appends &&
+              sa.replacements == sb.replacements && sa.adapt_failed == sb.adapt_failed &&
+              sa.saturated == sb.saturated && sa.uses_total == sb.uses_total &&
+              sa.macs == sb.macs && sa.bytes_codes == sb.bytes_codes &&
+              sa.bytes_dict_seq == sb.bytes_dict_seq);
+    float *x1 = malloc(sizeof(float) * (size_t)a->m), *x2 = malloc(sizeof(float) * (size_t)a->m);
+    ck_assert(x1 && x2);
+    for (int i = 0; i < n_vec; i++) {
+        ck_assert_int_eq(a->ops->reconstruct(a->st, i % a->H, i / a->H, x1), FK_OK);
+        ck_assert_int_eq(b->ops->reconstruct(b->st, i % b->H, i / b->H, x2), FK_OK);
+        ck_assert_msg(!memcmp(x1, x2, sizeof(float) * (size_t)a->m),
+                      "%s: row %d differs between two identical runs", cn, i);
+    }
+    if (a->ops->caps & FK_CAP_SPARSE) {
+        int na = 0, nb = 0;
+        const float *Aa = a->ops->atoms(a->st, &na), *Ab = b->ops->atoms(b->st, &nb);
+        ck_assert_int_eq(na, nb);
+        ck_assert(!memcmp(Aa, Ab, sizeof(float) * (size_t)na * a->m));
+        ck_assert(!memcmp(sa.ref_count, sb.ref_count, sizeof(uint32_t) * (size_t)na));
+    }
+    free(x1);
+    free(x2);
+}
+
+START_TEST(every_codec_conforms)
+{
+    struct tdict d;
+    tdict_init(&d, 96, 24, 1, 11);
+    struct tstream s;
+    struct tgen g = {.n_use = 96, .k_gen = 3, .noise = 0.01, .p_novel_prefill = 0.3,
+                     .p_novel = 0.4, .n_dirs = 6, .zero_every = 17};
+    tstream_init(&s, &d, 3, 60, 160, &g, 12);
+    int blas0 = fk_blas_threads_get();
+    for (int ci = 0; fk_codecs[ci]; ci++) {
+        const struct fk_codec_ops *ops = fk_codecs[ci];
+        for (int kind = 0; kind < 2; kind++) {
+            void *o = opts_small(ops, 4, 24);
+            struct trun a, b;
+            fk_blas_threads_set(blas0);
+            trun_stream(&a, ops, o, &d, &s, kind, NULL, NULL);
+            check_stream_outcome(&a, &s, o);
+            if (!strcmp(ops->name, "full")) {
+                struct fk_stream_stats st = stats_of(&a);
+                ck_assert_int_eq((int)st.appends + (int)st.replacements, 0);
+            }
+            fk_blas_threads_set(1); /* determinism at any BLAS thread count */
+            trun_stream(&b, ops, o, &d, &s, kind, NULL, NULL);
+            assert_runs_equal(&a, &b, s.T * s.H);
+            trun_close(&a);
+            trun_close(&b);
+            free(o);
+        }
+    }
+    fk_blas_threads_set(blas0);
+    free(s.x);
+    tdict_free(&d);
+}
+END_TEST
+
+/* ---- 3. fadkv, tau_c = 0: replacements never touch stored rows ------------------------ */
+
+START_TEST(fadkv_replacement_preserves_past)
+{
+    struct tdict d;
+    tdict_init(&d, 128, 24, 0, 21);
+    /* prefill uses atoms 0..39 only; decode brings new directions: many free slots */
+    struct tgen g = {.n_use = 40, .k_gen = 3, .noise = 0.01, .p_novel = 0.5, .n_dirs = 0,
+                     .zero_every = 23};
+    struct tstream s;
+    tstream_init(&s, &d, 2, 50, 200, &g, 22);
+    const char *inner[] = {"gm", "pl"};
+    for (int k = 0; k < 2; k++) {
+        const struct fk_codec_ops *ops = codec("fadkv");
+        void *o = opts_small(ops, 4, 24);
+        opt_enum(ops, o, "inner", inner[k]);
+        opt_set(ops, o, "tau_c", 0);
+        struct tcheck c = {.what = CK_PAST | CK_ATOMS | CK_REFCOUNT, .N = d.N, .delta = 0.5};
+        c.snap = malloc(sizeof(float) * (size_t)s.T * s.H * s.m);
+        struct trun r;
+        trun_stream(&r, ops, o, &d, &s, 0, check_hook, &c);
+        struct fk_stream_stats st = stats_of(&r);
+        ck_assert_msg(st.replacements >= 20, "inner %s: only %llu replacements", inner[k],
+                      (unsigned long long)st.replacements);
+        ck_assert_uint_eq(st.collateral_reencodes, 0);
+        ck_assert_int_gt((int)c.past_rows, 1000);
+        ck_assert_int_gt((int)c.new_atoms, 0);
+        trun_close(&r);
+        tcheck_free(&c);
+        free(o);
+    }
+    free(s.x);
+    tdict_free(&d);
+}
+END_TEST
+
+/* ---- 4. ref_count is exact after every event ------------------------------------------ */
+
+START_TEST(ref_count_matches_recount)
+{
+    struct tdict d;
+    tdict_init(&d, 48, 16, 1, 31);
+    struct tgen g = {.n_use = 48, .k_gen = 3, .noise = 0.02, .p_novel_prefill = 0.1,
+                     .p_novel = 0.6, .n_dirs = 0, .zero_every = 19};
+    struct tstream s;
+    tstream_init(&s, &d, 3, 40, 150, &g, 32);
+    struct {
+        const char *codec;       /* registry name */
+        int tau_c;               /* -1: codec has none */
+        const char *collateral;  /* fadkv collateral policy */
+        const char *victim;      /* fadkv victim choice */
+    } cases[] = {
+        {"lexico-adp", -1, NULL, NULL}, {"gm", -1, NULL, NULL},
+        {"pl", -1, NULL, NULL},         {"fadkv", 0, "reencode", "refcount"},
+        {"fadkv", 2, "reencode", "refcount"}, {"fadkv", 2, "drop", "refcount"},
+        {"fadkv", 0, "reencode", "ema"},
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        const struct fk_codec_ops *ops = codec(cases[k].codec);
+        void *o = opts_small(ops, 4, 16);
+        if (cases[k].tau_c >= 0) {
+            opt_set(ops, o, "tau_c", cases[k].tau_c);
+            opt_enum(ops, o, "collateral", cases[k].collateral);
+            opt_enum(ops, o, "victim", cases[k].victim);
+        }
+        struct tcheck c = {.what = CK_REFCOUNT | CK_ATOMS, .N = d.N, .delta = 0.5};
+        struct trun r;
+        trun_stream(&r, ops, o, &d, &s, 0, check_hook, &c);
+        struct fk_stream_stats st = stats_of(&r);
+        ck_assert_int_eq((int)c.recounts, r.events);
+        ck_assert_msg(st.appends + st.replacements > 0, "case %zu: no adaptation", k);
+        if (cases[k].tau_c > 0 && !strcmp(cases[k].collateral, "reencode"))
+            ck_assert_msg(st.collateral_reencodes > 0, "case %zu: no collateral re-encode", k);
+        trun_close(&r);
+        tcheck_free(&c);
+        free(o);
+    }
+    free(s.x);
+    tdict_free(&d);
+}
+END_TEST
+
+/* ---- 5 + 7. atom-set evolution: unit appends, no duplicates, sizes -------------------- */
+
+START_TEST(atom_set_evolution)
+{
+    struct tdict d;
+    tdict_init(&d, 64, 16, 1, 41);
+    struct tgen g = {.n_use = 64, .k_gen = 3, .noise = 0.01, .p_novel_prefill = 0.5,
+                     .p_novel = 0.5, .n_dirs = 0, .zero_every = 29};
+    struct tstream s;
+    tstream_init(&s, &d, 4, 40, 140, &g, 42);
+    const char *names[] = {"lexico", "lexico-adp", "gm", "pl", "fadkv"};
+    for (int k = 0; k < 5; k++) {
+        const struct fk_codec_ops *ops = codec(names[k]);
+        for (int kind = 0; kind < 2; kind++) {
+            void *o = opts_small(ops, 4, 16);
+            double delta = kind == 0 ? 0.5 : 0.7;
+            struct tcheck c = {.what = CK_ATOMS, .N = d.N, .delta = delta};
+            if (!strcmp(names[k], "lexico-adp"))
+                c.what |= CK_NODUP;
+            struct trun r;
+            trun_stream(&r, ops, o, &d, &s, kind, check_hook, &c);
+            struct fk_stream_stats st = stats_of(&r);
+            if (ops->caps & FK_CAP_ADAPTS)
+                ck_assert_msg(c.new_atoms > 10, "%s: only %ld new atoms", names[k], c.new_atoms);
+            if (ops->caps & FK_CAP_GROWS)
+                ck_assert_int_eq(st.n_atoms, d.N + (int)st.appends);
+            trun_close(&r);
+            free(o);
+            tcheck_free(&c);
+        }
+    }
+    free(s.x);
+    tdict_free(&d);
+}
+END_TEST
+
+/* ---- 6. gm with n = N equals full OMP; pl is the brute-force top-s -------------------- */
+
+static void sorted_copy(const int32_t *idx, int n, int32_t *out)
+{
+    memcpy(out, idx, sizeof(int32_t) * (size_t)n);
+    for (int i = 1; i < n; i++)
+        for (int k = i; k > 0 && out[k - 1] > out[k]; k--) {
+            int32_t t = out[k];
+            out[k] = out[k - 1];
+            out[k - 1] = t;
+        }
+}
+
+START_TEST(gm_full_pool_and_pl_topn)
+{
+    struct tdict d;
+    tdict_init(&d, 128, 32, 1, 51);
+    struct tgen g = {.n_use = 128, .k_gen = 4, .noise = 0.05, .p_novel_prefill = 0.5,
+                     .zero_every = 0};
+    struct tstream s;
+    tstream_init(&s, &d, 2, 200, 200, &g, 52); /* prefill only */
+    int S = 6, nv = s.T * s.H;
+    const struct fk_codec_ops *lex = codec("lexico"), *gm = codec("gm"), *pl = codec("pl");
+    void *ol = opts_small(lex, S, 0), *og = opts_small(gm, S, d.N), *op = opts_small(pl, S, 16);
+    opt_enum(lex, ol, "coef", "fp32");
+    opt_enum(gm, og, "coef", "fp32");
+    opt_set(gm, og, "delta_k", 1);
+    opt_set(gm, og, "delta_v", 1);
+    struct trun rl, rg, rp;
+    trun_stream(&rl, lex, ol, &d, &s, 0, NULL, NULL);
+    trun_stream(&rg, gm, og, &d, &s, 0, NULL, NULL);
+    trun_stream(&rp, pl, op, &d, &s, 0, NULL, NULL);
+    int32_t sa[FK_SMAX], sb[FK_SMAX];
+    double *a = malloc(sizeof(double) * (size_t)d.N);
+    int32_t *ord = malloc(sizeof(int32_t) * (size_t)d.N);
+    ck_assert(a && ord);
+    int near_ties = 0;
+    for (int i = 0; i < nv; i++) {
+        int h = i % s.H, t = i / s.H;
+        int n1, n2;
+        const int32_t *i1, *i2;
+        const float *c1, *c2;
+        ck_assert_int_eq(lex->sparse_row(rl.st, h, t, &n1, &i1, &c1), FK_OK);
+        ck_assert_int_eq(gm->sparse_row(rg.st, h, t, &n2, &i2, &c2), FK_OK);
+        ck_assert_int_eq(n1, S);
+        ck_assert_msg(n1 == n2, "vector %d: lexico %d atoms, gm %d", i, n1, n2);
+        sorted_copy(i1, n1, sa);
+        sorted_copy(i2, n2, sb);
+        ck_assert_msg(!memcmp(sa, sb, sizeof(int32_t) * (size_t)n1),
+                      "vector %d: gm (n = N) support differs from full OMP", i);
+        /* pl: brute-force top-s of |D^T x| in double, ties to the smaller index */
+        const float *x = s.x + (size_t)i * s.m;
+        for (int j = 0; j < d.N; j++) {
+            a[j] = fabs(dot_fd(d.atoms + (size_t)j * s.m, x, s.m));
+            ord[j] = j;
+        }
+        for (int j = 1; j < d.N; j++)
+            for (int k = j; k > 0; k--) {
+                int32_t p = ord[k - 1], q = ord[k];
+                if (a[p] > a[q] || (a[p] == a[q] && p < q))
+                    break;
+                ord[k - 1] = q;
+                ord[k] = p;
+            }
+        ck_assert_int_eq(pl->sparse_row(rp.st, h, t, &n2, &i2, &c2), FK_OK);
+        ck_assert_int_eq(n2, S);
+        sorted_copy(ord, S, sa);
+        sorted_copy(i2, S, sb);
+        if (memcmp(sa, sb, sizeof(int32_t) * (size_t)S)) {
+            /* only a float-vs-double near tie at the boundary may differ */
+            double gap = a[ord[S - 1]] - a[ord[S]];
+            ck_assert_msg(gap < 1e-5 * sqrt(dot_fd(x, x, s.m)),
+                          "vector %d: pl support differs from the top-%d of |D^T x| "
+                          "(boundary gap %g)", i, S, gap);
+            near_ties++;
+        }
+    }
+    ck_assert_int_le(near_ties, 2);
+    free(a);
+    free(ord);
+    trun_close(&rl);
+    trun_close(&rg);
+    trun_close(&rp);
+    free(ol);
+    free(og);
+    free(op);
+    free(s.x);
+    tdict_free(&d);
+}
+END_TEST
+
+/* ---- 8. memory accounting (spec 10.6) ------------------------------------------------- */
+
+START_TEST(memory_accounting)
+{
+    struct tdict d;
+    tdict_init(&d, 128, 32, 1, 61);
+    struct tgen g = {.n_use = 128, .k_gen = 3, .noise = 0.01, .p_novel_prefill = 0.2,
+                     .zero_every = 0};
+    struct tstream s;
+    tstream_init(&s, &d, 2, 100, 100, &g, 62);
+    const struct fk_codec_ops *lex = codec("lexico");
+    struct {
+        const char *coef;        /* coefficient storage */
+        int ptr;                 /* ptr_bytes */
+        int per_row;             /* expected bytes per stored vector at s = 8 */
+    } cases[] = {{"fp8", 2, 26}, {"fp16", 2, 34}, {"fp32", 2, 50}, {"fp8", 4, 28}};
+    int rows = s.T * s.H;
+    for (int k = 0; k < 4; k++) {
+        void *o = opts_small(lex, 8, 0);
+        opt_enum(lex, o, "coef", cases[k].coef);
+        opt_set(lex, o, "tol", 0);
+        opt_set(lex, o, "ptr_bytes", cases[k].ptr);
+        struct trun r;
+        trun_stream(&r, lex, o, &d, &s, 0, NULL, NULL);
+        for (int i = 0; i < rows; i++)
+            ck_assert_int_eq(r.out[i].nnz, 8);
+        struct fk_stream_stats st = stats_of(&r);
+        ck_assert_msg(st.bytes_codes == (double)cases[k].per_row * rows,
+                      "lexico coef %s ptr %d: bytes_codes %.0f, expected %d x %d", cases[k].coef,
+                      cases[k].ptr, st.bytes_codes, cases[k].per_row, rows);
+        ck_assert(st.bytes_dict_seq == 0);
+        trun_close(&r);
+        free(o);
+    }
+    free(s.x);
+
+    /* append codecs: 2m bytes per appended atom; fadkv: 0 (paper) or (2m + 2) per slot */
+    struct tgen g2 = {.n_use = 40, .k_gen = 3, .noise = 0.01, .p_novel = 0.5, .zero_every = 0};
+    tstream_init(&s, &d, 2, 40, 140, &g2, 63);
+    const char *names[] = {"lexico-adp", "gm", "pl", "fadkv", "fadkv"};
+    for (int k = 0; k < 5; k++) {
+        const struct fk_codec_ops *ops = codec(names[k]);
+        void *o = opts_small(ops, 4, 16);
+        if (k == 4)
+            opt_enum(ops, o, "mem_mode", "strict");
+        struct trun r;
+        trun_stream(&r, ops, o, &d, &s, 0, NULL, NULL);
+        struct fk_stream_stats st = stats_of(&r);
+        ck_assert(st.appends + st.replacements > 0);
+        if (ops->caps & FK_CAP_GROWS) {
+            ck_assert_msg(st.bytes_dict_seq == (double)st.appends * s.m * 2,
+                          "%s: bytes_dict_seq %.0f, appends %llu", names[k], st.bytes_dict_seq,
+                          (unsigned long long)st.appends);
+            ck_assert(st.bytes_dict_seq == (double)(st.n_atoms - st.n_base) * s.m * 2);
+        } else if (k == 3) {
+            ck_assert(st.bytes_dict_seq == 0);
+        } else {
+            int slots = 0;
+            for (int j = 0; j < d.N; j++)
+                slots += st.is_adapted[j] != 0;
+            ck_assert_int_gt(slots, 0);
+            ck_assert_msg(st.bytes_dict_seq == (double)slots * (2 * s.m + 2),
+                          "fadkv strict: bytes_dict_seq %.0f, %d replaced slots",
+                          st.bytes_dict_seq, slots);
+        }
+        trun_close(&r);
+        free(o);
+    }
+    free(s.x);
+    tdict_free(&d);
+}
+END_TEST
+
+/* ---- 9. FP8 saturation is counted ----------------------------------------------------- */
+
+START_TEST(fp8_saturation_counted)
+{
+    struct tdict d;
+    tdict_init(&d, 64, 16, 1, 71);
+    struct tstream s = {.m = 16, .H = 1, .P = 3, .T = 3};
+    s.x = calloc((size_t)3 * 16, sizeof(float));
+    ck_assert_ptr_nonnull(s.x);
+    for (int c = 0; c < 16; c++) {
+        s.x[c] = 1000 * d.atoms[c] + d.atoms[16 + c];      /* |coef| 1000 >= 464 */
+        s.x[16 + c] = 400 * d.atoms[32 + c] + d.atoms[48 + c]; /* 400: no saturation */
+        s.x[32 + c] = -2000 * d.atoms[80 + c];             /* -2000: saturates */
+    }
+    const char *coefs[] = {"fp8", "fp16", "fp32"};
+    for (int k = 0; k < 3; k++) {
+        const struct fk_codec_ops *lex = codec("lexico");
+        void *o = opts_small(lex, 4, 0);
+        opt_enum(lex, o, "coef", coefs[k]);
+        struct trun r;
+        trun_stream(&r, lex, o, &d, &s, 0, NULL, NULL);
+        struct fk_stream_stats st = stats_of(&r);
+        ck_assert_msg(st.saturated == (k == 0 ? 2u : 0u), "coef %s: saturated = %llu",
+                      coefs[k], (unsigned long long)st.saturated);
+        if (k == 0) {
+            /* stored +-448 instead of 1000 and 2000: the reported error shows it */
+            ck_assert_msg(fabs(r.out[0].err - (1000 - 448) / 1000.0) < 0.01, "err %g",
+                          r.out[0].err);
+            ck_assert(fabs(r.out[2].err - (2000 - 448) / 2000.0) < 0.01);
+            ck_assert(r.out[1].err < 0.1);
+        } else {
+            ck_assert(r.out[0].err < 1e-3 && r.out[2].err < 1e-3);
+        }
+        trun_close(&r);
+        free(o);
+    }
+    free(s.x);
+
+    /* an appended atom of a huge vector carries a saturated coefficient too */
+    struct tstream s2 = {.m = 16, .H = 1, .P = 0, .T = 1};
+    s2.x = malloc(sizeof(float) * 16);
+    ck_assert_ptr_nonnull(s2.x);
+    gsl_rng *rng = rng_new(72);
+    random_dir(rng, 16, 5000, s2.x);
+    gsl_rng_free(rng);
+    const struct fk_codec_ops *gm = codec("gm");
+    void *o = opts_small(gm, 4, 16);
+    opt_set(gm, o, "delta_k", 0);
+    struct trun r;
+    trun_stream(&r, gm, o, &d, &s2, 0, NULL, NULL);
+    struct fk_stream_stats st = stats_of(&r);
+    ck_assert_uint_eq(st.appends, 1);
+    ck_assert_uint_eq(st.saturated, 1);
+    ck_assert(fabs(r.out[0].err - (5000 - 448) / 5000.0) < 0.01);
+    trun_close(&r);
+    free(o);
+    free(s2.x);
+    tdict_free(&d);
+}
+END_TEST
+
+/* ---- 10. OMP Gram mode and naive mode agree, also with appended atoms ----------------- */
+
+static void assert_same_codes(const struct trun *a, const struct trun *b, int n_vec)
+{
+    for (int i = 0; i < n_vec; i++) {
+        int h = i % a->H, t = i / a->H;
+        int n1, n2;
+        const int32_t *i1, *i2;
+        const float *c1, *c2;
+        ck_assert_int_eq(a->ops->sparse_row(a->st, h, t, &n1, &i1, &c1), FK_OK);
+        ck_assert_int_eq(b->ops->sparse_row(b->st, h, t, &n2, &i2, &c2), FK_OK);
+        ck_assert_msg(n1 == n2 && !memcmp(i1, i2, sizeof(int32_t) * (size_t)n1),
+                      "%s: row %d (head %d, token %d): gram and naive supports differ",
+                      a->ops->name, i, h, t);
+        for (int k = 0; k < n1; k++)
+            ck_assert_msg(fabsf(c1[k] - c2[k]) <= 1e-4f * (1 + fabsf(c1[k])),
+                          "%s: row %d coef %d: gram %g, naive %g", a->ops->name, i, k, c1[k],
+                          c2[k]);
+        ck_assert_int_eq(a->out[i].flags, b->out[i].flags);
+    }
+}
+
+START_TEST(omp_gram_equals_naive)
+{
+    struct tdict d;
+    tdict_init(&d, 128, 24, 1, 81);
+    struct tgen g = {.n_use = 128, .k_gen = 4, .noise = 0.02, .p_novel_prefill = 0.3,
+                     .p_novel = 0.5, .n_dirs = 8, .zero_every = 31};
+    struct tstream s;
+    tstream_init(&s, &d, 3, 60, 200, &g, 82);
+    const char *names[] = {"lexico", "lexico-adp"};
+    for (int k = 0; k < 2; k++) {
+        const struct fk_codec_ops *ops = codec(names[k]);
+        void *og = opts_small(ops, 5, 0), *on = opts_small(ops, 5, 0);
+        opt_enum(ops, og, "coef", "fp32");
+        opt_enum(ops, on, "coef", "fp32");
+        opt_enum(ops, og, "omp_mode", "gram");
+        opt_enum(ops, on, "omp_mode", "naive");
+        struct trun rg, rn;
+        trun_stream(&rg, ops, og, &d, &s, 0, NULL, NULL);
+        trun_stream(&rn, ops, on, &d, &s, 0, NULL, NULL);
+        struct fk_stream_stats sg = stats_of(&rg), sn = stats_of(&rn);
+        ck_assert_int_eq(sg.n_atoms, sn.n_atoms);
+        ck_assert_uint_eq(sg.appends, sn.appends);
+        if (k == 1) {
+            /* later codes must use appended atoms, through their incremental Gram rows */
+            ck_assert_msg(sg.appends >= 10, "only %llu appends",
+                          (unsigned long long)sg.appends);
+            ck_assert_msg(sg.uses_adapted > sg.appends, "appended atoms never reused");
+        }
+        assert_same_codes(&rg, &rn, s.T * s.H);
+        trun_close(&rg);
+        trun_close(&rn);
+        free(og);
+        free(on);
+    }
+    free(s.x);
+    tdict_free(&d);
+}
+END_TEST
+
+/* ---- 11. analytical cost model (spec 10.7) -------------------------------------------- */
+
+static double c_omp(int m, int N, int s)
+{
+    double c = 0;
+    for (int k = 1; k <= s; k++)
+        c += (double)m * N + N + 2.0 * k * m + (double)k * k;
+    return c;
+}
+
+static double c_gm(int m, int N, int n, int s)
+{
+    double c = (double)m * N + N + (double)s * s * s / 6 + 2.0 * s * s;
+    for (int k = 1; k <= s; k++)
+        c += (double)m * n + n + 2.0 * k * m + (double)k * k;
+    return c;
+}
+
+static double c_pl(int m, int N, int s)
+{
+    return (double)m * N + N + m * s * (s + 1) / 2.0 + (double)s * s * s / 6 + 2.0 * s * s +
+           (double)m * s;
+}
+
+/* MACs of one stream of random vectors (prefill only: no growth). */
+static double macs_of(const char *name, const struct tdict *d, const struct tstream *s, int S,
+                      int n)
+{
+    const struct fk_codec_ops *ops = codec(name);
+    void *o = opts_small(ops, S, n);
+    if (fk_codec_option(ops, "omp_mode"))
+        opt_enum(ops, o, "omp_mode", d->gram ? "gram" : "naive");
+    struct trun r;
+    trun_stream(&r, ops, o, d, s, 0, NULL, NULL);
+    for (int i = 0; i < s->T * s->H; i++)
+        ck_assert_msg(r.out[i].nnz == S, "%s: vector %d has %d atoms", name, i, r.out[i].nnz);
+    struct fk_stream_stats st = stats_of(&r);
+    ck_assert_int_eq(st.n_atoms, d->N);
+    trun_close(&r);
+    free(o);
+    return st.macs;
+}
+
+START_TEST(cost_model)
+{
+    struct tdict d;
+    tdict_init(&d, 96, 24, 1, 91);
+    struct tgen g = {.p_novel_prefill = 1.0};
+    struct tstream s;
+    tstream_init(&s, &d, 2, 50, 50, &g, 92);
+    int nv = s.T * s.H, S = 4, n = 20;
+    double want = nv * c_omp(d.m, d.N, S);
+    double got = macs_of("lexico-adp", &d, &s, S, 0);
+    ck_assert_msg(got == want, "lexico-adp: macs %.1f, expected %.1f", got, want);
+    ck_assert(macs_of("lexico", &d, &s, S, 0) == want);
+    got = macs_of("gm", &d, &s, S, n);
+    want = nv * c_gm(d.m, d.N, n, S);
+    ck_assert_msg(fabs(got - want) <= 1e-9 * want, "gm: macs %.3f, expected %.3f", got, want);
+    got = macs_of("pl", &d, &s, S, n);
+    want = nv * c_pl(d.m, d.N, S);
+    ck_assert_msg(fabs(got - want) <= 1e-9 * want, "pl: macs %.3f, expected %.3f", got, want);
+    free(s.x);
+    tdict_free(&d);
+
+    /* Table 4 shape: m = 128, N = 4096, s = 8, n = 256, one random vector each */
+    tdict_init(&d, 4096, 128, 0, 93);
+    tstream_init(&s, &d, 1, 1, 1, &g, 94);
+    double adp = macs_of("lexico-adp", &d, &s, 8, 0);
+    double gmm = macs_of("gm", &d, &s, 8, 256);
+    double plm = macs_of("pl", &d, &s, 8, 256);
+    ck_assert_msg(fabs(adp - 4236492) < 0.5, "lexico-adp %.1f", adp);
+    ck_assert_msg(fabs(gmm - 802209.333) < 0.5, "gm %.3f", gmm);
+    ck_assert_msg(fabs(plm - 534229.333) < 0.5, "pl %.3f", plm);
+    ck_assert_msg(fabs(gmm / adp - 0.189) <= 0.001, "gm/lexico-adp = %.4f", gmm / adp);
+    ck_assert_msg(fabs(plm / adp - 0.126) <= 0.001, "pl/lexico-adp = %.4f", plm / adp);
+    free(s.x);
+    tdict_free(&d);
+}
+END_TEST
+
+/* ---- eviction events of several tokens per head --------------------------------------- */
+
+/* With a_len > 1 an event holds several tokens of one head. A vector that needs adaptation
+ * is committed in phase C, after later tokens of its head that need none (phase B); the
+ * codec must accept that and store every row at its own token. */
+START_TEST(multi_token_events)
+{
+    struct tdict d;
+    tdict_init(&d, 64, 16, 1, 101);
+    struct tgen g = {.n_use = 64, .k_gen = 2, .noise = 0.01, .p_novel = 0.4, .n_dirs = 0,
+                     .zero_every = 13};
+    struct tstream s;
+    tstream_init(&s, &d, 2, 30, 130, &g, 102);
+    const char *names[] = {"lexico", "lexico-adp", "gm", "pl", "fadkv"};
+    for (int k = 0; k < 5; k++) {
+        const struct fk_codec_ops *ops = codec(names[k]);
+        void *o = opts_small(ops, 4, 16);
+        opt_set(ops, o, "a_len", 4);
+        struct tcheck c = {.what = CK_REFCOUNT, .N = d.N, .delta = 0.5};
+        struct trun r;
+        trun_stream(&r, ops, o, &d, &s, 0, check_hook, &c);
+        check_stream_outcome(&r, &s, o);
+        trun_close(&r);
+        tcheck_free(&c);
+        free(o);
+    }
+    free(s.x);
+    tdict_free(&d);
+}
+END_TEST
+
+static Suite *codecs_suite(void)
+{
+    Suite *s = suite_create("codecs");
+    TCase *tc = tcase_create("conformance");
+    tcase_set_timeout(tc, 120);
+    tcase_add_test(tc, options_lint);
+    tcase_add_test(tc, every_codec_conforms);
+    tcase_add_test(tc, fadkv_replacement_preserves_past);
+    tcase_add_test(tc, ref_count_matches_recount);
+    tcase_add_test(tc, atom_set_evolution);
+    tcase_add_test(tc, gm_full_pool_and_pl_topn);
+    tcase_add_test(tc, memory_accounting);
+    tcase_add_test(tc, fp8_saturation_counted);
+    tcase_add_test(tc, omp_gram_equals_naive);
+    tcase_add_test(tc, cost_model);
+    tcase_add_test(tc, multi_token_events);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void)
+{
+    gsl_set_error_handler_off();
+    SRunner *sr = srunner_create(codecs_suite());
+    srunner_run_all(sr, CK_NORMAL);
+    int nf = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return nf == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+}
