@@ -50,6 +50,5 @@ if [ "$mode" = run ]; then
 fi
 
 if [ "$mode" = test ]; then
-    meson test -C build --print-errorlogs --num-processes 2 --suite unit --suite python \
-        --suite gate
+    meson test -C build --print-errorlogs --num-processes 2
 fi

@@ -505,7 +505,7 @@ int fk_attn_eval_naive_out(const struct fk_attn_in *in, struct fk_attn_acc *acc,
             }
         }
     for (int h = 0; h < Hq && rc == FK_OK; h++) {
-        int g = (h + r) % Hkv;
+        int g = h / r;
         const float *q = in->q + (size_t)h * m;
         double *zz = z, *zh = z + n, *p = z + 2 * (size_t)n, *ph = z + 3 * (size_t)n;
         for (int i = 0; i < n; i++) {

@@ -18,6 +18,7 @@
 #include "fk_codec.h"
 #include "fk_dict.h"
 #include "fk_err.h"
+#include "fk_h5.h"
 #include "fk_replay.h"
 #include "fk_results.h"
 #include "fk_sweep.h"
@@ -132,24 +133,9 @@ static int info_one(const char *path)
     hid_t fh = H5Fis_hdf5(path) > 0 ? H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT) : -1;
     int is_dict = 0;
     if (fh >= 0) {
-        if (H5Aexists(fh, "schema") > 0) {
-            hid_t a = H5Aopen(fh, "schema", H5P_DEFAULT);
-            hid_t t = H5Aget_type(a);
-            char buf[64] = "";
-            if (H5Tis_variable_str(t) > 0) {
-                char *s = NULL;
-                hid_t mt = H5Tcopy(H5T_C_S1);
-                H5Tset_size(mt, H5T_VARIABLE);
-                if (H5Aread(a, mt, &s) >= 0 && s) {
-                    snprintf(buf, sizeof buf, "%s", s);
-                    H5free_memory(s);
-                }
-                H5Tclose(mt);
-            }
+        char buf[64] = "";
+        if (fk_h5_has_attr(fh, "schema") && fk_h5_attr_str(fh, path, "schema", buf, sizeof buf) == 0)
             is_dict = !strcmp(buf, FK_DICT_SCHEMA);
-            H5Tclose(t);
-            H5Aclose(a);
-        }
         H5Fclose(fh);
     }
     if (is_dict) {

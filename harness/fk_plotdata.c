@@ -649,6 +649,20 @@ static void fig_var(struct fk_plot_fig *f, const char *name, const char *value)
     snprintf(f->vars + n, sizeof f->vars - n, "'; ");
 }
 
+/* Like fig_var for text shown in a title: escapes gnuplot's enhanced-text characters. */
+static void fig_text(struct fk_plot_fig *f, const char *name, const char *value)
+{
+    char e[1024];
+    size_t n = 0;
+    for (const char *p = value; *p && n + 3 < sizeof e; p++) {
+        if (strchr("_^{}@&~\\", *p))
+            e[n++] = '\\';
+        e[n++] = *p;
+    }
+    e[n] = 0;
+    fig_var(f, name, e);
+}
+
 #if defined(__GNUC__)
 __attribute__((format(printf, 2, 3)))
 #endif
@@ -835,7 +849,7 @@ static int fig1a(struct store *st, struct fk_plot_set *set, const char *ds, stru
     fig_var(f, "data", p);
     char t[512];
     snprintf(t, sizeof t, "%s, %s, s = %s", ds, codec_display(c->codec), cstr(st, c, "s"));
-    fig_var(f, "subtitle", t);
+    fig_text(f, "subtitle", t);
     return FK_OK;
 }
 
@@ -916,7 +930,7 @@ static int fig1b(struct store *st, struct fk_plot_set *set, const char *ds, stru
     fig_var(f, "data", p);
     char t[512];
     snprintf(t, sizeof t, "%s, %s", ds, codec_display(c->codec));
-    fig_var(f, "subtitle", t);
+    fig_text(f, "subtitle", t);
     return FK_OK;
 }
 
@@ -1004,7 +1018,7 @@ static int fig1c(struct store *st, struct fk_plot_set *set, const char *ds, stru
     fig_var(f, "data", p);
     char t[512];
     snprintf(t, sizeof t, "%s, %s", ds, codec_display(c->codec));
-    fig_var(f, "subtitle", t);
+    fig_text(f, "subtitle", t);
     return FK_OK;
 }
 
@@ -1043,7 +1057,7 @@ static int fig1d(struct store *st, struct fk_plot_set *set, const char *ds)
     data_path(st, f, "dat", p, sizeof p);
     FK_TRY(buf_write(&b, p));
     fig_var(f, "data", p);
-    fig_var(f, "subtitle", ds);
+    fig_text(f, "subtitle", ds);
     return FK_OK;
 }
 
@@ -1192,7 +1206,7 @@ static int fig3_series(struct store *st, struct fk_plot_set *set, const char *ds
     FK_TRY(buf_write(&b, p));
     fig_var(f, "data", p);
     fig_var(f, "codecs", names);
-    fig_var(f, "subtitle", ds);
+    fig_text(f, "subtitle", ds);
     return FK_OK;
 }
 
@@ -1384,7 +1398,7 @@ static int fig3c(struct store *st, struct fk_plot_set *set, const char *ds)
     char t[512];
     snprintf(t, sizeof t, "%s, FAD-KV, s = %s, n = %s", ds, cstr(st, pt[0].c, "s"),
              cstr(st, pt[0].c, "n"));
-    fig_var(f, "subtitle", t);
+    fig_text(f, "subtitle", t);
     return FK_OK;
 }
 
@@ -1473,7 +1487,7 @@ static int fig3d(struct store *st, struct fk_plot_set *set)
     char t[512];
     snprintf(t, sizeof t, "%s, n = %s", codec_display(pt[0].c->codec),
              cstr(st, pt[0].c, "n")[0] ? cstr(st, pt[0].c, "n") : "-");
-    fig_var(f, "subtitle", t);
+    fig_text(f, "subtitle", t);
     fig_var(f, "xtitle", known ? "dictionary atoms N" : "dataset (dictionary)");
     return FK_OK;
 }
@@ -1550,7 +1564,7 @@ static int pareto(struct store *st, struct fk_plot_set *set, const char *ds)
     char t[512];
     snprintf(t, sizeof t, "%s%s", ds, skipped ? " (cells with KL = 0, e.g. full, not shown)"
                                               : "");
-    fig_var(f, "subtitle", t);
+    fig_text(f, "subtitle", t);
     return FK_OK;
 }
 

@@ -9,7 +9,13 @@
  * ...)". Nesting (tables, arrays, inline tables) is limited to FK_TOML_MAX_DEPTH levels.
  *
  * Values are opaque; read them with the accessors below. A tree is owned by whoever received
- * it from a parse/clone function and is released with fk_toml_free().
+ * it from a parse/clone function and is released with fk_toml_free(). Functions are reentrant
+ * (no global state); a tree may be read from many threads but edited from one.
+ *
+ * Notes: multi-line strings normalise CRLF to LF (same bytes on every platform, so config
+ * hashes agree); floats are converted with strtod, so the process must keep the "C" LC_NUMERIC
+ * locale (the default unless someone calls setlocale); floats that overflow a double are
+ * rejected, integers outside int64_t are rejected.
  */
 #ifndef FK_TOML_H
 #define FK_TOML_H
@@ -65,7 +71,7 @@ int fk_toml_clone(const struct fk_toml_value *v, struct fk_toml_value **out);
 
 /* ---- inspection ---- */
 
-enum fk_toml_type fk_toml_type(const struct fk_toml_value *v);
+enum fk_toml_type fk_toml_type(const struct fk_toml_value *v); /* 0 for NULL */
 const char *fk_toml_type_name(enum fk_toml_type t); /* "table", "integer", ... */
 int fk_toml_line(const struct fk_toml_value *v);        /* 1-based line of the value */
 int fk_toml_col(const struct fk_toml_value *v);         /* 1-based column of the value */

@@ -731,6 +731,68 @@ START_TEST(topk_matches_sort_with_ties)
 }
 END_TEST
 
+/* A stand-in codec that forgets everything: every stored row is the zero vector (sparse:
+ * an empty code). It lets the test reach o_hat == 0 on both paths. */
+static int zero_reconstruct(const void *st, int head, int token, float *out)
+{
+    memset(out, 0, sizeof(float) * 4);
+    return FK_OK;
+}
+
+static int zero_sparse_row(const void *st, int head, int token, int *nnz, const int32_t **idx,
+                           const float **coef)
+{
+    static const int32_t none_i[1] = {0};
+    static const float none_f[1] = {0};
+    *nnz = 0;
+    *idx = none_i;
+    *coef = none_f;
+    return FK_OK;
+}
+
+static const float *zero_atoms(const void *st, int *n_atoms)
+{
+    static const float a[4] = {1, 0, 0, 0};
+    *n_atoms = 1;
+    return a;
+}
+
+/* cos and relerr guards: o == o_hat == 0 gives (1, 0); o != 0 == o_hat gives (0, 1). */
+START_TEST(zero_output_guards)
+{
+    struct fk_codec_ops zdense = {.name = "zero", .caps = 0, .reconstruct = zero_reconstruct};
+    struct fk_codec_ops zsparse = {.name = "zero", .caps = FK_CAP_SPARSE,
+                                   .reconstruct = zero_reconstruct,
+                                   .sparse_row = zero_sparse_row, .atoms = zero_atoms};
+    const struct fk_codec_ops *zops[2] = {&zdense, &zsparse};
+    float k[3 * 4] = {1, 0, 0, 0, 0, 1, 0, 0, 0, 0, 1, 0}, v[3 * 4] = {0}, q[4] = {1, 1, 0, 0};
+    int dummy = 0;
+    struct fk_attn_scratch *s = NULL;
+    ck_assert_int_eq(fk_attn_scratch_create(4, 3, 1, 1, &s), FK_OK);
+    for (int pass = 0; pass < 2; pass++) {
+        v[0] = pass ? 1.0f : 0.0f; /* token 0 (compressed): o != 0 but o_hat == 0 */
+        for (int z = 0; z < 2; z++) {
+            struct fk_attn_in in = {.m = 4, .n_q_heads = 1, .n_kv_heads = 1, .n_tokens = 3,
+                                    .t = 2, .n_comp = 2, .q = q, .k = k, .v = v,
+                                    .ops = zops[z], .kstate = &dummy, .vstate = &dummy};
+            struct fk_attn_acc acc = {0}, an = {0};
+            struct fk_attn_metrics mt, mn;
+            ck_assert_int_eq(fk_attn_eval(&in, s, &acc), FK_OK);
+            ck_assert_int_eq(fk_attn_scratch_result(s, 0, NULL, NULL, &mt), FK_OK);
+            ck_assert_int_eq(fk_attn_eval_naive_out(&in, &an, NULL, &mn), FK_OK);
+            double want_cos = pass ? 0.0 : 1.0, want_rel = pass ? 1.0 : 0.0;
+            ck_assert_msg(mt.cos == want_cos && mt.relerr == want_rel,
+                          "pass %d codec %d: cos %g relerr %g", pass, z, mt.cos, mt.relerr);
+            ck_assert(mn.cos == want_cos && mn.relerr == want_rel);
+            ck_assert(mt.kl > 0 && mt.kl == mn.kl); /* z_hat = 0 flattens P_hat */
+            fk_attn_acc_free(&acc);
+            fk_attn_acc_free(&an);
+        }
+    }
+    fk_attn_scratch_free(&s);
+}
+END_TEST
+
 static Suite *attn_suite(void)
 {
     Suite *s = suite_create("attn");
@@ -741,6 +803,7 @@ static Suite *attn_suite(void)
     tcase_add_test(tc, gqa_mapping_hand_case);
     tcase_add_test(tc, topk_ties_to_smaller_index);
     tcase_add_test(tc, topk_matches_sort_with_ties);
+    tcase_add_test(tc, zero_output_guards);
     tcase_add_test(tc, future_tokens_never_matter);
     tcase_add_test(tc, skipped_step_and_checks);
     tcase_add_test(tc, metrics_ranges_and_oracle);

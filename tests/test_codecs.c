@@ -624,7 +624,7 @@ START_TEST(options_lint)
         const struct fk_codec_ops *ops = fk_codecs[ci];
         if (!(ops->caps & FK_CAP_DICT))
             continue;
-        ck_assert_ptr_nonnull(ops->check);
+        ck_assert(ops->check != NULL);
         void *o = opts_new(ops);
         ck_assert_msg(ops->check(o, 128, 4096) == FK_OK, "%s: defaults rejected: %s",
                       ops->name, fk_errmsg());

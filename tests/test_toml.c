@@ -744,7 +744,7 @@ START_TEST(test_mutations)
                        "[[arr]]\nv = inf\nl = '''lit'''\ni = {x.y = [true, false]}\n";
     size_t n = strlen(seed);
     char *buf = xrealloc(NULL, n + 1);
-    const char alphabet[] = "[]{}=.,\"'\\#\n\r\t 0x_e+-:Tz\x80\xc3";
+    const char alphabet[] = "[]{}=.,\"'\\#\n\r\t 0x_e+-:Tz\x80\xc3" "abc123     ";
     uint64_t st = 88172645463325252ull;
     int ok = 0, bad = 0;
     for (size_t cut = 0; cut <= n; cut++) {

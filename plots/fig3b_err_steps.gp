@@ -1,0 +1,12 @@
+# SPDX-License-Identifier: MIT
+# Fig. 3b: relative reconstruction error of vectors encoded at each decode step, in bins of
+# 64 steps (mean over K/V streams and layers, then sequences; bars: 95% bootstrap over
+# sequences). data: one block per codec; columns: bin_start bin_centre mean lo hi.
+load plotdir.'/common.gp'
+set title ttl('Reconstruction error during decoding')
+set xlabel 'decode step (bins of 64 steps)'
+set ylabel 'relative error ||x - x̂|| / ||x||'
+set xrange [0:*]
+set yrange [0:*]
+plot for [i=1:words(codecs)] data index (i-1) u 2:3:4:5 w yerrorlines \
+         lt cstyle(word(codecs,i)) title ctitle(word(codecs,i))

@@ -1,0 +1,14 @@
+# SPDX-License-Identifier: MIT
+# Memory vs attention fidelity: bytes per token vs attention KL (log) of every cell, one
+# marker per codec, and the Pareto front (dashed). data: one block per codec (order of
+# `codecs`), then the front; columns: bytes_per_token attn_kl rel_err cell.
+load plotdir.'/common.gp'
+set title ttl('KV memory vs attention fidelity')
+set logscale y
+set xlabel 'KV memory per token (bytes; codes + buffer + appended atoms)'
+set ylabel 'attention KL(P_{ref} || P_{comp}) (nats, log scale)'
+set mytics 10
+set format y '%g'
+plot for [i=1:words(codecs)] data index (i-1) u 1:2 w points lt cstyle(word(codecs,i)) \
+         title ctitle(word(codecs,i)), \
+     data index words(codecs) u 1:2 w steps dt 2 lw 1.5 lc rgb '#555555' title 'Pareto front'
