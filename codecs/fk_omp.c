@@ -450,11 +450,13 @@ int fk_omp_gram(const struct fk_dict_view *d, const float *x, const float *a, in
             wf[l] = (float)ws.w[l];
         float inv = (float)(1.0 / lkk), zf = (float)zk;
         float *dmk = ws.dm + (size_t)(k - 1) * nn;
+        int keep = k + 1 < s_eff; /* the row of the last update is never read again */
+        float sink[STRIP];
         mx = 0.0f;
         for (int b = 0; b < nfull; b++) {
             size_t o = (size_t)b * STRIP;
             float v = strip_full(grow + o, ws.dm + o, nn, wf, k - 1, inv, zf, ws.c + o,
-                                 dmk + o);
+                                 keep ? dmk + o : sink);
             ws.smax[b] = v;
             mx = v > mx ? v : mx;
         }

@@ -454,16 +454,23 @@ int fk_trace_read(struct fk_trace *t, int layer, enum fk_kind kind, float *dst)
         } else {
             /* 16-bit data: read raw (no HDF5 conversion, which is slow) into the upper half
              * of dst, then widen in place from the front (the source stays ahead). */
-            uint16_t *raw = (uint16_t *)(dst + n / 2 + (n & 1));
-            hid_t mt = enc == FK_ENC_F16 ? fk_h5_f16_type() : H5Tcopy(H5T_NATIVE_UINT16);
+            uint16_t *raw = (uint16_t *)dst + n;
+            hid_t mt;
+            if (enc == FK_ENC_F16) {
+                mt = fk_h5_f16_type();
+            } else { /* bf16 bits: copy them unchanged whatever the integer's signedness */
+                hid_t ft = H5Dget_type(ds);
+                mt = H5Tcopy(H5Tget_sign(ft) == H5T_SGN_2 ? H5T_NATIVE_INT16 : H5T_NATIVE_UINT16);
+                H5Tclose(ft);
+            }
             if (enc == FK_ENC_F16)
                 H5Tset_order(mt, H5Tget_order(H5T_NATIVE_FLOAT));
             if (H5Dread(ds, mt, H5S_ALL, H5S_ALL, H5P_DEFAULT, raw) < 0) {
                 rc = fk_err(FK_ECORRUPT, "%s: cannot read dataset %s (truncated?)", t->path,
                             name);
             } else {
-                /* forward widening is safe: dst[i] (4 bytes at 4i) never overtakes raw[j]
-                 * for j > i because raw starts at byte >= 2n. */
+                /* forward widening is safe: raw[j] sits at bytes 2n + 2j, and writing dst[i]
+                 * (bytes 4i .. 4i+3) only reaches raw[j] for j <= i, already read. */
                 for (size_t i = 0; i < n; i++) {
                     uint16_t h = raw[i];
                     if (enc == FK_ENC_F16)
@@ -604,6 +611,24 @@ int fk_trace_write_layer(struct fk_trace_writer *w, int layer, enum fk_kind kind
     snprintf(name, sizeof name, "%s", kind_name(kind));
     int rc = FK_OK;
     static const char *const enc_names[] = {"float32", "float16", "bfloat16"};
+    for (size_t i = 0; i < n; i++) {
+        float a = fabsf(data[i]);
+        /* finite values the encoding cannot hold would silently become inf; non-finite
+         * values are recorded as given (the reader reports them) */
+        int bad = isfinite(data[i]) && ((w->enc == FK_ENC_F16 && a >= 65520.0f) ||
+                                        (w->enc == FK_ENC_BF16 && a > 3.3895e38f));
+        if (bad) {
+            size_t per = (size_t)rows * (size_t)in->head_dim;
+            H5Gclose(grp);
+            return fk_err(FK_EINVAL,
+                          "%s: layer %d %s: value %g at head %zu, row %zu does not fit the %s "
+                          "encoding (it would become infinite)",
+                          w->path, layer, kind_name(kind), (double)data[i], i / per,
+                          (i % per) / (size_t)in->head_dim,
+                          w->enc == FK_ENC_F16 ? "float16" : w->enc == FK_ENC_BF16 ? "bfloat16"
+                                                                                   : "float32");
+        }
+    }
     if (w->enc == FK_ENC_F32) {
         rc = fk_h5_write(grp, name, H5T_IEEE_F32LE, H5T_NATIVE_FLOAT, 3, dims, 1, 256, data);
     } else {

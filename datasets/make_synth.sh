@@ -5,8 +5,12 @@
 #                          8 KV heads, head_dim 128), 4 layers, 256 prefill + 512 decode
 #   datasets/synth/calib/  2 calibration sequences of the same model (other sequence seeds)
 #   datasets/synth/dict-n1024-s8.h5   dictionary trained on calib/ only (N = 1024, s = 8)
+# With --paper, also the dictionaries of the paper configs (Table 4/5 at N = 4096, and the
+# N x s grid of Fig. 3d): dict-n{512,2048,4096}-s8.h5, trained the same way on 8 more
+# calibration sequences (calib-paper/).
 set -euo pipefail
 bin=${1:-build/fadkv-bench}
+paper=${2:-}
 cd "$(dirname "$0")/.."
 out=datasets/synth
 common=(--shape llama-3.2-3b --layers 4 --prefill 256 --decode 512 --sequences 2)
@@ -17,4 +21,16 @@ if [ ! -f "$out/dict-n1024-s8.h5" ]; then
     "$bin" train-dict --quiet --out "$out.tmp/dict-n1024-s8.h5" --atoms 1024 --sparsity 8 \
         --epochs 4 --jobs 2 --max-train 8192 "$out.tmp"/calib/*.h5
     rm -rf "$out" && mv "$out.tmp" "$out"
+fi
+if [ "$paper" = --paper ]; then
+    if [ ! -d "$out/calib-paper" ]; then  # 8 calibration sequences (other seeds)
+        "$bin" synth --out "$out/calib-paper.tmp" "${common[@]}" --sequences 8 \
+            --first-seq 200 --no-queries >/dev/null
+        mv "$out/calib-paper.tmp" "$out/calib-paper"
+    fi
+    for n in 512 2048 4096; do
+        [ -f "$out/dict-n$n-s8.h5" ] && continue
+        "$bin" train-dict --quiet --out "$out/dict-n$n-s8.h5" --atoms $n --sparsity 8 \
+            --epochs 4 --jobs 2 --max-train 32768 "$out"/calib-paper/*.h5
+    done
 fi

@@ -34,6 +34,7 @@ struct fk_attn_scratch {
     int32_t *touched;             /* [max_atoms] atoms with a nonzero w, first-touch order */
     uint8_t *mark;                /* [max_atoms] 1 = in touched (all 0 between calls) */
     float *row;                   /* [m] one reconstructed row */
+    double *rowd;                 /* [m] one atom in double */
     double *o, *oh;               /* [n_q_heads][m] exact and compressed outputs */
     struct fk_attn_metrics *met;  /* [n_q_heads] metrics of the last evaluated step */
     int last_heads;               /* query heads of the last evaluated step, 0 = none */
@@ -225,6 +226,7 @@ void fk_attn_scratch_free(struct fk_attn_scratch **sp)
     free(s->touched);
     free(s->mark);
     free(s->row);
+    free(s->rowd);
     free(s->o);
     free(s->oh);
     free(s->met);
@@ -257,11 +259,12 @@ int fk_attn_scratch_create(int m, int n_tokens, int max_atoms, int n_q_heads,
     s->touched = malloc(sizeof(int32_t) * na);
     s->mark = calloc(na, 1);
     s->row = malloc(sizeof(float) * (size_t)m);
+    s->rowd = malloc(sizeof(double) * (size_t)m);
     s->o = malloc(sizeof(double) * hq * (size_t)m);
     s->oh = malloc(sizeof(double) * hq * (size_t)m);
     s->met = malloc(sizeof(struct fk_attn_metrics) * hq);
     if (!s->u || !s->z || !s->zh || !s->p || !s->ph || !s->lse || !s->w || !s->touched ||
-        !s->mark || !s->row || !s->o || !s->oh || !s->met) {
+        !s->mark || !s->row || !s->rowd || !s->o || !s->oh || !s->met) {
         fk_attn_scratch_free(&s);
         return fk_err(FK_ENOMEM, "out of memory (attention scratch: %d query heads, %d "
                       "tokens, %d atoms)", n_q_heads, n_tokens, max_atoms);
@@ -406,14 +409,28 @@ static int values_compressed(const struct fk_attn_in *in, struct fk_attn_scratch
                 s->w[(size_t)hl * na + j] += s->ph[(size_t)hl * T + i] * coef[e];
         }
     }
-    for (int a = 0; a < nt; a++) {
-        int j = s->touched[a];
-        s->mark[j] = 0;
-        if (rc == FK_OK)
-            for (int hl = 0; hl < r; hl++)
-                axpyd(s->w[(size_t)hl * na + j], A + (size_t)j * m, oh + (size_t)hl * m, m);
+    if (rc < 0) {
+        for (int a = 0; a < nt; a++)
+            s->mark[s->touched[a]] = 0;
+        return rc;
     }
-    FK_TRY(rc);
+    /* o_hat += w D_V over the touched atoms in index order (streams the dictionary; the
+     * first-touch order would jump around it and miss the cache on every atom) */
+    for (int j = 0, left = nt; left > 0; j++) {
+        if (!s->mark[j])
+            continue;
+        s->mark[j] = 0;
+        left--;
+        const float *a = A + (size_t)j * m;
+        for (int c = 0; c < m; c++)
+            s->rowd[c] = a[c];
+        for (int hl = 0; hl < r; hl++) {
+            double wj = s->w[(size_t)hl * na + j];
+            double *y = oh + (size_t)hl * m;
+            for (int c = 0; c < m; c++)
+                y[c] += wj * s->rowd[c];
+        }
+    }
     for (int i = in->n_comp; i < n; i++)
         for (int hl = 0; hl < r; hl++)
             axpyd(s->ph[(size_t)hl * T + i], vg + (size_t)i * m, oh + (size_t)hl * m, m);

@@ -35,7 +35,7 @@ struct fk_attn_acc {
     double top_sum[3];            /* sums of top-k overlap, k = 1, 8, 32 */
     double mass_sum;              /* sum of the exact attention mass on compressed rows */
     double *cos_vals;             /* [n] every cos value (for percentiles), malloc'd */
-    long cos_cap;
+    long cos_cap;                 /* allocated length of cos_vals */
 };
 
 /* The metrics of one (step, query head) evaluation (spec 10.5). */
@@ -48,8 +48,13 @@ struct fk_attn_metrics {
     double mass;                  /* exact attention mass on the compressed rows */
 };
 
+/* Per-thread working memory of fk_attn_eval: logits and softmax of every query head
+ * ([n_q_heads][n_tokens] doubles, four of them), q . D_K and the atom-space value weights
+ * ([n_q_heads][max_atoms]) and the outputs of the last evaluated step. */
 struct fk_attn_scratch;
 
+/* max_atoms bounds the current atom count N_t of both codec states (append codecs grow).
+ * Returns FK_OK, FK_EINVAL (a size < 1) or FK_ENOMEM; *out is NULL on failure. */
 int fk_attn_scratch_create(int m, int n_tokens, int max_atoms, int n_q_heads,
                            struct fk_attn_scratch **out);
 void fk_attn_scratch_free(struct fk_attn_scratch **s);
@@ -57,7 +62,12 @@ void fk_attn_scratch_free(struct fk_attn_scratch **s);
 /* Evaluates every query head at one step and adds to acc. Uses the sparse fast path
  * (q . D_K once per query, s multiply-adds per compressed key, values through the codes)
  * when the codec has FK_CAP_SPARSE, else reconstructs rows. Double precision for logits,
- * softmax and accumulators. If n_comp == 0 it only counts a skipped step. */
+ * softmax and accumulators (q . D_K itself is one float SGEMM per KV group). If n_comp == 0
+ * it only counts a skipped step. Allocates nothing except growing acc->cos_vals when it is
+ * full (see fk_attn_acc_reserve). Bit-identical run to run with OpenBLAS at one thread.
+ * Errors: FK_EINVAL (inconsistent sizes, n_comp > t, scratch too small), the codec's error
+ * for a missing row, FK_ECORRUPT for a code naming a nonexistent atom; acc is then
+ * unchanged. */
 int fk_attn_eval(const struct fk_attn_in *in, struct fk_attn_scratch *s,
                  struct fk_attn_acc *acc);
 

@@ -64,7 +64,7 @@ int fk_cli_synth(int argc, char **argv)
     /* --shape first, so explicit --layers etc. override it wherever they appear */
     for (int i = 1; i + 1 < argc; i++)
         if (!strcmp(argv[i], "--shape") && fk_synth_set_shape(&o, argv[i + 1])) {
-            fprintf(stderr, "fadkv-bench synth: %s\n", fk_errmsg());
+            fprintf(stderr, "fadkv-bench: %s\n", fk_errmsg());
             return 2;
         }
     for (int i = 1; i < argc; i++) {
@@ -102,7 +102,7 @@ int fk_cli_synth(int argc, char **argv)
         else
             rc = fk_synth_set(&o, a + 2, v);
         if (rc) {
-            fprintf(stderr, "fadkv-bench synth: %s\n", fk_errmsg());
+            fprintf(stderr, "fadkv-bench: %s\n", fk_errmsg());
             return 2;
         }
     }
@@ -112,7 +112,7 @@ int fk_cli_synth(int argc, char **argv)
         return 2;
     }
     if (fk_synth_validate(&o)) {
-        fprintf(stderr, "fadkv-bench synth: %s\n", fk_errmsg());
+        fprintf(stderr, "fadkv-bench: %s\n", fk_errmsg());
         return 2;
     }
     struct stat st;
@@ -134,7 +134,7 @@ int fk_cli_synth(int argc, char **argv)
         int rc = fk_synth_write(&o, path, k);
         double dt = now_s() - t0;
         if (rc) {
-            fprintf(stderr, "fadkv-bench synth: %s\n", fk_errmsg());
+            fprintf(stderr, "fadkv-bench: %s\n", fk_errmsg());
             free(path);
             return 1;
         }

@@ -793,7 +793,10 @@ static int fig1a(struct store *st, struct fk_plot_set *set, const char *ds, stru
         return FK_OK;
     }
     struct h5cell h;
-    FK_TRY(h5cell_open(st, c, &h));
+    if (h5cell_open(st, c, &h) < 0) {
+        fig_skip(f, "%s", fk_errmsg());
+        return FK_OK;
+    }
     int T = h.n_tr, rc = FK_OK, any = 0;
     double *seq = calloc((size_t)(T ? T : 1) * 16, sizeof(double));
     if (!seq) {
@@ -870,7 +873,10 @@ static int fig1b(struct store *st, struct fk_plot_set *set, const char *ds, stru
         return FK_OK;
     }
     struct h5cell h;
-    FK_TRY(h5cell_open(st, c, &h));
+    if (h5cell_open(st, c, &h) < 0) {
+        fig_skip(f, "%s", fk_errmsg());
+        return FK_OK;
+    }
     int S = h.n_tr * h.n_layers, rc = FK_OK, R = 256;
     double *prof = calloc((size_t)2 * (S ? S : 1) * R, sizeof(double));
     int cnt[2] = {0, 0};
@@ -1074,7 +1080,8 @@ static int cell_series(struct store *st, const struct cell *c, int mode, double 
     struct h5cell h;
     *out = NULL;
     *n = *n_t = 0;
-    FK_TRY(h5cell_open(st, c, &h));
+    if (h5cell_open(st, c, &h) < 0)
+        return FK_OK;    /* no series: the figure is skipped with a note */
     int T = h.n_tr, len = -1, rc = FK_OK;
     for (int t = 0; t < T && rc == FK_OK; t++) {
         double *v;
@@ -1285,7 +1292,7 @@ static int heat_write(struct store *st, struct fk_plot_fig *f, const struct axis
 {
     struct buf b = {0};
     bprintf(&b, "# %s\n# xi yi rel_err_mean attn_kl xlabel ylabel rel_err_text attn_kl_text "
-                "cell\n", what);
+                "rel_err_final_mean rel_err_final_text cell\n", what);
     for (int yr = 0; yr < ay->n; yr++) {
         int y = 0;
         while (axis_rank(ay, y) != yr)
@@ -1300,16 +1307,20 @@ static int heat_write(struct store *st, struct fk_plot_fig *f, const struct axis
                     c = pt[i].c;
             double e = c ? cnum(st, c, "rel_err_mean") : NAN;
             double kl = c ? cnum(st, c, "attn_kl") : NAN;
-            char te[32] = "n/a", tk[32] = "n/a";
+            double fe = c ? cnum(st, c, "rel_err_final_mean") : NAN;
+            char te[32] = "n/a", tk[32] = "n/a", tf[32] = "n/a";
             if (isfinite(e))
                 snprintf(te, sizeof te, "%.3g", e);
             if (isfinite(kl))
                 snprintf(tk, sizeof tk, "%.3g", kl);
+            if (isfinite(fe))
+                snprintf(tf, sizeof tf, "%.3g", fe);
             bprintf(&b, "%d %d", xr, yr);
             bnum(&b, e);
             bnum(&b, kl);
-            bprintf(&b, " \"%s\" \"%s\" \"%s\" \"%s\" %s\n", ax->lab[x], ay->lab[y], te, tk,
-                    c ? c->id : "-");
+            bprintf(&b, " \"%s\" \"%s\" \"%s\" \"%s\"", ax->lab[x], ay->lab[y], te, tk);
+            bnum(&b, fe);
+            bprintf(&b, " \"%s\" %s\n", tf, c ? c->id : "-");
         }
         bprintf(&b, "\n");
     }
@@ -1608,7 +1619,7 @@ struct t4col {
 static const struct t4col t4cols[] = {
     {"Cost (MACs, rel. Lexico-ADP)", "Cost (MACs)", "cost_mac_rel", 1, "%.3f"},
     {"CPU time (rel. Lexico-ADP)", "CPU time", "cpu_time_rel", 1, "%.3f"},
-    {"KV GB/seq", "KV GB/seq", "bytes_per_seq", 1e-9, "%.4g"},
+    {"KV GB/seq", "KV GB/seq", "bytes_per_seq", 1e-9, "%.5f"},
     {"Bytes/token", "Bytes/token", "bytes_per_token", 1, "%.1f"},
     {"N_T/N", "$N_T/N$", "dict_size_norm_final", 1, "%.3f"},
     {"Rel. error", "Rel.\\ error", "rel_err_mean", 1, "%.4f"},

@@ -6,14 +6,14 @@ if (!exists("fmt")) fmt = 'png'
 if (!exists("subtitle")) subtitle = ''
 if (!exists("wide")) wide = 0
 if (fmt eq 'pdf') {
-    if (wide) { set terminal pdfcairo enhanced color size 8.0in,3.2in font 'Helvetica,9' } \
+    if (wide) { set terminal pdfcairo enhanced color size 10.0in,3.4in font 'Helvetica,9' } \
     else { set terminal pdfcairo enhanced color size 5.0in,3.4in font 'Helvetica,9' }
 } else {
     if (fmt eq 'svg') {
-        if (wide) { set terminal svg enhanced size 1400,560 font 'Helvetica,14' background rgb 'white' } \
+        if (wide) { set terminal svg enhanced size 1800,600 font 'Helvetica,14' background rgb 'white' } \
         else { set terminal svg enhanced size 900,610 font 'Helvetica,14' background rgb 'white' }
     } else {
-        if (wide) { set terminal pngcairo enhanced color size 1600,640 font 'Helvetica,15' } \
+        if (wide) { set terminal pngcairo enhanced color size 2000,680 font 'Helvetica,15' } \
         else { set terminal pngcairo enhanced color size 1000,680 font 'Helvetica,15' }
     }
 }

@@ -7,8 +7,9 @@ set title ttl('KV memory vs attention fidelity')
 set logscale y
 set xlabel 'KV memory per token (bytes; codes + buffer + appended atoms)'
 set ylabel 'attention KL(P_{ref} || P_{comp}) (nats, log scale)'
+set ytics ()
+set for [e=-6:3] ytics add (sprintf('%g', 10.0**e) 10.0**e, sprintf('%g', 2*10.0**e) 2*10.0**e, sprintf('%g', 5*10.0**e) 5*10.0**e)
 set mytics 10
-set format y '%g'
 plot for [i=1:words(codecs)] data index (i-1) u 1:2 w points lt cstyle(word(codecs,i)) \
          title ctitle(word(codecs,i)), \
      data index words(codecs) u 1:2 w steps dt 2 lw 1.5 lc rgb '#555555' title 'Pareto front'

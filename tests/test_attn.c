@@ -531,8 +531,9 @@ START_TEST(skipped_step_and_checks)
     in.n_comp = 3;
     ck_assert_int_eq(fk_attn_eval(&in, small, &acc), FK_EINVAL);
     ck_assert_int_eq(acc.n, 0);
-    ck_assert_int_eq(fk_attn_scratch_create(0, 1, 1, 1, &small), FK_EINVAL);
-    ck_assert_ptr_null(small);
+    struct fk_attn_scratch *bad = s;
+    ck_assert_int_eq(fk_attn_scratch_create(0, 1, 1, 1, &bad), FK_EINVAL);
+    ck_assert_ptr_null(bad);
     /* merge: sums add, cos values are appended in order */
     struct fk_attn_acc b = {0};
     ck_assert_int_eq(fk_attn_eval(&in, s, &acc), FK_OK);

@@ -24,7 +24,7 @@
 
 enum { NL = 2, M = 8, NA = 16 }; /* layers, head_dim, atoms */
 
-static char g_dir[64]; /* scratch directory of the running test */
+static char g_dir[64]; /* scratch directory of this test process */
 
 static void dir_setup(void)
 {
@@ -484,7 +484,7 @@ static Suite *suite(void)
     Suite *s = suite_create("dict");
     TCase *tc = tcase_create("core");
     tcase_set_timeout(tc, 60);
-    tcase_add_checked_fixture(tc, dir_setup, dir_teardown);
+    tcase_add_unchecked_fixture(tc, dir_setup, dir_teardown); /* once, even on failure */
     tcase_add_test(tc, test_round_trip);
     tcase_add_test(tc, test_nonfinite);
     tcase_add_test(tc, test_bad_files);

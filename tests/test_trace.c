@@ -26,7 +26,7 @@
 
 #define MAXL 4
 
-static char g_dir[64]; /* scratch directory of the running test */
+static char g_dir[64]; /* scratch directory of this test process */
 
 static void dir_setup(void)
 {
@@ -368,8 +368,9 @@ START_TEST(test_round_trip)
 {
     enum fk_encoding enc = (enum fk_encoding)_i;
     static const char *const names[] = {"float32", "float16", "bfloat16"};
-    char path[512], tmp[600];
-    pth(path, sizeof path, "rt.h5");
+    char path[512], tmp[600], nm[32];
+    snprintf(nm, sizeof nm, "rt%d.h5", _i);
+    pth(path, sizeof path, nm);
     snprintf(tmp, sizeof tmp, "%s.tmp", path);
     struct tdata x;
     gen(&SMALL, 11 + (unsigned long)_i, &x);
@@ -487,12 +488,15 @@ START_TEST(test_read_odd_count)
     buf[n] = 12345.0f;
     ck_assert_msg(fk_trace_read(t, 0, FK_KIND_K, buf) == FK_OK, "%s", fk_errmsg());
     for (size_t i = 0; i < n; i++)
-        ck_assert(same_float(expect_enc(enc, x.k[0][i]), buf[i]));
-    ck_assert_msg(buf[n] == 12345.0f, "fk_trace_read wrote past the %zu values of dst "
-                  "(guard now %a)", n, (double)buf[n]);
+        CHECK(same_float(expect_enc(enc, x.k[0][i]), buf[i]), "value %zu", i);
+    float guard = buf[n];
+    /* free before asserting, so a failure here leaks nothing under LeakSanitizer */
     free(buf);
     fk_trace_close(&t);
     drop(&x);
+    want_clean();
+    ck_assert_msg(guard == 12345.0f, "fk_trace_read wrote past the %zu values of dst "
+                  "(the guard after them became %a)", n, (double)guard);
 }
 END_TEST
 
@@ -934,6 +938,43 @@ START_TEST(test_bad_encoding)
 }
 END_TEST
 
+/* bfloat16 raw bits stored as a SIGNED 16-bit integer (what torch's .view(torch.int16)
+ * gives): the reader must either reinterpret the bits or refuse, never convert the values
+ * (a value conversion int16 -> uint16 would clamp every negative number to 0). */
+START_TEST(test_bf16_as_int16)
+{
+    char p[512];
+    make_good(p, sizeof p, "i16.h5");
+    enum { N = 2 * 20 * 8 };
+    float src[N], got[N];
+    uint16_t bits[N];
+    for (int i = 0; i < N; i++)
+        src[i] = (float)((i % 13) - 6) * 0.75f; /* exact in bf16, half of them negative */
+    fk_f32_to_bf16(src, bits, N);
+    hsize_t dims[3] = {2, 20, 8};
+    edit_put_ds(p, "/layers/L00/keys", H5T_NATIVE_INT16, 3, dims, bits);
+    edit_attr_str(p, "/layers/L00/keys", "encoding", "bfloat16");
+    struct fk_trace *t = NULL;
+    int rc = fk_trace_open(p, &t);
+    if (rc == FK_OK)
+        rc = fk_trace_read(t, 0, FK_KIND_K, got);
+    fk_trace_close(&t);
+    if (rc != FK_OK) {
+        ck_assert_int_eq(rc, FK_ECORRUPT);
+        msg_has(fk_errmsg(), p, "/layers/L00/keys", NULL);
+        return;
+    }
+    long wrong = 0;
+    int first = -1;
+    for (int i = 0; i < N; i++)
+        if (got[i] != src[i] && wrong++ == 0)
+            first = i;
+    ck_assert_msg(wrong == 0, "int16-stored bfloat16 read with %ld wrong values, first [%d]: "
+                  "%g instead of %g", wrong, first, first < 0 ? 0.0 : (double)got[first],
+                  first < 0 ? 0.0 : (double)src[first]);
+}
+END_TEST
+
 /* ---- 5. string attributes ----------------------------------------------------------- */
 
 START_TEST(test_attrs)
@@ -987,7 +1028,7 @@ static Suite *suite(void)
     Suite *s = suite_create("trace");
     TCase *tc = tcase_create("core");
     tcase_set_timeout(tc, 120);
-    tcase_add_checked_fixture(tc, dir_setup, dir_teardown);
+    tcase_add_unchecked_fixture(tc, dir_setup, dir_teardown); /* once, even on failure */
     tcase_add_loop_test(tc, test_round_trip, FK_ENC_F32, FK_ENC_BF16 + 1);
     tcase_add_loop_test(tc, test_read_odd_count, FK_ENC_F32, FK_ENC_BF16 + 1);
     tcase_add_test(tc, test_f16_to_f32_exhaustive);
@@ -1002,6 +1043,7 @@ static Suite *suite(void)
     tcase_add_test(tc, test_bad_query_idx);
     tcase_add_loop_test(tc, test_nonfinite, FK_ENC_F32, FK_ENC_BF16 + 1);
     tcase_add_test(tc, test_bad_encoding);
+    tcase_add_test(tc, test_bf16_as_int16);
     tcase_add_test(tc, test_attrs);
     suite_add_tcase(s, tc);
     return s;
