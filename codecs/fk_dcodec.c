@@ -69,6 +69,7 @@ struct variant {
 
 struct row_store {               /* the stored codes of one KV head; row = token */
     int n;                       /* stored rows */
+    int expect;                  /* next token while checking an event */
     int32_t *nnz;                /* [T] */
     int32_t *idx;                /* [T][stride] atom ids */
     float *coef;                 /* [T][stride] dequantised coefficients */
@@ -323,19 +324,21 @@ static void use_atom(struct dc *d, int j, int phase, int step, int delta)
     d->last_use[j] = step;
 }
 
-/* Stores code c as row `token` of `head` (a new row or a rewrite) and fills out. */
+/* Stores code c as row `token` of `head` (a new row, or a rewrite of a stored one) and
+ * fills out. Within an event, new rows may be committed out of token order (phase B before
+ * phase C); the event was checked to hold exactly the next tokens of each head. */
 static void commit(struct dc *d, int head, int token, const float *x, const struct fk_code *c,
-                   int phase, int step, struct fk_vec_out *out, uint32_t flags)
+                   int phase, int step, struct fk_vec_out *out, uint32_t flags, int rewrite)
 {
     struct row_store *r = &d->heads[head];
     size_t off = (size_t)token * (size_t)d->stride;
-    int rewrite = token < r->n;
     if (rewrite) {
         for (int i = 0; i < r->nnz[token]; i++)
             use_atom(d, r->idx[off + i], phase, step, -1);
         d->nnz_total -= (uint64_t)r->nnz[token];
     } else {
-        r->n = token + 1;
+        if (token + 1 > r->n)
+            r->n = token + 1;
         d->rows_total++;
     }
     r->nnz[token] = c->k;
@@ -518,7 +521,7 @@ static int release_victim(struct dc *d, int v, int step)
                     c.coef[c.k++] = r->coef[off + i];
                 }
                 c.xx = 1;
-                commit(d, h, t, NULL, &c, 1, step, NULL, 0);
+                commit(d, h, t, NULL, &c, 1, step, NULL, 0, 1);
                 continue;
             }
             /* re-encode the current reconstruction y with v excluded */
@@ -534,7 +537,7 @@ static int release_victim(struct dc *d, int v, int step)
             d->dead[v] = was;
             if (rc < 0)
                 return rc;
-            commit(d, h, t, NULL, &c, 1, step, NULL, 0);
+            commit(d, h, t, NULL, &c, 1, step, NULL, 0, 1);
             d->st.collateral_reencodes++;
         }
     }
@@ -763,6 +766,16 @@ static int dc_encode(void *state, const struct fk_event *ev, struct fk_vec_out *
     int step = ev->phase == 1 ? ev->step : 0;
     /* Without adaptation, blocks are committed as they are coded (bounded memory);
      * with it, the whole event is coded first (phase A), then committed (B, C). */
+    /* the event must hold exactly the next tokens of each head, each once, in order */
+    for (int h = 0; h < d->env.n_heads; h++)
+        d->heads[h].expect = d->heads[h].n;
+    for (int i = 0; i < ev->n; i++) {
+        int h = ev->head[i], t = ev->token[i];
+        if (h < 0 || h >= d->env.n_heads || t != d->heads[h].expect || t >= d->env.n_tokens)
+            return fk_err(FK_EINVAL, "event vector %d: (head %d, token %d) is not the next row "
+                          "of that head", i, h, t);
+        d->heads[h].expect++;
+    }
     int span = can_adapt ? ev->n : (ev->n < BLK ? ev->n : BLK);
     FK_TRY(dc_grow_codes(d, span > 0 ? span : 1));
     for (int b0 = 0; b0 < ev->n; b0 += span) {
@@ -780,15 +793,17 @@ static int dc_encode(void *state, const struct fk_event *ev, struct fk_vec_out *
                                    c->err2 > d->delta * d->delta * c->xx;
             }
         }
-        /* phase B: commit codes that need no adaptation (pins their atoms) */
+        /* pin every atom an event's code uses, committed now (phase B) or kept later when
+         * its adaptation fails (phase C): a replacement must never damage either */
+        for (int i = 0; i < nb; i++)
+            for (int k = 0; k < d->codes[i].k; k++)
+                d->pinned[d->codes[i].idx[k]] = d->event_id;
+        /* phase B: commit codes that need no adaptation */
         for (int i = 0; i < nb; i++) {
             int g = b0 + i, h = ev->head[g], t = ev->token[g];
-            if (h < 0 || h >= d->env.n_heads || t != d->heads[h].n || t >= d->env.n_tokens)
-                return fk_err(FK_EINVAL, "event vector %d: (head %d, token %d) out of order", g,
-                              h, t);
             if (!d->needs[i])
                 commit(d, h, t, ev->x + (size_t)g * m, &d->codes[i], ev->phase, step, &out[g],
-                       0);
+                       0, 0);
         }
         /* phase C: adapt the rest in (token, head) order */
         for (int i = 0; i < nb; i++) {
@@ -804,7 +819,7 @@ static int dc_encode(void *state, const struct fk_event *ev, struct fk_vec_out *
             if (flags & FK_VEC_ADAPTED)
                 d->last_adapt_step = step;
             commit(d, ev->head[g], ev->token[g], x, &d->codes[i], ev->phase, step, &out[g],
-                   flags);
+                   flags, 0);
         }
     }
     return FK_OK;

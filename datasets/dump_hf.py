@@ -43,6 +43,7 @@ DUMPER_VERSION = "1.0.0"
 CAPTURE_NAME = "fadkv_capture"
 MIN_TRANSFORMERS = (4, 56)
 
+sys.dont_write_bytecode = True  # no __pycache__ next to the sources
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import fkv_trace_writer  # noqa: E402  (numpy + h5py only)
 
@@ -293,6 +294,16 @@ def model_shape(config):
     return L, hq, hkv, d, float(theta) if theta is not None else 0.0, layer_attrs
 
 
+def hf_forward(model, cache, device, extra):
+    """forward(input_ids) for decode_and_record: runs `model` on the new tokens with
+    `cache` and returns the logits of the last position."""
+    def forward(input_ids):
+        out = model(input_ids=input_ids.to(device), past_key_values=cache, use_cache=True,
+                    **extra)
+        return out.logits[0, -1]
+    return forward
+
+
 def _version_tuple(v):
     parts = []
     for p in v.split(".")[:2]:
@@ -409,11 +420,7 @@ def main(argv=None):
             cache = DynamicCache(config=model.config)
         except TypeError:
             cache = DynamicCache()
-
-        def forward(input_ids):
-            out = model(input_ids=input_ids.to(args.device), past_key_values=cache,
-                        use_cache=True, **extra)
-            return out.logits[0, -1]
+        forward = hf_forward(model, cache, args.device, extra)
 
         attrs = {
             "model_id": args.model, "num_layers": L, "num_q_heads": hq, "num_kv_heads": hkv,
@@ -442,7 +449,7 @@ def main(argv=None):
             w.set_attr("stop_reason", reason)
             w.set_attr("decode_len", w.T - len(ids))
             T = w.T
-        del cache
+        del cache, forward  # free the KV cache before the next prompt
         manifest[name] = {"file": name, "prompt_index": i, "prompt_sha256":
                           attrs["prompt_sha256"], "tokens": T, "prompt_len": len(ids),
                           "stop": reason}

@@ -226,8 +226,9 @@ class TraceWriter:
                     raise ValueError("append: layer %d %s has shape %s, expected %s"
                                      % (l, name, a.shape, (h, t, self.d)))
                 if not _all_finite(a, self.encoding):
-                    raise ValueError("append: layer %d %s holds a NaN or Inf (tokens %d..%d)"
-                                     % (l, name, self.T, self.T + t - 1))
+                    raise ValueError("append: layer %d %s holds a NaN or Inf, or a value "
+                                     "beyond the %s range (tokens %d..%d)"
+                                     % (l, name, self.encoding, self.T, self.T + t - 1))
                 blocks.append((l, name, a))
         # Everything validated: write.
         tok = self.f["tokens"]

@@ -122,7 +122,9 @@ def main(argv=None):
     try:
         import numpy as np
         import torch
-        import h5py  # noqa: F401
+        import importlib.util
+        if importlib.util.find_spec("h5py") is None:
+            raise ImportError("No module named 'h5py'")
     except ImportError as e:
         raise SystemExit("import_lexico_dict.py needs torch, numpy and h5py (%s); on Debian "
                          "run it as PYENV_VERSION=system python3" % e)

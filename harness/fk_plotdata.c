@@ -1414,9 +1414,9 @@ static int fig3c(struct store *st, struct fk_plot_set *set, const char *ds)
 }
 
 /* Fig. 3d: N (dictionary atoms; dataset name when unknown) by s, one figure per sweep. */
-static int fig3d(struct store *st, struct fk_plot_set *set)
+static int fig3d(struct store *st, struct fk_plot_set *set, const char *codec)
 {
-    struct fk_plot_fig *f = fig_add(set, "fig3d_N_s", "", 1, "fig3d_N_s");
+    struct fk_plot_fig *f = fig_add(set, "fig3d_N_s", codec, 2, "fig3d_N_s");
     if (!f)
         return fk_err(FK_ENOMEM, "out of memory");
     static const char skip[] = ",s,";
@@ -1436,7 +1436,7 @@ static int fig3d(struct store *st, struct fk_plot_set *set)
     int best = 0;
     for (int i = 0; i < st->n; i++) {
         const struct cell *c = &st->c[i];
-        if (!cstr(st, c, "dictionary")[0])
+        if (!cstr(st, c, "dictionary")[0] || strcmp(c->codec, codec))
             continue;
         snprintf(key, sizeof key, "%s|%s|", c->codec, cstr(st, c, "traces"));
         size_t n = strlen(key);
@@ -1453,7 +1453,7 @@ static int fig3d(struct store *st, struct fk_plot_set *set)
             axis_add(&ax, d->dataset, 0, 0);
             axis_add(&ay, cstr(st, d, "s"), 0, 0);
         }
-        int score = ax.n * ay.n * (strcmp(c->codec, "fadkv") ? 1 : 1000);
+        int score = ax.n * ay.n;
         if (ax.n * ay.n > 1 && score > best) {
             best = score;
             snprintf(best_key, sizeof best_key, "%s", key);
@@ -1461,7 +1461,7 @@ static int fig3d(struct store *st, struct fk_plot_set *set)
     }
     if (!best) {
         free(natoms);
-        fig_skip(f, "no cells of one codec varying the dictionary (N) or s");
+        fig_skip(f, "no %s cells varying the dictionary (N) or s on the same traces", codec);
         return FK_OK;
     }
     struct axis ax = {0}, ay = {0};
@@ -1496,8 +1496,11 @@ static int fig3d(struct store *st, struct fk_plot_set *set)
              "group %s", pt[0].c->codec, best_key);
     FK_TRY(heat_write(st, f, &ax, &ay, pt, np, what));
     char t[512];
-    snprintf(t, sizeof t, "%s, n = %s", codec_display(pt[0].c->codec),
-             cstr(st, pt[0].c, "n")[0] ? cstr(st, pt[0].c, "n") : "-");
+    if (cstr(st, pt[0].c, "n")[0])
+        snprintf(t, sizeof t, "%s, n = %s", codec_display(pt[0].c->codec),
+                 cstr(st, pt[0].c, "n"));
+    else
+        snprintf(t, sizeof t, "%s", codec_display(pt[0].c->codec));
     fig_text(f, "subtitle", t);
     fig_var(f, "xtitle", known ? "dictionary atoms N" : "dataset (dictionary)");
     return FK_OK;
@@ -1787,8 +1790,36 @@ int fk_plotdata_export(const char *results_dir, const char *out_dir, struct fk_p
         if (rc == FK_OK)
             rc = fig3c(&st, set, st.datasets[d]);
     }
+    /* Fig. 3d: one figure per codec with an N x s grid; one note when no codec has one */
+    const char *cod[64];
+    int n_cod = 0;
+    for (int i = 0; i < st.n; i++) {
+        int seen = 0;
+        for (int j = 0; j < n_cod; j++)
+            seen |= !strcmp(cod[j], st.c[i].codec);
+        if (!seen && n_cod < 64)
+            cod[n_cod++] = st.c[i].codec;
+    }
+    int first3d = set->n_figs, drawn3d = 0;
+    for (int i = 0; i < n_cod && rc == FK_OK; i++)
+        rc = fig3d(&st, set, cod[i]);
+    for (int i = first3d; i < set->n_figs; i++)
+        drawn3d += !set->figs[i].note[0];
+    int k3d = first3d;
+    for (int i = first3d; rc == FK_OK && i < set->n_figs; i++) {
+        if (set->figs[i].note[0] && (drawn3d || k3d > first3d))
+            continue;
+        if (set->figs[i].note[0]) {
+            snprintf(set->figs[i].name, sizeof set->figs[i].name, "fig3d_N_s");
+            snprintf(set->figs[i].note, sizeof set->figs[i].note, "no codec has cells varying "
+                     "the dictionary (N) or s on the same traces");
+        }
+        if (k3d != i)
+            set->figs[k3d] = set->figs[i];
+        k3d++;
+    }
     if (rc == FK_OK)
-        rc = fig3d(&st, set);
+        set->n_figs = k3d;
     for (int d = 0; d < st.n_ds && rc == FK_OK; d++)
         rc = pareto(&st, set, st.datasets[d]);
     if (rc == FK_OK)

@@ -17,14 +17,14 @@ set ylabel ytitle
 set cbtics scale 0.5
 set multiplot layout 1,3 title ttl(main) margins 0.06, 0.95, 0.15, 0.82 spacing 0.08, 0
 set title 'relative error (encode time)'
-plot data u 1:2:3:xtic(5):ytic(6) w image notitle, \
+plot data u 1:2:(0.5):(0.5):3:xtic(5):ytic(6) w boxxyerror fs solid 1 noborder lc palette notitle, \
      ''   u 1:2:7 w labels boxed notitle
 set title 'relative error (final dictionary)'
 unset ylabel
 unset ytics
-plot data u 1:2:9:xtic(5) w image notitle, \
+plot data u 1:2:(0.5):(0.5):9:xtic(5) w boxxyerror fs solid 1 noborder lc palette notitle, \
      ''   u 1:2:10 w labels boxed notitle
 set title 'attention KL(P_{ref} || P_{comp}) (nats)'
-plot data u 1:2:4:xtic(5) w image notitle, \
+plot data u 1:2:(0.5):(0.5):4:xtic(5) w boxxyerror fs solid 1 noborder lc palette notitle, \
      ''   u 1:2:8 w labels boxed notitle
 unset multiplot

@@ -1388,7 +1388,11 @@ END_TEST
  * head 0's vector A is orthogonal to every atom and takes slot 7 in phase C; head 1's
  * vector B = d_7 + 2 n (n orthogonal to the atoms) was coded on atom 7 in phase A, needs
  * adaptation too, and finds no free slot left. B's stored code must not be a coefficient
- * fitted to the old atom 7 applied to A's direction. */
+ * fitted to the old atom 7 applied to A's direction.
+ * Regression test: fk_dcodec.c once pinned only the atoms of phase-B commits, so
+ * adapt_replace overwrote an atom a pending phase-C code used; when that vector's own
+ * adaptation then failed, the stale code was committed (stored err 1.067 > 1 against
+ * err_enc 0.898). */
 START_TEST(fadkv_pending_code_keeps_its_atoms)
 {
     struct tdict d;
@@ -1433,22 +1437,28 @@ END_TEST
 
 /* ---- eviction events of several tokens per head --------------------------------------- */
 
-/* With a_len > 1 an event holds several tokens of one head. A vector that needs adaptation
- * is committed in phase C, after later tokens of its head that need none (phase B); the
- * codec must accept that and store every row at its own token. */
-START_TEST(multi_token_events)
+/* With a_len > 1 (Lexico's config uses 32), or with adapt_prefill = true (the prefill event
+ * holds P tokens per head), an event holds several tokens of one head. A vector that needs
+ * adaptation is committed in phase C, after later tokens of its head that need none
+ * (phase B); the codec must accept that and store every row at its own token.
+ * Regression test: dc_encode once checked `t != d->heads[h].n` in phase B against the rows
+ * committed so far and refused the later token as "out of order" (FK_EINVAL); commit() also
+ * took the deferred earlier token for a rewrite. */
+static void run_multi(int a_len, int adapt_prefill)
 {
     struct tdict d;
-    tdict_init(&d, 64, 16, 4, 1, 101);
-    struct tgen g = {.n_use = 64, .k_gen = 2, .noise = 0.01, .p_novel = 0.4, .n_dirs = 0,
-                     .zero_every = 13};
+    tdict_init(&d, 128, 16, 4, 1, 101); /* n_use < N: free slots for fadkv */
+    struct tgen g = {.n_use = 32, .k_gen = 2, .noise = 0.01, .p_novel_prefill = 0.3,
+                     .p_novel = 0.4, .n_dirs = 0, .zero_every = 13};
     struct tstream s;
     tstream_init(&s, &d, 2, 30, 130, &g, 102);
     const char *names[] = {"lexico", "lexico-adp", "gm", "pl", "fadkv"};
-    for (int k = 0; k < 5; k++) {
+    for (int k = adapt_prefill ? 1 : 0; k < 5; k++) {
         const struct fk_codec_ops *ops = codec(names[k]);
         void *o = opts_small(ops, 4, 16);
-        opt_set(ops, o, "a_len", 4);
+        opt_set(ops, o, "a_len", a_len);
+        if (adapt_prefill)
+            opt_set(ops, o, "adapt_prefill", 1);
         struct tcheck c = {.what = CK_REFCOUNT, .N = d.N, .delta = 0.5};
         struct trun r;
         trun_stream(&r, ops, o, &d, &s, 0, check_hook, &c);
@@ -1459,6 +1469,18 @@ START_TEST(multi_token_events)
     }
     free(s.x);
     tdict_free(&d);
+}
+
+START_TEST(multi_token_events)
+{
+    run_multi(4, 0);
+}
+END_TEST
+
+/* The prefill event adapts too (P tokens per head in one event). */
+START_TEST(adapt_prefill_events)
+{
+    run_multi(1, 1);
 }
 END_TEST
 
@@ -1480,6 +1502,7 @@ static Suite *codecs_suite(void)
     tcase_add_test(tc, stored_error_is_encoder_error);
     tcase_add_test(tc, fadkv_pending_code_keeps_its_atoms);
     tcase_add_test(tc, multi_token_events);
+    tcase_add_test(tc, adapt_prefill_events);
     suite_add_tcase(s, tc);
     return s;
 }

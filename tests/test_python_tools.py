@@ -40,6 +40,7 @@ except ImportError as e:  # pragma: no cover
     print("skip: %s (run with PYENV_VERSION=system python3)" % e)
     sys.exit(SKIP)
 
+sys.dont_write_bytecode = True  # keep __pycache__ out of the source tree
 SRC = os.environ.get("FK_SRCDIR") or os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DATASETS = os.path.join(SRC, "datasets")
 sys.path.insert(0, DATASETS)
@@ -133,6 +134,13 @@ def eager_gqa_attention(module, query, key, value, attention_mask, scaling, drop
     return (p @ v).transpose(1, 2).contiguous(), p
 
 
+def causal_mask(t, past):
+    """Additive causal mask [1, 1, t, past + t] (None for a single new token)."""
+    if t == 1:
+        return None
+    return torch.full((t, past + t), float("-inf")).triu(past + 1)[None, None]
+
+
 class TinyAttention(torch.nn.Module):
     def __init__(self, layer_idx, hidden, hq, hkv, d, kv_dtype, theta, truth):
         super().__init__()
@@ -175,13 +183,11 @@ class TinyLM(torch.nn.Module):
         for a in self.attn:
             a.attn_fn = fn
 
-    def forward(self, ids, cache):
+    def forward(self, ids, cache, mask_fn=None):
         t = ids.shape[1]
         past = cache.seq_length()
         pos = torch.arange(past, past + t)
-        mask = None
-        if t > 1:
-            mask = torch.full((t, past + t), float("-inf")).triu(past + 1)[None, None]
+        mask = (mask_fn or causal_mask)(t, past)
         h = self.emb(ids)
         for a in self.attn:
             h = h + a(torch.nn.functional.layer_norm(h, h.shape[-1:]), pos, cache, mask)
@@ -454,6 +460,165 @@ def test_import(tmp):
                                           if r.stderr.strip() else "no message"))
 
 
+# ---- dump_hf.main() against a stand-in transformers ----------------------------------------
+
+class FakeInterface(dict):
+    """Stands in for transformers' AttentionInterface / ALL_MASK_ATTENTION_FUNCTIONS."""
+
+    def register(self, key, fn):
+        self[key] = fn
+
+
+def install_fake_transformers():
+    """A minimal module named `transformers` exposing what dump_hf.main() uses, with the
+    >= 4.56 shapes: AttentionInterface.register, ALL_ATTENTION_FUNCTIONS,
+    masking_utils.ALL_MASK_ATTENTION_FUNCTIONS (a model whose attention implementation has
+    no registered mask function gets NO causal mask, as in transformers), DynamicCache with
+    .layers[i].keys, from_pretrained(attn_implementation=..., dtype=...), logits_to_keep.
+    It mirrors the API as documented; it is not transformers."""
+    import types
+    tf = types.ModuleType("transformers")
+    tf.__version__ = "4.56.0"
+    mu = types.ModuleType("transformers.modeling_utils")
+    ms = types.ModuleType("transformers.masking_utils")
+    attn = FakeInterface(sdpa=eager_gqa_attention)
+    masks = FakeInterface(sdpa=causal_mask, eager=causal_mask)
+    mu.ALL_ATTENTION_FUNCTIONS = attn
+    ms.ALL_MASK_ATTENTION_FUNCTIONS = masks
+    tf.AttentionInterface = attn
+    loaded = []
+
+    class Config:
+        num_hidden_layers, num_attention_heads, num_key_value_heads = 3, 4, 2
+        head_dim, hidden_size, rope_theta, _commit_hash = 16, 32, 10000.0, "0123abcd"
+
+    class DynamicCache(TinyCache):
+        def __init__(self, config=None):
+            super().__init__(config.num_hidden_layers)
+
+    class Model(TinyLM):
+        def forward(self, input_ids=None, past_key_values=None, use_cache=True,
+                    logits_to_keep=0):
+            impl = self.config._attn_implementation
+            self.set_attention(attn[impl])
+            logits = TinyLM.forward(self, input_ids, past_key_values,
+                                    masks.get(impl, lambda t, past: None))
+            return types.SimpleNamespace(logits=logits[None, None, :])
+
+    class AutoModelForCausalLM:
+        @staticmethod
+        def from_pretrained(name, attn_implementation="sdpa", dtype=torch.float32, **kw):
+            torch.manual_seed(1234)
+            m = Model(kv_dtype=dtype, truth=[])
+            m.config = Config()
+            m.config._attn_implementation = attn_implementation
+            m.generation_config = types.SimpleNamespace(eos_token_id=[60])
+            loaded.append((name, attn_implementation, dtype, sorted(kw), m))
+            return m
+
+    class Tokenizer:
+        eos_token_id = 60
+
+        def __call__(self, text):
+            return {"input_ids": [1] + [ord(c) % 50 + 2 for c in text]}
+
+        def apply_chat_template(self, messages, add_generation_prompt, tokenize):
+            return {"input_ids": [[1, 52, 53] + self(messages[0]["content"])["input_ids"][1:]
+                                  + [54]]}
+
+        def decode(self, ids, skip_special_tokens=False):
+            return "|".join(map(str, ids))
+
+    class AutoTokenizer:
+        @staticmethod
+        def from_pretrained(name, revision=None):
+            return Tokenizer()
+
+    tf.AutoModelForCausalLM = AutoModelForCausalLM
+    tf.AutoTokenizer = AutoTokenizer
+    tf.DynamicCache = DynamicCache
+    tf.modeling_utils = mu
+    tf.masking_utils = ms
+    sys.modules.update({"transformers": tf, "transformers.modeling_utils": mu,
+                        "transformers.masking_utils": ms})
+    return loaded, Tokenizer()
+
+
+def test_main(tmp):
+    loaded, tok = install_fake_transformers()
+    try:
+        prompts = ["Once upon a time", "The KV cache"]
+        ptxt = os.path.join(tmp, "prompts.txt")
+        with open(ptxt, "w") as f:
+            f.write("\n".join([prompts[0], "", prompts[1]]) + "\n")
+        out = os.path.join(tmp, "out")
+        rc = dump_hf.main(["--model", "fake/tiny", "--prompts", ptxt, "--out", out,
+                           "--max-new-tokens", "6", "--dtype", "bfloat16", "--device", "cpu",
+                           "--chunk-tokens", "8"])
+        check(rc == 0 and len(loaded) == 1, "main(): exit 0, model loaded once")
+        name, impl, dtype, kw, model = loaded[0]
+        check(impl == dump_hf.CAPTURE_NAME and dtype == torch.bfloat16 and kw == [],
+              "main(): model loaded with attn_implementation=%r, dtype=bfloat16" % impl)
+        lines = open(os.path.join(out, "manifest.jsonl")).read().splitlines()
+        check(len(lines) == 2 and '"file": "trace-00001.h5"' in lines[1],
+              "main(): two traces (blank line skipped) listed in manifest.jsonl")
+        # The model's own record of what it computed, split per prompt (3 layers x 7 forwards).
+        per_prompt = len(model.attn[0].truth) // 2
+        for i, p in enumerate(prompts):
+            path = os.path.join(out, "trace-%05d.h5" % i)
+            info = run_info(path)
+            ids = tok(p)["input_ids"]
+            if info is not None:
+                check("tokens %d (prefill %d, decode 6)" % (len(ids) + 6, len(ids)) in info and
+                      "generator: dump_hf.py " + dump_hf.DUMPER_VERSION in info,
+                      "main(): info reads trace %d (prefill %d, decode 6)" % (i, len(ids)))
+            with h5py.File(path, "r") as f:
+                gen = [int(x) for x in f["tokens/ids"][len(ids):]]
+                with torch.no_grad():
+                    ref = cache_free_greedy(model, ids, 6)
+                check(gen == ref[:6], "main(): prompt %d greedy tokens equal a cache-free "
+                      "recompute (so the causal mask reached the capture path)" % i)
+                a = f.attrs
+                check(a["transformers_version"] == "4.56.0" and a["source"] == "hf" and
+                      a["model_revision"] == "0123abcd" and a["prompt"] == p and
+                      a["sampling"] == '{"mode": "greedy"}' and
+                      a["generated_text"] == "|".join(map(str, ref[:6])) and
+                      a["stop_reason"] == "max_new_tokens" and int(a["prompt_len"]) == len(ids)
+                      and a["attn_implementation"] == "fadkv_capture(sdpa)",
+                      "main(): provenance attributes of trace %d" % i)
+                truth = model.attn[0].truth[i * per_prompt:(i + 1) * per_prompt]
+                k = torch.cat([x[2] for x in truth if x[0] == 1], dim=1)
+                q = torch.cat([x[1] for x in truth if x[0] == 1], dim=1)
+                check(np.array_equal(bits(f["layers/L01/keys"][...]), bits(k)) and
+                      np.array_equal(bits(f["layers/L01/queries"][...]), bits(q)),
+                      "main(): trace %d layer 1 keys/queries equal the model's bf16 bits" % i)
+        before = os.stat(os.path.join(out, "trace-00000.h5")).st_mtime_ns
+        rc = dump_hf.main(["--model", "fake/tiny", "--prompts", ptxt, "--out", out,
+                           "--device", "cpu", "--resume"])
+        check(rc == 0 and len(loaded) == 2 and
+              os.stat(os.path.join(out, "trace-00000.h5")).st_mtime_ns == before,
+              "main(): --resume skips traces already dumped")
+        pj = os.path.join(tmp, "prompts.jsonl")
+        with open(pj, "w") as f:
+            f.write('{"prompt": "Hello there", "id": 3}\n')
+        out2 = os.path.join(tmp, "out2")
+        rc = dump_hf.main(["--model", "fake/tiny", "--prompts", pj, "--out", out2,
+                           "--max-new-tokens", "5", "--dtype", "float16", "--device", "cpu",
+                           "--temperature", "1.3", "--top-p", "0.9", "--seed", "5",
+                           "--chat-template", "--no-queries"])
+        path = os.path.join(out2, "trace-00000.h5")
+        ok = rc == 0 and run_info(path) is not None
+        with h5py.File(path, "r") as f:
+            ids = [int(x) for x in f["tokens/ids"][:]]
+            ok &= ids[:3] == [1, 52, 53] and "queries" not in f["layers/L00"]
+            ok &= f["layers/L00/keys"].dtype == np.float16 and f.attrs["seed"] == "5"
+            ok &= '"top_p": 0.9' in f.attrs["sampling"] and f.attrs["chat_template"] == "yes"
+        check(ok, "main(): .jsonl prompts, chat template, top-p sampling, float16, no queries")
+    finally:
+        for k in ("transformers", "transformers.modeling_utils", "transformers.masking_utils"):
+            sys.modules.pop(k, None)
+
+
 def main():
     check("transformers" not in sys.modules, "dump_hf imports without transformers")
     with tempfile.TemporaryDirectory() as tmp:
@@ -465,6 +630,8 @@ def main():
         test_writer_guards(tmp)
     with tempfile.TemporaryDirectory() as tmp:
         test_import(tmp)
+    with tempfile.TemporaryDirectory() as tmp:
+        test_main(tmp)
     if FAILURES:
         print("%d check(s) failed" % len(FAILURES))
         return 1
