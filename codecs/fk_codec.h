@@ -76,6 +76,9 @@ struct fk_stream_env {
     int n_heads;                 /* KV heads sharing this state */
     int n_tokens;                /* T: upper bound of stored rows per head */
     const struct fk_base_dict *base; /* NULL unless FK_CAP_DICT */
+    int reference;               /* 1: the straightforward algorithms (naive OMP recomputing
+                                  * D^T r, no Gram, one vector at a time): the benchmark's
+                                  * reference mode; same supports in exact arithmetic */
 };
 
 /* One eviction event: all vectors evicted together, ordered by (token, head). */
@@ -112,6 +115,8 @@ struct fk_stream_stats {
     uint64_t uses_total;         /* nonzeros committed (all codes ever stored) */
     uint64_t uses_adapted;       /* of which on adapted atoms */
     double macs;                 /* analytical cost model (spec 10.7), summed over vectors */
+    double t_corr, t_code, t_adapt; /* thread CPU seconds: correlation GEMMs, greedy coding
+                                  * (screening, OMP, refinement, quantisation), adaptation */
     double bytes_codes;          /* stored codes (spec 10.6) */
     double bytes_dict_seq;       /* per-sequence dictionary state (spec 10.6) */
     const uint32_t *ref_count;   /* [n_atoms] stored codes referencing atom j, or NULL */

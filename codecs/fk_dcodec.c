@@ -22,6 +22,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "fk_codec.h"
 #include "fk_err.h"
@@ -189,6 +190,13 @@ static const struct fk_option fadkv_options[] = {
     OPT_END,
 };
 
+static double cpu_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
 /* ---- dictionary access ---------------------------------------------------------------- */
 
 static const float *dc_atoms(const struct dc *d)
@@ -218,7 +226,7 @@ static struct fk_dict_view dc_view(struct dc *d)
         .gram_row = NULL, .gram_ctx = d,
     };
     if (d->v.coder == CODER_OMP && d->o.omp_mode == OMP_GRAM && d->base->gram &&
-        d->v.adapt != ADAPT_REPLACE)
+        d->v.adapt != ADAPT_REPLACE && !d->env.reference)
         v.gram_row = dc_gram_row;
     return v;
 }
@@ -700,7 +708,8 @@ static int dc_open(const struct variant *v, const void *opts, const struct fk_st
         return fk_err(FK_EINVAL, "dictionary head_dim %d != stream head_dim %d", env->base->m,
                       d->m);
     }
-    if (v->coder == CODER_OMP && d->o.omp_mode == OMP_GRAM && !env->base->gram) {
+    if (v->coder == CODER_OMP && d->o.omp_mode == OMP_GRAM && !env->base->gram &&
+        !env->reference) {
         dc_close(d);
         return fk_err(FK_EINVAL, "omp_mode = gram needs the dictionary's Gram matrix");
     }
@@ -780,11 +789,15 @@ static int dc_encode(void *state, const struct fk_event *ev, struct fk_vec_out *
     FK_TRY(dc_grow_codes(d, span > 0 ? span : 1));
     for (int b0 = 0; b0 < ev->n; b0 += span) {
         int nb = ev->n - b0 < span ? ev->n - b0 : span;
-        /* phase A */
-        for (int c0 = 0; c0 < nb; c0 += BLK) {
-            int nc = nb - c0 < BLK ? nb - c0 : BLK;
+        /* phase A (reference mode: one vector at a time) */
+        int blk = d->env.reference ? 1 : BLK;
+        for (int c0 = 0; c0 < nb; c0 += blk) {
+            int nc = nb - c0 < blk ? nb - c0 : blk;
             struct fk_dict_view v = dc_view(d);
+            double t0 = cpu_s();
             fk_correlate(&v, ev->x + (size_t)(b0 + c0) * m, nc, d->corr);
+            double t1 = cpu_s();
+            d->st.t_corr += t1 - t0;
             for (int i = 0; i < nc; i++) {
                 struct fk_code *c = &d->codes[c0 + i];
                 FK_TRY(encode_one(d, ev->x + (size_t)(b0 + c0 + i) * m,
@@ -792,6 +805,7 @@ static int dc_encode(void *state, const struct fk_event *ev, struct fk_vec_out *
                 d->needs[c0 + i] = can_adapt && !(c->flags & FK_CODE_ZERO) &&
                                    c->err2 > d->delta * d->delta * c->xx;
             }
+            d->st.t_code += cpu_s() - t1;
         }
         /* pin every atom an event's code uses, committed now (phase B) or kept later when
          * its adaptation fails (phase C): a replacement must never damage either */
@@ -806,6 +820,7 @@ static int dc_encode(void *state, const struct fk_event *ev, struct fk_vec_out *
                        0, 0);
         }
         /* phase C: adapt the rest in (token, head) order */
+        double ta = cpu_s();
         for (int i = 0; i < nb; i++) {
             if (!d->needs[i])
                 continue;
@@ -821,6 +836,7 @@ static int dc_encode(void *state, const struct fk_event *ev, struct fk_vec_out *
             commit(d, ev->head[g], ev->token[g], x, &d->codes[i], ev->phase, step, &out[g],
                    flags, 0);
         }
+        d->st.t_adapt += cpu_s() - ta;
     }
     return FK_OK;
 }

@@ -34,7 +34,7 @@ struct crow {
 
 struct ctab {
     struct crow *r;              /* [n] rows, sorted by key after load */
-    int n;
+    int n;                       /* rows held */
     int cap;                     /* allocated rows */
 };
 

@@ -65,7 +65,7 @@ static char *slurp(const char *path, size_t *len)
 
 struct strvec {
     char **v;                    /* [n] owned strings */
-    int n;
+    int n;                       /* strings held */
     int cap;                     /* allocated entries */
 };
 
@@ -395,9 +395,9 @@ struct seqv {
     double err_sum[2];           /* sum over layers of rel_err_mean, K and V */
     int err_n[2];                /* layers counted */
     double kl_sum;               /* sum over layers of attn_kl (K rows) */
-    int kl_n;
+    int kl_n;                    /* layers counted in kl_sum */
     double dsn_sum;              /* sum of dict_size_norm_final over streams */
-    int dsn_n;
+    int dsn_n;                   /* streams counted in dsn_sum */
     double bytes, bytes_full;    /* bytes of the sequence (sum over streams), full KV bytes */
     double macs, vec, cpu;       /* sums: MACs, encoded + zero vectors, CPU seconds */
 };
@@ -409,7 +409,7 @@ struct cell {
     const char *dataset;
     int n_diff;                  /* options differing from the codec's defaults */
     struct seqv *seq;            /* [n_seq] per-sequence values, summary.csv order */
-    int n_seq;
+    int n_seq;                   /* sequences (traces) of the cell */
 };
 
 struct store {
@@ -418,9 +418,9 @@ struct store {
     struct fk_csv cells;         /* cells.csv */
     struct fk_csv sum;           /* summary.csv */
     struct cell *c;              /* [n] finished cells, sweep order */
-    int n;
+    int n;                       /* finished cells */
     char **datasets;             /* [n_ds] dataset names, first-seen order (not owned) */
-    int n_ds;
+    int n_ds;                    /* datasets */
     int col_first_opt, col_end_opt; /* option columns [first, end) of cells.csv */
 };
 
@@ -1222,7 +1222,7 @@ static int fig3_series(struct store *st, struct fk_plot_set *set, const char *ds
 struct axis {
     char lab[64][48];            /* distinct labels */
     double key[64][2];           /* their sort keys */
-    int n;
+    int n;                       /* labels held */
 };
 
 static int axis_add(struct axis *a, const char *lab, double k0, double k1)

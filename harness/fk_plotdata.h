@@ -16,9 +16,9 @@
 
 struct fk_csv {
     char **head;                 /* [n_cols] column names */
-    int n_cols;
+    int n_cols;                  /* columns */
     char ***rows;                /* [n_rows][n_cols] fields ("" when a row is short) */
-    int n_rows;
+    int n_rows;                  /* data rows (header excluded) */
 };
 
 /* Loads a CSV file; FK_EIO if unreadable, FK_ECORRUPT naming path:line on bad quoting. */
@@ -51,7 +51,7 @@ struct fk_plot_fig {
 
 struct fk_plot_set {
     struct fk_plot_fig *figs;    /* [n_figs] in drawing order */
-    int n_figs;
+    int n_figs;                  /* figures, drawn and skipped */
     int cap;                     /* allocated entries */
     char table_md[4200];         /* path of Table 4 as Markdown ("" if not written) */
     char table_tex[4200];        /* path of Table 4 as LaTeX ("" if not written) */

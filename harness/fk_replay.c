@@ -364,7 +364,8 @@ static int replay_layer(struct worker *w, int ti, int layer, const struct fk_bas
             sr[k]->recall[q] = NAN;
         sr[k]->support_agree = sr[k]->err_ratio = NAN;
         struct fk_stream_env env = {.layer = layer, .kind = k, .head_dim = m, .n_heads = H,
-                                    .n_tokens = T, .base = bases ? &bases[k] : NULL};
+                                    .n_tokens = T, .base = bases ? &bases[k] : NULL,
+                                    .reference = ro->reference};
         rc = ops->open(in->opts, &env, &st[k]);
         if (rc < 0) {
             rc = fk_err_context(rc, "%s: layer %d %s: opening codec %s", fk_trace_path(tr),
@@ -429,6 +430,22 @@ static int replay_layer(struct worker *w, int ti, int layer, const struct fk_bas
             }
         if (rc < 0)
             break;
+        /* a hash of the stored supports: the reference mode must reproduce them */
+        uint64_t hsh = 1469598103934665603ULL;
+        for (int h = 0; ops->sparse_row && h < H && rc == FK_OK; h++)
+            for (int t = 0; t < comp && rc == FK_OK; t++) {
+                int nnz = 0;
+                const int32_t *idx = NULL;
+                const float *coef = NULL;
+                rc = ops->sparse_row(st[k], h, t, &nnz, &idx, &coef);
+                for (int i = 0; rc == FK_OK && i <= nnz; i++) {
+                    hsh ^= (uint64_t)(uint32_t)(i < nnz ? idx[i] : -1);
+                    hsh *= 1099511628211ULL;
+                }
+            }
+        sr[k]->support_hash = hsh;
+        if (rc < 0)
+            break;
         struct fk_stream_stats ss;
         ops->stats(st[k], &ss);
         rc = activity(sr[k], &ss);
@@ -461,7 +478,7 @@ static int replay_unit(struct worker *w, int layer)
     if (in->ops->caps & FK_CAP_DICT) {
         for (int k = 0; k < 2; k++) {
             fk_dict_base(in->dict, layer, k, &bases[k]);
-            if (in->ops->caps & FK_CAP_GRAM) {
+            if ((in->ops->caps & FK_CAP_GRAM) && !w->ro->reference) {
                 double g0 = now_s(CLOCK_THREAD_CPUTIME_ID);
                 rc = fk_gram_build(bases[k].atoms, bases[k].n_atoms, bases[k].m, &gram[k]);
                 w->t_gram += now_s(CLOCK_THREAD_CPUTIME_ID) - g0;

@@ -30,6 +30,7 @@ struct fk_replay_opts {
     int recall;                  /* screened-pool recall diagnostics (dictionary codecs) */
     int recall_every;            /* sub-sample prefill tokens for recall (default 8) */
     volatile sig_atomic_t *stop; /* set by a signal handler: stop at the next unit */
+    int reference;               /* codecs run their straightforward reference algorithms */
 };
 
 /* Everything measured on one (trace, layer, kind) stream group. */
@@ -61,6 +62,7 @@ struct fk_stream_result {
     double err_ratio;            /* mean e_screened / mean e_omp at the cell's n */
     long recall_n;               /* vectors the recall was measured on */
     double *corr_profile;        /* [256] mean sorted |D^T x| / max, or NULL */
+    uint64_t support_hash;       /* FNV-1a of every stored row's atom ids (sparse codecs) */
 };
 
 struct fk_cell_result {

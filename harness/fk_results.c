@@ -153,6 +153,7 @@ struct headline {
     double bytes_per_seq, bytes_full_per_seq, bytes_codes, bytes_buf, bytes_dict_seq;
     double tokens_per_seq, bytes_per_token, macs_per_vec, cpu_us_per_vec;
     double appends, replacements, adapt_failed, growth_capped, collateral, saturated, premature;
+    double t_corr, t_code, t_adapt;
     long vectors, zero_vectors;
 };
 
@@ -224,6 +225,9 @@ static void aggregate(const struct fk_cell_result *r, struct headline *h)
                 h->collateral += s->st.collateral_reencodes;
                 h->saturated += s->st.saturated;
                 h->premature += s->st.premature;
+                h->t_corr += s->st.t_corr;
+                h->t_code += s->st.t_code;
+                h->t_adapt += s->st.t_adapt;
                 /* inactive-set overlap between prompts (Jaccard), Fig. 1d */
                 for (int u = t + 1; u < T; u++) {
                     const struct fk_stream_result *o =
@@ -419,7 +423,8 @@ static int write_h5(const char *path, const struct fk_cell_meta *m,
     X(inactive_v) X(inactive_overlap) X(gini) X(adapted_share) X(support_agree)           \
     X(err_ratio) X(bytes_per_seq) X(bytes_full_per_seq) X(bytes_codes) X(bytes_buf)       \
     X(bytes_dict_seq) X(tokens_per_seq) X(bytes_per_token) X(macs_per_vec) X(cpu_us_per_vec) X(appends) X(replacements)        \
-    X(adapt_failed) X(growth_capped) X(collateral) X(saturated) X(premature)
+    X(adapt_failed) X(growth_capped) X(collateral) X(saturated) X(premature) X(t_corr) X(t_code)   \
+    X(t_adapt)
 
 int fk_results_commit(const char *dir, const struct fk_cell_meta *m,
                       const struct fk_cell_result *r)

@@ -78,7 +78,16 @@ static gsl_rng *rng_new(unsigned long seed)
 }
 
 /* A random direction of the given norm. */
-static void random_dir(gsl_rng *r, int m, double norm, float *u);
+static void random_dir(gsl_rng *r, int m, double norm, float *u)
+{
+    double s = 0;
+    for (int i = 0; i < m; i++) {
+        u[i] = (float)gsl_ran_gaussian(r, 1.0);
+        s += (double)u[i] * u[i];
+    }
+    for (int i = 0; i < m; i++)
+        u[i] = (float)(u[i] * norm / sqrt(s));
+}
 
 /* A direction far from the dictionary: most of its energy in the held-out coordinates. */
 static void novel_dir(gsl_rng *r, const struct tdict *d, double norm, float *u)
@@ -91,17 +100,6 @@ static void novel_dir(gsl_rng *r, const struct tdict *d, double norm, float *u)
         s += (double)u[c] * u[c];
     for (int c = 0; c < d->m; c++)
         u[c] = (float)(u[c] * norm / sqrt(s));
-}
-
-static void random_dir(gsl_rng *r, int m, double norm, float *u)
-{
-    double s = 0;
-    for (int i = 0; i < m; i++) {
-        u[i] = (float)gsl_ran_gaussian(r, 1.0);
-        s += (double)u[i] * u[i];
-    }
-    for (int i = 0; i < m; i++)
-        u[i] = (float)(u[i] * norm / sqrt(s));
 }
 
 /* N random unit atoms spanning the first m - hold coordinates. */

@@ -197,13 +197,18 @@ class TinyLM(torch.nn.Module):
 def cache_free_greedy(model, prompt, steps):
     """Independent greedy decode: recompute the whole sequence at every step, no capture."""
     model.set_attention(eager_gqa_attention)
+    saved = [a.truth for a in model.attn]
+    for a in model.attn:
+        a.truth = None
     seq = list(prompt)
     out = []
     for _ in range(steps):
-        logits = model(torch.tensor([seq]), TinyCache(model.L))
+        logits = TinyLM.forward(model, torch.tensor([seq]), TinyCache(model.L))
         nxt = int(torch.argmax(logits))
         out.append(nxt)
         seq.append(nxt)
+    for a, t in zip(model.attn, saved):
+        a.truth = t
     return out
 
 
