@@ -3,7 +3,6 @@
  */
 #include "fk_dict.h"
 
-#include <cblas.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -11,6 +10,7 @@
 
 #include "fk_err.h"
 #include "fk_h5.h"
+#include "fk_sparse.h"
 
 static const char *const kind_ds[2] = {"keys", "values"};
 
@@ -210,10 +210,11 @@ int fk_gram_build(const float *atoms, int n, int m, float **gram)
     float *g = malloc(sizeof(float) * (size_t)n * (size_t)n);
     if (!g)
         return fk_err(FK_ENOMEM, "out of memory for a %d x %d Gram matrix", n, n);
-    cblas_ssyrk(CblasRowMajor, CblasUpper, CblasNoTrans, n, m, 1.0f, atoms, m, 0.0f, g, n);
-    for (int i = 0; i < n; i++)
-        for (int j = 0; j < i; j++)
-            g[(size_t)i * n + j] = g[(size_t)j * n + i];
+    int rc = fk_gram_compute(atoms, n, m, g); /* one BLAS thread: bits independent of threads */
+    if (rc < 0) {
+        free(g);
+        return rc;
+    }
     *gram = g;
     return FK_OK;
 }

@@ -5,10 +5,11 @@ Used by dump_hf.py and by tests/test_python_tools.py. Needs numpy and h5py; torc
 optional (tensors are accepted when it is installed, but it is never imported here).
 
 A trace is written one step at a time: `append()` adds `t` new tokens to every layer
-(keys and values `[H_kv, t, d]`, queries `[H_q, t, d]`), growing resizable datasets that
-are chunked `[1, chunk_tokens, d]` along tokens. Nothing but the HDF5 chunk cache (bounded
-by the touched chunks: `L * (2 H_kv + H_q) * chunk_tokens * d * bytes`, independent of the
-sequence length) is held in memory. The file is written under a temporary name in the
+(keys and values `[H_kv, t, d]`, queries `[H_q, t, d]`). Appends are buffered in memory up
+to `flush_tokens` tokens (default 64: `64 * L * (2 H_kv + H_q) * d * bytes`, 28 MB for
+Qwen3-4B in bf16), then written with one resize + write per dataset to resizable datasets
+chunked `[1, chunk_tokens, d]` along tokens, with HDF5's chunk cache off, so memory does not
+grow with the sequence length. The file is written under a temporary name in the
 target directory and renamed into place by `commit()`; `abort()` (or an exception inside a
 `with` block) removes it, so a reader never sees a half-written trace.
 
@@ -95,7 +96,7 @@ class TraceWriter:
     commit()/abort() explicitly."""
 
     def __init__(self, path, attrs, encoding, queries=True, ids=True, chunk_tokens=256,
-                 layer_attrs=None):
+                 layer_attrs=None, flush_tokens=64):
         if encoding not in ENCODINGS:
             raise ValueError("unknown encoding %r, expected one of %s" % (encoding, ENCODINGS))
         for k in _REQUIRED_INT:
@@ -121,12 +122,15 @@ class TraceWriter:
         self.decode_seen = False
         d = os.path.dirname(os.path.abspath(self.path))
         self.tmp = os.path.join(d, ".%s.tmp-%d" % (os.path.basename(self.path), os.getpid()))
-        # The chunk cache must hold one chunk row (all heads) of the widest dataset so that
-        # token-by-token appends never evict a partly written chunk.
-        width = np.dtype(_STORE_DTYPE[encoding]).itemsize
-        row = max(self.hq, self.hkv) * chunk_tokens * self.d * width
-        self.f = h5py.File(self.tmp, "w", rdcc_nbytes=2 * row + (1 << 20), rdcc_nslots=4093,
-                           rdcc_w0=1.0)
+        # Appends are buffered (flush_tokens) and written straight through: with HDF5's
+        # chunk cache off, memory stays flat whatever the trace length (measured: a
+        # 3,064-token Qwen3-4B-shaped bf16 trace, 3.2 ms per decode step, flat RSS; a
+        # 5 MiB chunk cache was slower and grew RSS by 160 MB per 2,000 tokens).
+        self.f = h5py.File(self.tmp, "w", rdcc_nbytes=0)
+        self.flush_tokens = max(1, int(flush_tokens))
+        self._pending_tokens = 0
+        self._pending = {}   # dataset key -> list of arrays waiting to be written
+        self._ds = {}        # dataset key -> open h5py dataset
         try:
             self._create(attrs, chunk_tokens, layer_attrs or {})
         except BaseException:
@@ -146,13 +150,10 @@ class TraceWriter:
                 f.attrs[k] = str(v)
         ct = max(1, int(chunk_tokens))
         tok = f.create_group("tokens")
-        tok.create_dataset("positions", (0,), maxshape=(None,), dtype="<i4", chunks=(4096,),
-                           track_times=False)
-        tok.create_dataset("phase", (0,), maxshape=(None,), dtype="u1", chunks=(4096,),
-                           track_times=False)
-        if self.ids:
-            tok.create_dataset("ids", (0,), maxshape=(None,), dtype="<i4", chunks=(4096,),
-                               track_times=False)
+        names = [("positions", "<i4"), ("phase", "u1")] + ([("ids", "<i4")] if self.ids else [])
+        for name, dt in names:
+            self._ds[("tokens", name)] = tok.create_dataset(
+                name, (0,), maxshape=(None,), dtype=dt, chunks=(4096,), track_times=False)
         dt = _STORE_DTYPE[self.encoding]
         for l in range(self.L):
             g = f.create_group(layer_group(l))
@@ -165,9 +166,12 @@ class TraceWriter:
                 ds = g.create_dataset(name, (h, 0, self.d), maxshape=(h, None, self.d), dtype=dt,
                                       chunks=(1, ct, self.d), track_times=False)
                 ds.attrs["encoding"] = self.encoding
+                self._ds[(l, name)] = ds
             if self.queries:
-                g.create_dataset("query_token_idx", (0,), maxshape=(None,), dtype="<i4",
-                                 chunks=(4096,), track_times=False)
+                self._ds[(l, "query_token_idx")] = g.create_dataset(
+                    "query_token_idx", (0,), maxshape=(None,), dtype="<i4", chunks=(4096,),
+                    track_times=False)
+        self._pending = {k: [] for k in self._ds}
 
     def set_attr(self, name, value):
         """Set (or replace) a root provenance attribute, stored as a string."""
@@ -230,26 +234,44 @@ class TraceWriter:
                                      "beyond the %s range (tokens %d..%d)"
                                      % (l, name, self.encoding, self.T, self.T + t - 1))
                 blocks.append((l, name, a))
-        # Everything validated: write.
-        tok = self.f["tokens"]
-        self._grow(tok["positions"], 0, t, positions.astype(np.int32))
-        self._grow(tok["phase"], 0, t, ph.astype(np.uint8))
         if self.ids:
-            a = np.asarray(ids.detach().cpu() if _is_torch(ids) else ids,
-                           dtype=np.int64).reshape(-1)
-            if a.shape[0] != t:
-                raise ValueError("append: %d ids for %d tokens" % (a.shape[0], t))
-            self._grow(tok["ids"], 0, t, a.astype(np.int32))
+            id_arr = np.asarray(ids.detach().cpu() if _is_torch(ids) else ids,
+                                dtype=np.int64).reshape(-1)
+            if id_arr.shape[0] != t:
+                raise ValueError("append: %d ids for %d tokens" % (id_arr.shape[0], t))
+        # Everything validated: buffer, and write once flush_tokens tokens are pending.
+        pend = self._pending
+        pend[("tokens", "positions")].append(positions.astype(np.int32))
+        pend[("tokens", "phase")].append(ph.astype(np.uint8))
+        if self.ids:
+            pend[("tokens", "ids")].append(id_arr.astype(np.int32))
         for l, name, a in blocks:
-            self._grow(self.f[layer_group(l)][name], 1, t, a)
+            pend[(l, name)].append(a)
         if self.queries:
             idx = np.arange(self.T, self.T + t, dtype=np.int32)
             for l in range(self.L):
-                self._grow(self.f[layer_group(l)]["query_token_idx"], 0, t, idx)
+                pend[(l, "query_token_idx")].append(idx)
+        self._pending_tokens += t
         self.T += t
         self.n_prefill += int((ph == 0).sum())
         if ph.max() == 1:
             self.decode_seen = True
+        if self._pending_tokens >= self.flush_tokens:
+            self.flush()
+
+    def flush(self):
+        """Write the buffered tokens to the file (one resize + write per dataset)."""
+        if not self._pending_tokens:
+            return
+        for key, parts in self._pending.items():
+            if not parts:
+                continue
+            ds = self._ds[key]
+            axis = 1 if ds.ndim == 3 else 0
+            data = parts[0] if len(parts) == 1 else np.concatenate(parts, axis=axis)
+            self._grow(ds, axis, data.shape[axis], data)
+            parts.clear()
+        self._pending_tokens = 0
 
     def commit(self):
         """Check the prompt length, close the file and rename it into place. Returns the
@@ -263,6 +285,11 @@ class TraceWriter:
             self.abort()
             raise ValueError("%s: prompt_len = %d but %d prefill tokens were written"
                              % (self.path, self.prompt_len, self.n_prefill))
+        try:
+            self.flush()
+        except BaseException:
+            self.abort()
+            raise
         self.f.close()
         self.f = None
         os.replace(self.tmp, self.path)

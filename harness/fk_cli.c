@@ -552,6 +552,8 @@ int main(int argc, char **argv)
         return fk_cli_trace(argc - 1, argv + 1);
     if (!strcmp(cmd, "train-dict"))
         return fk_cli_train_dict(argc - 1, argv + 1);
+    if (!strcmp(cmd, "bench") && argc >= 3 && !strcmp(argv[2], "replay"))
+        return fk_cli_bench_replay(argc - 2, argv + 2);
     if (!strcmp(cmd, "bench") && argc >= 3 && !strcmp(argv[2], "omp"))
         return fk_cli_bench_omp(argc - 2, argv + 2);
     fprintf(stderr, "fadkv-bench: unknown command '%s'\n", cmd);

@@ -649,6 +649,13 @@ static void fig_var(struct fk_plot_fig *f, const char *name, const char *value)
     snprintf(f->vars + n, sizeof f->vars - n, "'; ");
 }
 
+/* Appends name=value (a number) to the figure's -e assignments. */
+static void fig_num(struct fk_plot_fig *f, const char *name, int value)
+{
+    size_t n = strlen(f->vars);
+    snprintf(f->vars + n, sizeof f->vars - n, "%s=%d; ", name, value);
+}
+
 /* Like fig_var for text shown in a title: escapes gnuplot's enhanced-text characters. */
 static void fig_text(struct fk_plot_fig *f, const char *name, const char *value)
 {
@@ -1055,8 +1062,8 @@ static int fig1d(struct store *st, struct fk_plot_set *set, const char *ds)
     }
     if (!rows) {
         free(b.s);
-        fig_skip(f, "no inactive-set overlap in dataset %s (needs 2+ prompts and a dictionary "
-                 "codec)", ds);
+        fig_skip(f, "inactive_overlap is NaN in dataset %s (needs 2+ prompts whose prefill "
+                 "is longer than the buffer n_b, and a dictionary codec)", ds);
         return FK_OK;
     }
     char p[4400];
@@ -1072,10 +1079,11 @@ static int fig1d(struct store *st, struct fk_plot_set *set, const char *ds)
 #define BIN 64
 
 /* Per-sequence series of a cell: out[t * n + i], n = common length. mode 0: dict_size_norm
- * per step (mean over streams); mode 1: rel. error per bin of BIN decode steps (per stream
- * sum err / sum n in the bin, then mean over streams). */
+ * per step (mean over streams); mode 1: rel. error per bin of *bin decode steps (per stream
+ * sum err / sum n in the bin, then mean over streams). *bin is BIN, halved while that gives
+ * fewer than 8 bins (short traces); *steps is the common number of decode steps. */
 static int cell_series(struct store *st, const struct cell *c, int mode, double **out, int *n,
-                       int *n_t)
+                       int *n_t, int *bin, int *steps)
 {
     struct h5cell h;
     *out = NULL;
@@ -1095,7 +1103,12 @@ static int cell_series(struct store *st, const struct cell *c, int mode, double 
         h5cell_close(&h);
         return rc;
     }
-    int N = mode ? (len + BIN - 1) / BIN : len;
+    int B = BIN;
+    while (B > 1 && (len + B - 1) / B < 8)
+        B /= 2;
+    *bin = B;
+    *steps = len;
+    int N = mode ? (len + B - 1) / B : len;
     double *acc = calloc((size_t)T * N, sizeof(double));
     int *cnt = calloc((size_t)T * N, sizeof(int));
     if (!acc || !cnt) {
@@ -1119,7 +1132,7 @@ static int cell_series(struct store *st, const struct cell *c, int mode, double 
                             s = a[i];
                             sn = 1;
                         }
-                        for (int j = i * BIN; mode && j < (i + 1) * BIN && j < len; j++) {
+                        for (int j = i * B; mode && j < (i + 1) * B && j < len; j++) {
                             s += a[j];
                             sn += w[j];
                         }
@@ -1153,13 +1166,13 @@ static int fig3_series(struct store *st, struct fk_plot_set *set, const char *ds
     if (!f)
         return fk_err(FK_ENOMEM, "out of memory");
     const char *cod[64];
-    int nc = codecs_in(st, ds, cod, 64), blocks = 0, rc = FK_OK;
+    int nc = codecs_in(st, ds, cod, 64), blocks = 0, rc = FK_OK, bin = BIN, steps = 0;
     char names[1024] = "";
     struct buf b = {0};
     bprintf(&b, "# Fig. 3%c: %s vs decode step, one block per codec (representative cell), "
                 "mean over layers and K/V per sequence, then mean and 95%% bootstrap interval "
                 "over sequences\n# %s mean lo hi\n", mode ? 'b' : 'a',
-            mode ? "relative reconstruction error (bins of 64 decode steps)"
+            mode ? "relative reconstruction error (bins of decode steps)"
                  : "normalised dictionary size N_t/N",
             mode ? "bin_start bin_centre" : "step");
     for (int i = 0; i < nc && rc == FK_OK; i++) {
@@ -1167,8 +1180,12 @@ static int fig3_series(struct store *st, struct fk_plot_set *set, const char *ds
             continue;
         struct cell *c = representative(st, ds, cod[i]);
         double *v;
-        int N, T;
-        rc = cell_series(st, c, mode, &v, &N, &T);
+        int N, T, B = BIN, L = 0;
+        rc = cell_series(st, c, mode, &v, &N, &T, &B, &L);
+        if (rc == FK_OK && v && !blocks) {
+            bin = B;
+            steps = L;
+        }
         if (rc < 0 || !v)
             continue;
         double *col = malloc(sizeof(double) * (size_t)T);
@@ -1187,7 +1204,7 @@ static int fig3_series(struct store *st, struct fk_plot_set *set, const char *ds
             if (!isfinite(m))
                 continue;
             if (mode)
-                bprintf(&b, "%d %g", j * BIN, j * BIN + BIN / 2.0);
+                bprintf(&b, "%d %g", j * B, j * B + B / 2.0);
             else
                 bprintf(&b, "%d", j + 1);
             bnum(&b, m);
@@ -1214,6 +1231,8 @@ static int fig3_series(struct store *st, struct fk_plot_set *set, const char *ds
     fig_var(f, "data", p);
     fig_var(f, "codecs", names);
     fig_text(f, "subtitle", ds);
+    fig_num(f, "bin", bin);
+    fig_num(f, "nsteps", steps);
     return FK_OK;
 }
 
@@ -1328,11 +1347,8 @@ static int heat_write(struct store *st, struct fk_plot_fig *f, const struct axis
     data_path(st, f, "dat", p, sizeof p);
     FK_TRY(buf_write(&b, p));
     fig_var(f, "data", p);
-    char n[32];
-    snprintf(n, sizeof n, "%d", ax->n);
-    fig_var(f, "nx", n);
-    snprintf(n, sizeof n, "%d", ay->n);
-    fig_var(f, "ny", n);
+    fig_num(f, "nx", ax->n);
+    fig_num(f, "ny", ay->n);
     return FK_OK;
 }
 

@@ -510,6 +510,8 @@ static void *worker_main(void *arg)
         pthread_mutex_unlock(w->lock);
         if (layer >= w->res->n_layers)
             break;
+        if (w->ro->layers && !w->ro->layers[layer])
+            continue;
         int rc = replay_unit(w, layer);
         if (rc < 0) {
             pthread_mutex_lock(w->lock);

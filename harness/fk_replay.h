@@ -31,6 +31,8 @@ struct fk_replay_opts {
     int recall_every;            /* sub-sample prefill tokens for recall (default 8) */
     volatile sig_atomic_t *stop; /* set by a signal handler: stop at the next unit */
     int reference;               /* codecs run their straightforward reference algorithms */
+    const uint8_t *layers;       /* [n_layers] 1 = replay this layer, or NULL = all (a layer
+                                  * left out keeps empty results: benchmarks use it) */
 };
 
 /* Everything measured on one (trace, layer, kind) stream group. */

@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: MIT
 # Fig. 3a: normalised dictionary size N_t/N vs decode step, one line per codec (mean over
 # layers, K/V and sequences; band: 95% bootstrap over sequences). data: one block per codec
-# in the order of `codecs`; columns: step mean lo hi. Markers every 64 steps, staggered per
+# in the order of `codecs`; columns: step mean lo hi. Markers every nsteps/8 steps, staggered per
 # codec so that coinciding lines (Lexico and FAD-KV stay at 1) remain distinguishable.
 load plotdir.'/common.gp'
 set title ttl('Dictionary size during decoding')
@@ -10,9 +10,11 @@ set ylabel 'normalised dictionary size N_t / N'
 set autoscale xfix
 set offsets 0, 0, graph 0.03, graph 0.03
 nc = words(codecs)
+if (!exists("nsteps")) nsteps = 512
+mi = nsteps >= 16 ? int(nsteps / 8) : 1    # marker interval: about 8 markers per line
 plot for [i=1:nc] data index (i-1) u 1:3:4 w filledcurves \
          fs transparent solid 0.15 noborder lt cstyle(word(codecs,i)) notitle, \
      for [i=1:nc] data index (i-1) u 1:2 w lines lt cstyle(word(codecs,i)) notitle, \
-     for [i=1:nc] data index (i-1) every 64::(8*i) u 1:2 w points \
+     for [i=1:nc] data index (i-1) every mi::int(mi * i / (nc + 1)) u 1:2 w points \
          lt cstyle(word(codecs,i)) notitle, \
      for [i=1:nc] NaN w linespoints lt cstyle(word(codecs,i)) title ctitle(word(codecs,i))

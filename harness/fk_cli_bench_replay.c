@@ -1,0 +1,287 @@
+/* SPDX-License-Identifier: MIT
+ * `fadkv-bench bench replay`: the replay benchmark at paper scale (CLI layer).
+ *
+ * In one run, on the same data: every cell of the config (default configs/bench-3b.toml)
+ * timed end to end with its time breakdown and the process's peak resident memory; lexico
+ * on a subset of layers in the optimised path and in the reference mode (naive OMP
+ * recomputing D^T r, no Gram, one vector at a time) with their stored supports compared;
+ * lexico at 1 and 2 worker threads; and the OMP kernel benchmark at the same N, m, s, so
+ * every target is a ratio measured here.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <time.h>
+
+#include "fk_bench.h"
+#include "fk_codec.h"
+#include "fk_dict.h"
+#include "fk_err.h"
+#include "fk_replay.h"
+#include "fk_results.h"
+#include "fk_sweep.h"
+#include "fk_trace.h"
+
+int fk_cli_bench_replay(int argc, char **argv);
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static long peak_rss_kib(void)
+{
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    return ru.ru_maxrss;
+}
+
+struct timing {
+    double wall, io, corr, code, adapt, attn, metrics, gram, write;
+    long vectors;
+};
+
+static void sum_streams(const struct fk_cell_result *r, struct timing *t)
+{
+    t->io += r->t_io;
+    t->attn += r->t_attn;
+    t->metrics += r->t_metrics;
+    t->gram += r->t_gram;
+    t->vectors += r->vectors;
+    for (size_t i = 0; i < (size_t)r->n_traces * r->n_layers * 2; i++) {
+        t->corr += r->streams[i].st.t_corr;
+        t->code += r->streams[i].st.t_code;
+        t->adapt += r->streams[i].st.t_adapt;
+    }
+}
+
+static uint64_t supports_hash(const struct fk_cell_result *r, const uint8_t *layers)
+{
+    uint64_t h = 1469598103934665603ULL;
+    for (int t = 0; t < r->n_traces; t++)
+        for (int l = 0; l < r->n_layers; l++)
+            for (int k = 0; k < 2 && (!layers || layers[l]); k++) {
+                h ^= fk_cell_stream((struct fk_cell_result *)r, t, l, k)->support_hash;
+                h *= 1099511628211ULL;
+            }
+    return h;
+}
+
+static int run(const struct fk_cell_input *in, int jobs, int attention, int stride,
+               int reference, const uint8_t *layers, struct fk_cell_result *res,
+               struct timing *t)
+{
+    struct fk_replay_opts ro = {.jobs = jobs, .attention = attention, .attn_stride = stride,
+                                .recall = 0, .recall_every = 8, .reference = reference,
+                                .layers = layers};
+    double t0 = now_s();
+    int rc = fk_replay_cell(in, &ro, res);
+    if (t)
+        t->wall += now_s() - t0;
+    if (rc == FK_OK && t)
+        sum_streams(res, t);
+    return rc;
+}
+
+static void usage(FILE *f)
+{
+    fprintf(f, "usage: fadkv-bench bench replay [--config FILE] [--jobs N] [--ref-layers K]\n"
+               "       [--scale-layers K] [--no-kernel] [--only CODEC]\n"
+               "Runs every cell of FILE (default configs/bench-3b.toml) and prints vectors/s,\n"
+               "a time breakdown and peak memory; then lexico optimised vs reference mode on\n"
+               "the first K layers (default 2), lexico at 1 vs 2 threads on the first K layers\n"
+               "(default 8), and the OMP kernel benchmark at the same N, m, s.\n");
+}
+
+int fk_cli_bench_replay(int argc, char **argv)
+{
+    const char *config = "configs/bench-3b.toml", *only = NULL;
+    int jobs = 0, ref_layers = 2, scale_layers = 8, kernel = 1;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "--config") && v) {
+            config = v;
+            i++;
+        } else if (!strcmp(a, "--jobs") && v) {
+            jobs = atoi(v);
+            i++;
+        } else if (!strcmp(a, "--ref-layers") && v) {
+            ref_layers = atoi(v);
+            i++;
+        } else if (!strcmp(a, "--scale-layers") && v) {
+            scale_layers = atoi(v);
+            i++;
+        } else if (!strcmp(a, "--only") && v) {
+            only = v;
+            i++;
+        } else if (!strcmp(a, "--no-kernel")) {
+            kernel = 0;
+        } else if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            usage(stdout);
+            return 0;
+        } else {
+            usage(stderr);
+            return 2;
+        }
+    }
+    struct fk_sweep *s = NULL;
+    if (fk_sweep_load(config, NULL, 0, 1, &s) < 0) {
+        fprintf(stderr, "fadkv-bench bench replay: %s\n", fk_errmsg());
+        return 1;
+    }
+    if (jobs > 0)
+        s->jobs = jobs;
+    struct fk_dataset *ds = &s->datasets[0];
+    struct fk_trace **tr = calloc((size_t)ds->n_traces, sizeof *tr);
+    struct fk_dict *dict = NULL;
+    int rc = tr ? FK_OK : fk_err(FK_ENOMEM, "out of memory");
+    for (int i = 0; rc == FK_OK && i < ds->n_traces; i++)
+        rc = fk_trace_open(ds->traces[i], &tr[i]);
+    if (rc == FK_OK && ds->dict)
+        rc = fk_dict_load(ds->dict, &dict);
+    if (rc == FK_OK)
+        rc = fk_results_prepare(s->output);
+    if (rc < 0) {
+        fprintf(stderr, "fadkv-bench bench replay: %s\n", fk_errmsg());
+        fk_sweep_free(&s);
+        return 1;
+    }
+    const struct fk_trace_info *ti = fk_trace_get_info(tr[0]);
+    printf("bench replay: %s: %d trace(s), %d layers, %d/%d heads, head_dim %d, %d tokens "
+           "(%d prefill), N = %d, %d job(s), attention %s (stride %d)\n",
+           config, ds->n_traces, ti->n_layers, ti->n_q_heads, ti->n_kv_heads, ti->head_dim,
+           ti->n_tokens, ti->prompt_len, dict ? dict->n_atoms : 0, s->jobs,
+           s->attention ? "on" : "off", s->attn_stride);
+    printf("\n%-11s %8s %9s %7s | %6s %6s %6s %6s %6s %6s %6s %6s  (CPU s, summed over threads)\n",
+           "codec", "wall s", "vectors", "vec/s", "io", "gram", "corr", "code", "adapt", "attn",
+           "metric", "write");
+    double total_wall = 0;
+    const char **ids = calloc((size_t)s->n_cells + 1, sizeof(char *));
+    int n_ids = 0;
+    for (int c = 0; c < s->n_cells && rc == FK_OK; c++) {
+        struct fk_sweep_cell *cell = &s->cells[c];
+        if (only && strcmp(cell->ops->name, only))
+            continue;
+        struct fk_cell_input in = {.ops = cell->ops, .opts = cell->opts, .traces = tr,
+                                   .n_traces = ds->n_traces,
+                                   .dict = (cell->ops->caps & FK_CAP_DICT) ? dict : NULL};
+        struct fk_cell_result res;
+        struct timing t = {0};
+        rc = run(&in, s->jobs, s->attention, s->attn_stride, 0, NULL, &res, &t);
+        if (rc < 0)
+            break;
+        double w0 = now_s();
+        struct fk_cell_meta meta = {.ops = cell->ops, .opts = cell->opts, .dataset = ds->name,
+                                    .traces = (const char *const *)ds->traces,
+                                    .n_traces = ds->n_traces, .dict = ds->dict,
+                                    .attn_stride = s->attention ? s->attn_stride : 0};
+        memcpy(meta.id, cell->id, sizeof meta.id);
+        rc = fk_results_commit(s->output, &meta, &res);
+        ids[n_ids++] = cell->id;
+        t.write = now_s() - w0;
+        t.wall += t.write;
+        total_wall += t.wall;
+        printf("%-11s %8.1f %9ld %7.0f | %6.1f %6.1f %6.1f %6.1f %6.1f %6.1f %6.1f %6.2f\n",
+               cell->ops->name, t.wall, t.vectors, t.vectors / t.wall, t.io, t.gram, t.corr,
+               t.code, t.adapt, t.attn, t.metrics, t.write);
+        fflush(stdout);
+        fk_cell_result_free(&res);
+    }
+    if (rc == FK_OK)
+        rc = fk_results_tables(s->output, ids, n_ids);
+    free(ids);
+    long rss = peak_rss_kib();
+    if (rc == FK_OK)
+        printf("whole config: %.1f s wall; peak resident memory %.0f MiB\n", total_wall,
+               rss / 1024.0);
+
+    /* lexico: optimised vs reference on the first ref_layers layers, then 1 vs 2 threads */
+    const struct fk_codec_ops *lx = fk_codec_find("lexico");
+    void *lo = calloc(1, lx->opts_size);
+    struct fk_sweep_cell *lcell = NULL;
+    for (int c = 0; c < s->n_cells; c++)
+        if (s->cells[c].ops == lx)
+            lcell = &s->cells[c];
+    if (lo)
+        memcpy(lo, lcell ? lcell->opts : lo, lcell ? lx->opts_size : 0);
+    if (lo && !lcell)
+        fk_opts_defaults(lx, lo);
+    uint8_t *mask = calloc((size_t)ti->n_layers, 1);
+    if (rc == FK_OK && lo && mask && dict && ref_layers > 0) {
+        for (int l = 0; l < ti->n_layers && l < ref_layers; l++)
+            mask[l] = 1;
+        struct fk_cell_input in = {.ops = lx, .opts = lo, .traces = tr,
+                                   .n_traces = ds->n_traces, .dict = dict};
+        struct fk_cell_result a, b;
+        struct timing ta = {0}, tb = {0};
+        rc = run(&in, 1, 0, 16, 0, mask, &a, &ta);
+        if (rc == FK_OK)
+            rc = run(&in, 1, 0, 16, 1, mask, &b, &tb);
+        if (rc == FK_OK) {
+            int same = supports_hash(&a, mask) == supports_hash(&b, mask);
+            printf("\nlexico, first %d layer(s), 1 thread, no attention: optimised %.0f vec/s "
+                   "(%.2f s), reference %.0f vec/s (%.2f s): speed-up %.1fx; stored supports "
+                   "%s\n", ref_layers, ta.vectors / ta.wall, ta.wall, tb.vectors / tb.wall,
+                   tb.wall, tb.wall / ta.wall, same ? "identical" : "DIFFER");
+            fk_cell_result_free(&a);
+            fk_cell_result_free(&b);
+        }
+        memset(mask, 0, (size_t)ti->n_layers);
+        for (int l = 0; l < ti->n_layers && l < scale_layers; l++)
+            mask[l] = 1;
+        struct timing t1 = {0}, t2 = {0};
+        if (rc == FK_OK)
+            rc = run(&in, 1, 0, 16, 0, mask, &a, &t1);
+        if (rc == FK_OK) {
+            fk_cell_result_free(&a);
+            rc = run(&in, 2, 0, 16, 0, mask, &a, &t2);
+        }
+        if (rc == FK_OK) {
+            uint64_t h2 = supports_hash(&a, mask);
+            fk_cell_result_free(&a);
+            printf("lexico, first %d layer(s), no attention: 1 thread %.0f vec/s, 2 threads "
+                   "%.0f vec/s: %.2fx (supports hash %016llx at 2 threads)\n",
+                   scale_layers, t1.vectors / t1.wall, t2.vectors / t2.wall, t1.wall / t2.wall,
+                   (unsigned long long)h2);
+            if (kernel) {
+                struct fk_bench_omp_cfg kc;
+                fk_bench_omp_defaults(&kc);
+                kc.n_atoms = dict->n_atoms;
+                kc.dim = dict->head_dim;
+                const struct fk_option *os = fk_codec_option(lx, "s");
+                kc.sparsity = (int)fk_opts_get(lo, os);
+                kc.threads = 1;
+                kc.naive_signals = 0;
+                struct fk_bench_omp_data kd;
+                struct fk_bench_omp_result kr;
+                rc = fk_bench_omp_data_make(&kc, &kd);
+                if (rc == FK_OK) {
+                    rc = fk_bench_omp_run(&kc, &kd, &kr, NULL);
+                    fk_bench_omp_data_clear(&kd);
+                }
+                if (rc == FK_OK)
+                    printf("OMP kernel benchmark (N %d, m %d, s %d, 1 thread): %.0f vec/s; "
+                           "lexico replay at 1 thread = %.0f%% of it\n",
+                           kc.n_atoms, kc.dim, kc.sparsity, kr.e2e_vps,
+                           100.0 * (t1.vectors / t1.wall) / kr.e2e_vps);
+            }
+        }
+    }
+    free(mask);
+    free(lo);
+    for (int i = 0; i < ds->n_traces; i++)
+        fk_trace_close(&tr[i]);
+    free(tr);
+    fk_dict_free(&dict);
+    fk_sweep_free(&s);
+    if (rc < 0) {
+        fprintf(stderr, "fadkv-bench bench replay: %s\n", fk_errmsg());
+        return 1;
+    }
+    printf("peak resident memory of the whole benchmark: %.0f MiB\n", peak_rss_kib() / 1024.0);
+    return 0;
+}
