@@ -550,6 +550,12 @@ int main(int argc, char **argv)
         return fk_cli_synth(argc - 1, argv + 1);
     if (!strcmp(cmd, "trace"))
         return fk_cli_trace(argc - 1, argv + 1);
+    if (!strcmp(cmd, "plot"))
+        return fk_cli_plot(argc - 1, argv + 1);
+    if (!strcmp(cmd, "check"))
+        return fk_cli_check(argc - 1, argv + 1);
+    if (!strcmp(cmd, "merge"))
+        return fk_cli_merge(argc - 1, argv + 1);
     if (!strcmp(cmd, "train-dict"))
         return fk_cli_train_dict(argc - 1, argv + 1);
     if (!strcmp(cmd, "bench") && argc >= 3 && !strcmp(argv[2], "replay"))

@@ -2,8 +2,9 @@
  * Figure data export (see fk_plotdata.h and plots/README.md).
  *
  * Cell choice. A figure that shows "one line per codec" uses, for each (dataset, codec), the
- * representative cell: the finished cell whose options differ from the codec's defaults in
- * the fewest options (ties: the first in sweep order). The Fig. 1 diagnostics (pool recall,
+ * representative cell: the finished cell with the fewest options off the most common value
+ * of that option among the dataset's cells, then the fewest off the codec's defaults, then
+ * the first in sweep order. The Fig. 1 diagnostics (pool recall,
  * correlation profile, inactive atoms) use the representative cell of the first codec
  * present in the order lexico, lexico-adp, gm, fadkv, pl. Several datasets give one file
  * per dataset (suffix ".<dataset>").
@@ -407,7 +408,8 @@ struct cell {
     const char *id;              /* cell id */
     const char *codec;
     const char *dataset;
-    int n_diff;                  /* options differing from the codec's defaults */
+    int n_diff;                  /* rank: 1000 x options off the dataset's common values
+                                  * + options off the codec's defaults */
     struct seqv *seq;            /* [n_seq] per-sequence values, summary.csv order */
     int n_seq;                   /* sequences (traces) of the cell */
 };
@@ -460,6 +462,36 @@ static int count_nondefault(const struct store *st, const struct cell *c)
             n++;
     }
     free(def);
+    return n;
+}
+
+/* Options of a cell that differ from the most common value of that option among the
+ * finished cells of its dataset (first such value in sweep order on ties). */
+static int count_offmode(const struct store *st, const struct cell *c)
+{
+    const struct fk_csv *t = &st->cells;
+    int n = 0;
+    for (int j = st->col_first_opt; j < st->col_end_opt; j++) {
+        const char *v = t->rows[c->row][j];
+        if (!v[0])
+            continue;
+        const char *mode = NULL;
+        int best = 0;
+        for (int a = 0; a < st->n; a++) {
+            const char *u = t->rows[st->c[a].row][j];
+            if (!u[0] || strcmp(st->c[a].dataset, c->dataset))
+                continue;
+            int k = 0;
+            for (int b = 0; b < st->n; b++)
+                k += !strcmp(st->c[b].dataset, c->dataset) &&
+                     !strcmp(t->rows[st->c[b].row][j], u);
+            if (k > best) {
+                best = k;
+                mode = u;
+            }
+        }
+        n += mode && strcmp(mode, v);
+    }
     return n;
 }
 
@@ -556,13 +588,16 @@ static int store_load(struct store *st, const char *dir, const char *data_dir)
         c->id = t->rows[i][ci];
         c->codec = t->rows[i][cc];
         c->dataset = t->rows[i][cd];
-        c->n_diff = count_nondefault(st, c);
         int seen = 0;
         for (int d = 0; d < st->n_ds; d++)
             seen |= !strcmp(st->datasets[d], c->dataset);
         if (!seen)
             st->datasets[st->n_ds++] = t->rows[i][cd];
     }
+    /* representative-cell rank: options off the dataset's common values, then off the
+     * codec's defaults */
+    for (int i = 0; i < st->n; i++)
+        st->c[i].n_diff = count_offmode(st, &st->c[i]) * 1000 + count_nondefault(st, &st->c[i]);
     return load_seqs(st);
 }
 
@@ -576,7 +611,7 @@ static void store_free(struct store *st)
     fk_csv_free(&st->sum);
 }
 
-/* The representative cell of (dataset, codec): fewest non-default options, then first. */
+/* The representative cell of (dataset, codec): lowest n_diff, then first. */
 static struct cell *representative(struct store *st, const char *ds, const char *codec)
 {
     struct cell *best = NULL;
@@ -774,6 +809,8 @@ static int h5_series(struct h5cell *h, int t, int l, int k, const char *name, do
     return FK_OK;
 }
 
+static long dict_atoms(const char *path);
+
 /* ---- Fig. 1 ----------------------------------------------------------------------------- */
 
 static struct cell *diag_cell(struct store *st, const char *ds)
@@ -834,7 +871,10 @@ static int fig1a(struct store *st, struct fk_plot_set *set, const char *ds, stru
                 "# cell %s (%s, dataset %s), %d sequence(s); mean over layers, then over "
                 "sequences, 95%% bootstrap interval\n# n K_mean K_lo K_hi V_mean V_lo V_hi\n",
             c->id, c->codec, ds, T);
+    long N = dict_atoms(cstr(st, c, "dictionary"));
     for (int q = 0; q < 8 && rc == FK_OK; q++) {
+        if (N > 0 && recall_ns[q] > N)
+            break;    /* a pool of all N atoms holds every atom: recall 1 by definition */
         bprintf(&b, "%d", recall_ns[q]);
         for (int k = 0; k < 2 && rc == FK_OK; k++) {
             double m, lo, hi;
@@ -858,7 +898,11 @@ static int fig1a(struct store *st, struct fk_plot_set *set, const char *ds, stru
     FK_TRY(buf_write(&b, p));
     fig_var(f, "data", p);
     char t[512];
-    snprintf(t, sizeof t, "%s, %s, s = %s", ds, codec_display(c->codec), cstr(st, c, "s"));
+    if (N > 0)
+        snprintf(t, sizeof t, "%s, %s, N = %ld, s = %s", ds, codec_display(c->codec), N,
+                 cstr(st, c, "s"));
+    else
+        snprintf(t, sizeof t, "%s, %s, s = %s", ds, codec_display(c->codec), cstr(st, c, "s"));
     fig_text(f, "subtitle", t);
     return FK_OK;
 }
@@ -1737,9 +1781,9 @@ static int table4(struct store *st, struct fk_plot_set *set, const char *out_dir
         }
     }
     bprintf(&tex, "\\hline\n\\end{tabular}\n");
-    bprintf(&md, "\nOne row per (dataset, codec): the representative cell (fewest non-default "
-                 "options). Cost and CPU time are per encoded vector, relative to the "
-                 "Lexico-ADP cell of the same dataset and s. Bytes/token and GB/seq are "
+    bprintf(&md, "\nOne row per (dataset, codec): the representative cell (options closest to "
+                 "the dataset's common values). Cost and CPU time are per encoded vector, "
+                 "relative to the Lexico-ADP cell of the same dataset and s. Bytes/token and GB/seq are "
                  "replay memory (codes + buffer + appended atoms; the shared universal "
                  "dictionary excluded). Rel. error: mean over K/V, layers and sequences.%s\n",
             multi ? " ± is half the 95% bootstrap interval over sequences (2000 resamples)."

@@ -15,7 +15,7 @@ set border 15
 set xlabel xtitle
 set ylabel ytitle
 set cbtics scale 0.5
-set multiplot layout 1,3 title ttl(main) margins 0.06, 0.95, 0.15, 0.82 spacing 0.08, 0
+set multiplot layout 1,3 title ttl(main) margins 0.075, 0.925, 0.15, 0.82 spacing 0.085, 0
 set title 'relative error (encode time)'
 plot data u 1:2:(0.5):(0.5):3:xtic(5):ytic(6) w boxxyerror fs solid 1 noborder lc palette notitle, \
      ''   u 1:2:7 w labels boxed notitle

@@ -245,8 +245,9 @@ def test_dump(tmp, enc, queries=True):
     P = len(prompt)
     with torch.no_grad():
         # chunk_tokens=4 makes the 16-token trace span several chunks and partial appends
+        # flush_tokens=3 for bf16: prefill in one write, then flushes every 3 tokens
         with fw.TraceWriter(path, trace_attrs(model, P, enc), enc, queries=queries,
-                            chunk_tokens=4) as w:
+                            chunk_tokens=4, flush_tokens=3 if enc == "bfloat16" else 64) as w:
             gen, reason = dump_hf.decode_and_record(lambda ids: model(ids, cache), cache,
                                                     capture, w, prompt, steps,
                                                     dump_hf.Sampler(greedy=True))
@@ -624,19 +625,68 @@ def test_main(tmp):
             sys.modules.pop(k, None)
 
 
+def test_sweep(traces, dictionary, tmp):
+    """The dumped traces replay through a sweep with the imported Lexico dictionary: the C
+    reader decodes every layer (bf16 and fp16 widening, finiteness check), `full` is exact
+    and `lexico` (OMP, s = 4 of 40 atoms) has a nonzero error below 1."""
+    if BIN is None:
+        return
+    cfg = os.path.join(tmp, "sweep.toml")
+    res = os.path.join(tmp, "results")
+    with open(cfg, "w") as f:
+        f.write('[sweep]\nname = "python-tools"\noutput = "%s"\njobs = 1\nattention = true\n'
+                'attn_stride = 1\n\n[[dataset]]\nname = "tiny"\ntraces = [%s]\n'
+                'dictionary = "%s"\ndefaults = { s = 4, n = 8, n_b = 4 }\n\n'
+                '[[codec]]\nname = "full"\n\n[[codec]]\nname = "lexico"\n'
+                % (res, ", ".join('"%s"' % t for t in traces), dictionary))
+    r = subprocess.run([BIN, "--config", cfg], capture_output=True, text=True, cwd=tmp)
+    if not check(r.returncode == 0, "sweep over the dumped traces with the imported "
+                 "dictionary: exit 0"):
+        print(r.stdout + r.stderr)
+        return
+    rows = open(os.path.join(res, "summary.csv")).read().splitlines()
+    head = rows[0].split(",")
+    col = {n: head.index(n) for n in ("codec", "trace", "layer", "kind", "rel_err_mean",
+                                      "n_vectors")}
+    cells = [dict((n, row.split(",")[i]) for n, i in col.items()) for row in rows[1:]]
+    names = {os.path.basename(t) for t in traces}
+    check({c["trace"] for c in cells} == names and len(cells) == 2 * len(traces) * 3 * 2 and
+          all(c["n_vectors"] == "24" for c in cells),
+          "sweep: one row per (codec, trace, layer, kind), each 2 heads x (16 - n_b 4) "
+          "vectors")
+    full = [float(c["rel_err_mean"]) for c in cells if c["codec"] == "full"]
+    lex = [float(c["rel_err_mean"]) for c in cells if c["codec"] == "lexico"]
+    check(all(e == 0 for e in full) and all(0 < e < 1 for e in lex),
+          "sweep: full is exact, lexico error in (0, 1) (%.3f .. %.3f)" % (min(lex), max(lex)))
+    # The three traces hold the same model's tensors rounded to bf16, fp16 and fp32: if the
+    # C reader decoded one encoding wrongly its error would stand apart.
+    by = {}
+    for c in cells:
+        if c["codec"] == "lexico":
+            by.setdefault((c["layer"], c["kind"]), []).append(float(c["rel_err_mean"]))
+    spread = max(max(v) - min(v) for v in by.values())
+    check(spread < 0.01, "sweep: lexico errors of the bf16/fp16/fp32 traces agree per "
+          "(layer, kind) within 0.01 (max spread %.2g)" % spread)
+
+
 def main():
     check("transformers" not in sys.modules, "dump_hf imports without transformers")
     with tempfile.TemporaryDirectory() as tmp:
-        for enc in ("bfloat16", "float16", "float32"):
-            test_dump(tmp, enc)
-        test_dump(tmp, "bfloat16", queries=False)
-    test_sampling()
-    with tempfile.TemporaryDirectory() as tmp:
-        test_writer_guards(tmp)
-    with tempfile.TemporaryDirectory() as tmp:
-        test_import(tmp)
-    with tempfile.TemporaryDirectory() as tmp:
-        test_main(tmp)
+        dumps = os.path.join(tmp, "dumps")
+        os.mkdir(dumps)
+        traces = [test_dump(dumps, enc) for enc in ("bfloat16", "float16", "float32")]
+        test_dump(dumps, "bfloat16", queries=False)  # (kept out of the sweep: no queries)
+        test_sampling()
+        guards = os.path.join(tmp, "guards")
+        os.mkdir(guards)
+        test_writer_guards(guards)
+        imports = os.path.join(tmp, "imports")
+        os.mkdir(imports)
+        test_import(imports)
+        test_sweep(traces, os.path.join(imports, "lexico-0.h5"), tmp)
+        fake = os.path.join(tmp, "fake")
+        os.mkdir(fake)
+        test_main(fake)
     if FAILURES:
         print("%d check(s) failed" % len(FAILURES))
         return 1
