@@ -50,5 +50,13 @@ if [ "$mode" = run ]; then
 fi
 
 if [ "$mode" = test ]; then
-    meson test -C build --print-errorlogs --num-processes 2
+    log=$(mktemp)
+    status=0
+    meson test -C build --print-errorlogs --num-processes 2 | tee "$log" || status=$?
+    ok=$(sed -n 's/^Ok: *\([0-9]*\).*/\1/p' "$log")
+    fail=$(sed -n 's/^Fail: *\([0-9]*\).*/\1/p' "$log")
+    skip=$(sed -n 's/^Skipped: *\([0-9]*\).*/\1/p' "$log")
+    rm -f "$log"
+    echo "${ok:-0} passed, ${fail:-0} failed, ${skip:-0} skipped"
+    exit $status
 fi

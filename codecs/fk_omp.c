@@ -477,6 +477,121 @@ int fk_omp_gram(const struct fk_dict_view *d, const float *x, const float *a, in
     return FK_OK;
 }
 
+/* ---- naive mode ----------------------------------------------------------------------- */
+
+#define DL 16 /* double accumulator lanes of the naive mode's inner products */
+#define FL 16 /* float accumulator lanes of the candidate correlations */
+
+/* Sum of n lanes (a power of two) in a fixed pairwise order. */
+static inline double lsum_d(double *acc, int n)
+{
+    for (int w = n / 2; w >= 1; w /= 2)
+        for (int l = 0; l < w; l++)
+            acc[l] += acc[l + w];
+    return acc[0];
+}
+
+static inline float lsum_f(float *acc, int n)
+{
+    for (int w = n / 2; w >= 1; w /= 2)
+        for (int l = 0; l < w; l++)
+            acc[l] += acc[l + w];
+    return acc[0];
+}
+
+/* sum_i a_i b_i in double (exact float products, DL lanes, fixed order: the same bits in
+ * every clone, as nothing is reassociated or contracted). */
+FK_CLONES static double dot_fd(const float *restrict a, const float *restrict b, int m)
+{
+    double acc[DL] = {0};
+    int i = 0;
+    for (; i + DL <= m; i += DL)
+        for (int l = 0; l < DL; l++)
+            acc[l] += (double)a[i + l] * b[i + l];
+    for (int l = 0; i + l < m; l++)
+        acc[l] += (double)a[i + l] * b[i + l];
+    return lsum_d(acc, DL);
+}
+
+/* d . r in float with FL lanes, one row (the same arithmetic per row as corr4). */
+FK_CLONES static float corr1(const float *restrict d, const float *restrict r, int m)
+{
+    float acc[FL] = {0};
+    int i = 0;
+    for (; i + FL <= m; i += FL)
+        for (int l = 0; l < FL; l++)
+            acc[l] += d[i + l] * r[i + l];
+    for (int l = 0; i + l < m; l++)
+        acc[l] += d[i + l] * r[i + l];
+    return lsum_f(acc, FL);
+}
+
+/* Four rows at once sharing the loads of r; each row's result equals corr1's. */
+FK_CLONES static void corr4(const float *restrict d0, const float *restrict d1,
+                            const float *restrict d2, const float *restrict d3,
+                            const float *restrict r, int m, float *restrict out)
+{
+    float a0[FL] = {0}, a1[FL] = {0}, a2[FL] = {0}, a3[FL] = {0};
+    int i = 0;
+    for (; i + FL <= m; i += FL)
+        for (int l = 0; l < FL; l++) {
+            float rv = r[i + l];
+            a0[l] += d0[i + l] * rv;
+            a1[l] += d1[i + l] * rv;
+            a2[l] += d2[i + l] * rv;
+            a3[l] += d3[i + l] * rv;
+        }
+    for (int l = 0; i + l < m; l++) {
+        float rv = r[i + l];
+        a0[l] += d0[i + l] * rv;
+        a1[l] += d1[i + l] * rv;
+        a2[l] += d2[i + l] * rv;
+        a3[l] += d3[i + l] * rv;
+    }
+    out[0] = lsum_f(a0, FL);
+    out[1] = lsum_f(a1, FL);
+    out[2] = lsum_f(a2, FL);
+    out[3] = lsum_f(a3, FL);
+}
+
+/* c[p] = d_{cand[p]} . r for the nc candidates. */
+static void corr_cand(const float *atoms, int m, const int32_t *cand, int nc, const float *r,
+                      float *c)
+{
+    int p = 0;
+    for (; p + 4 <= nc; p += 4)
+        corr4(atoms + (size_t)cand[p] * m, atoms + (size_t)cand[p + 1] * m,
+              atoms + (size_t)cand[p + 2] * m, atoms + (size_t)cand[p + 3] * m, r, m, c + p);
+    for (; p < nc; p++)
+        c[p] = corr1(atoms + (size_t)cand[p] * m, r, m);
+}
+
+/* r = x - D_S gamma: rx in double (atoms subtracted in support order), r rounded to float. */
+FK_CLONES static void resid_naive(const float *restrict atoms, int m, const float *restrict x,
+                                  const int32_t *idx, const double *gamma, int k,
+                                  double *restrict rx, float *restrict r)
+{
+    for (int i = 0; i < m; i++)
+        rx[i] = x[i];
+    for (int l = 0; l < k; l++) {
+        const float *restrict at = atoms + (size_t)idx[l] * m;
+        double g = gamma[l];
+        for (int i = 0; i < m; i++)
+            rx[i] -= g * at[i];
+    }
+    for (int i = 0; i < m; i++)
+        r[i] = (float)rx[i];
+}
+
+/* ||rx||^2 with DL lanes. */
+static double energy_naive(const double *rx, int m)
+{
+    double acc[DL] = {0};
+    for (int i = 0; i < m; i++)
+        acc[i % DL] += rx[i] * rx[i];
+    return lsum_d(acc, DL);
+}
+
 /* Candidate-restricted argmax for naive mode: |c_i| largest, ties to the smaller atom id. */
 static int argmax_cand(const float *c, const int32_t *cand, int nc, const uint8_t *mask,
                        const uint8_t *dead, float *best)
@@ -514,7 +629,7 @@ int fk_omp_naive(const struct fk_dict_view *d, const float *x, const float *a,
         if (cand[p] < 0 || cand[p] >= n)
             return fk_err(FK_EINVAL, "fk_omp_naive: candidate %d is atom %d, outside 0..%d", p,
                           cand[p], n - 1);
-    double xx = dot_xx(x, m);
+    double xx = dot_fd(x, x, m);
     code_init(out, xx);
     if (xx <= 1e-30) {
         out->flags |= FK_CODE_ZERO;
@@ -546,8 +661,7 @@ int fk_omp_naive(const struct fk_dict_view *d, const float *x, const float *a,
             cblas_sgemv(CblasRowMajor, CblasNoTrans, n, m, 1.0f, d->atoms, m, r, 1, 0.0f, ws.c,
                         1);
         } else {
-            for (int p = 0; p < nc; p++)
-                ws.c[p] = cblas_sdot(m, d->atoms + (size_t)cand[p] * m, 1, r, 1);
+            corr_cand(d->atoms, m, cand, nc, r, ws.c);
         }
         int accepted = 0;
         while (!accepted) {
@@ -561,16 +675,9 @@ int fk_omp_naive(const struct fk_dict_view *d, const float *x, const float *a,
             out->iters++;
             int k = out->k;
             const float *dj = d->atoms + (size_t)j * m;
-            double gjj = 0.0;
-            for (int i = 0; i < m; i++)
-                gjj += (double)dj[i] * dj[i];
-            for (int l = 0; l < k; l++) {
-                const float *dl = d->atoms + (size_t)out->idx[l] * m;
-                double g = 0.0;
-                for (int i = 0; i < m; i++)
-                    g += (double)dl[i] * dj[i];
-                ws.w[l] = g;
-            }
+            double gjj = dot_fd(dj, dj, m);
+            for (int l = 0; l < k; l++)
+                ws.w[l] = dot_fd(d->atoms + (size_t)out->idx[l] * m, dj, m);
             double ww = fwd_solve(ws.L, ld, k, ws.w, ws.w);
             double delta2 = gjj - ww;
             ws.mask[j] = 1;
@@ -583,13 +690,10 @@ int fk_omp_naive(const struct fk_dict_view *d, const float *x, const float *a,
                 ws.L[k * ld + l] = ws.w[l];
             ws.L[k * ld + k] = lkk;
             double aj;
-            if (a) {
+            if (a)
                 aj = a[j];
-            } else {
-                aj = 0.0;
-                for (int i = 0; i < m; i++)
-                    aj += (double)dj[i] * x[i];
-            }
+            else
+                aj = dot_fd(dj, x, m);
             double wz = 0.0;
             for (int l = 0; l < k; l++)
                 wz += ws.w[l] * ws.z[l];
@@ -608,15 +712,14 @@ int fk_omp_naive(const struct fk_dict_view *d, const float *x, const float *a,
         if (out->k == s_eff)
             break;
         back_solve(ws.L, ld, out->k, ws.z, ws.gamma);
-        resid_energy(d, x, out->idx, ws.gamma, out->k, ws.rx);
-        for (int i = 0; i < m; i++)
-            ws.r[i] = (float)ws.rx[i];
+        resid_naive(d->atoms, m, x, out->idx, ws.gamma, out->k, ws.rx, ws.r);
         r = ws.r;
     }
 done:
     back_solve(ws.L, ld, out->k, ws.z, ws.gamma);
     for (int l = 0; l < out->k; l++)
         out->coef[l] = ws.gamma[l];
-    out->err2 = resid_energy(d, x, out->idx, ws.gamma, out->k, ws.rx);
+    resid_naive(d->atoms, m, x, out->idx, ws.gamma, out->k, ws.rx, ws.r);
+    out->err2 = energy_naive(ws.rx, m);
     return FK_OK;
 }

@@ -2,9 +2,16 @@
  * Top-n correlation screening (spec: algorithms.md 3.2) and ridge / damped Gauss-Newton
  * coefficient refinement on a fixed support (spec 3.6).
  *
- * Top-n is a quickselect on the pairs (|a_j|, j) under the total order "larger |a| first,
- * then smaller index", so every pair is distinct and the result is unique: O(n_atoms)
- * expected, then an optional O(n log n) heapsort of the n kept atoms.
+ * Top-n selects under the total order "larger |a| first, then smaller index", so the result
+ * is unique. |a_j| is ranked through its bit pattern (for non-negative floats the unsigned
+ * order of the bits is the numeric order), as a key: dead atoms 0, NaN 1, else bits + 2.
+ * Small n (PL: n = s): one pass keeping the n best in a sorted list; blocks whose largest key
+ * cannot enter it are skipped. Larger n (GM: the pool): a radix select, O(n_atoms): one
+ * histogram of the top key bits finds the bin holding the n-th largest key; one pass emits
+ * the atoms above that bin (ascending index, no sort) and collects that bin's atoms; the
+ * exact threshold key within the bin is resolved on those few candidates, ties going to the
+ * smaller index; the two ascending lists are merged. Only an ordered pool (sort != 0) is
+ * sorted, O(n log n).
  */
 #include "fk_sparse.h"
 
@@ -14,93 +21,241 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* Pair a precedes pair b in the screening order. */
-static int before(float ka, int32_t ia, float kb, int32_t ib)
+#define TOPN_SMALL 32 /* n up to this: the sorted-list pass */
+#define TOPN_BLK 32   /* keys per block of the sorted-list pass */
+#define H1_SHIFT 20   /* first radix level: key bits 30..20 */
+#define H1_BINS 2048
+#define H2_SHIFT 9    /* second level: bits 19..9; third level: bits 8..0 */
+#define H2_BINS 2048
+#define H3_BINS 512
+#define CAND_SORT 64  /* candidates up to this: resolved by insertion sort */
+#define DL 16         /* double accumulator lanes of the refinement's inner products */
+#define RCHUNK 64     /* residual coordinates per chunk */
+
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__)
+#define FK_CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define FK_CLONES
+#endif
+
+/* Screening key of |a_j|: unsigned order = screening order (dead 0, NaN 1, else bits + 2). */
+static inline uint32_t screen_key(float v)
+{
+    uint32_t b;
+    memcpy(&b, &v, sizeof b);
+    b &= 0x7FFFFFFFu;
+    return b > 0x7F800000u ? 1u : b + 2u;
+}
+
+/* keys[j] for every atom; returns the number of live atoms. */
+static int make_keys(const float *a, const uint8_t *dead, int n_atoms, uint32_t *key)
+{
+    for (int j = 0; j < n_atoms; j++)
+        key[j] = screen_key(a[j]);
+    if (!dead)
+        return n_atoms;
+    int live = 0;
+    for (int j = 0; j < n_atoms; j++) {
+        uint32_t keep = dead[j] ? 0u : ~0u;
+        key[j] &= keep;
+        live += (int)(keep & 1u);
+    }
+    return live;
+}
+
+/* Pair (ka, ia) precedes pair (kb, ib) in the screening order. */
+static int before(uint32_t ka, int32_t ia, uint32_t kb, int32_t ib)
 {
     return ka > kb || (ka == kb && ia < ib);
 }
 
-static void swap_pair(float *key, int32_t *id, int i, int j)
+static void sift_down(const uint32_t *key, int32_t *id, int root, int end)
 {
-    float tk = key[i];
-    key[i] = key[j];
-    key[j] = tk;
-    int32_t ti = id[i];
-    id[i] = id[j];
-    id[j] = ti;
-}
-
-/* Rearranges [lo, hi) so that position kth holds the element it would hold when sorted,
- * with every element before it preceding it. */
-static void select_kth(float *key, int32_t *id, int lo, int hi, int kth)
-{
-    while (hi - lo > 1) {
-        int mid = lo + (hi - lo) / 2, last = hi - 1;
-        /* median of three moved to last */
-        if (before(key[mid], id[mid], key[lo], id[lo]))
-            swap_pair(key, id, mid, lo);
-        if (before(key[last], id[last], key[lo], id[lo]))
-            swap_pair(key, id, last, lo);
-        if (before(key[mid], id[mid], key[last], id[last]))
-            swap_pair(key, id, mid, last);
-        float pk = key[last];
-        int32_t pi = id[last];
-        int store = lo;
-        for (int i = lo; i < last; i++) {
-            if (before(key[i], id[i], pk, pi)) {
-                swap_pair(key, id, i, store);
-                store++;
-            }
-        }
-        swap_pair(key, id, store, last);
-        if (store == kth)
+    for (;;) {
+        int ch = 2 * root + 1;
+        if (ch >= end)
             return;
-        if (kth < store)
-            hi = store;
-        else
-            lo = store + 1;
+        if (ch + 1 < end && before(key[id[ch]], id[ch], key[id[ch + 1]], id[ch + 1]))
+            ch++;
+        if (!before(key[id[root]], id[root], key[id[ch]], id[ch]))
+            return;
+        int32_t t = id[root];
+        id[root] = id[ch];
+        id[ch] = t;
+        root = ch;
     }
 }
 
-/* Heapsort of n pairs into screening order (first = largest |a|). */
-static void sort_pairs(float *key, int32_t *id, int n)
+/* Heapsort of n atom ids into screening order (first = largest key): a max-heap under
+ * "comes later", whose root is the id that belongs last. */
+static void sort_ids(const uint32_t *key, int32_t *id, int n)
 {
-    /* max-heap under "comes later": the root is the pair that belongs last */
-    for (int start = n / 2 - 1; start >= 0; start--) {
-        int root = start;
-        for (;;) {
-            int ch = 2 * root + 1;
-            if (ch >= n)
-                break;
-            if (ch + 1 < n && before(key[ch], id[ch], key[ch + 1], id[ch + 1]))
-                ch++;
-            if (!before(key[root], id[root], key[ch], id[ch]))
-                break;
-            swap_pair(key, id, root, ch);
-            root = ch;
-        }
-    }
+    for (int start = n / 2 - 1; start >= 0; start--)
+        sift_down(key, id, start, n);
     for (int end = n - 1; end > 0; end--) {
-        swap_pair(key, id, 0, end);
-        int root = 0;
-        for (;;) {
-            int ch = 2 * root + 1;
-            if (ch >= end)
-                break;
-            if (ch + 1 < end && before(key[ch], id[ch], key[ch + 1], id[ch + 1]))
-                ch++;
-            if (!before(key[root], id[root], key[ch], id[ch]))
-                break;
-            swap_pair(key, id, root, ch);
-            root = ch;
-        }
+        int32_t t = id[0];
+        id[0] = id[end];
+        id[end] = t;
+        sift_down(key, id, 0, end);
     }
 }
 
-static int cmp_i32(const void *pa, const void *pb)
+static void sort_ascending(int32_t *v, int n)
 {
-    int32_t a = *(const int32_t *)pa, b = *(const int32_t *)pb;
-    return (a > b) - (a < b);
+    for (int i = 1; i < n; i++) {
+        int32_t t = v[i];
+        int p = i;
+        for (; p > 0 && v[p - 1] > t; p--)
+            v[p] = v[p - 1];
+        v[p] = t;
+    }
+}
+
+/* Small n: one pass keeping the n_eff best (key desc, index asc) in a sorted list. */
+static void topn_small(const uint32_t *key, int n_atoms, int n_eff, int sort, int32_t *out)
+{
+    uint32_t lk[TOPN_SMALL];
+    int32_t li[TOPN_SMALL];
+    int cnt = 0;
+    uint32_t thr = 0; /* a key must exceed thr to enter: 0 until the list is full */
+    for (int b0 = 0; b0 < n_atoms; b0 += TOPN_BLK) {
+        int len = n_atoms - b0 < TOPN_BLK ? n_atoms - b0 : TOPN_BLK;
+        const uint32_t *kb = key + b0;
+        uint32_t mx = 0;
+        if (len == TOPN_BLK) {
+            for (int i = 0; i < TOPN_BLK; i++)
+                mx = kb[i] > mx ? kb[i] : mx;
+        } else {
+            for (int i = 0; i < len; i++)
+                mx = kb[i] > mx ? kb[i] : mx;
+        }
+        if (mx <= thr)
+            continue;
+        for (int i = 0; i < len; i++) {
+            uint32_t k = kb[i];
+            if (k <= thr)
+                continue;
+            /* later atoms lose ties, so k goes after every key >= k */
+            int p = cnt < n_eff ? cnt : n_eff - 1;
+            for (; p > 0 && lk[p - 1] < k; p--) {
+                lk[p] = lk[p - 1];
+                li[p] = li[p - 1];
+            }
+            lk[p] = k;
+            li[p] = b0 + i;
+            if (cnt < n_eff)
+                cnt++;
+            if (cnt == n_eff)
+                thr = lk[n_eff - 1];
+        }
+    }
+    memcpy(out, li, sizeof(int32_t) * (size_t)n_eff);
+    if (!sort)
+        sort_ascending(out, n_eff);
+}
+
+/* The bin holding the r-th largest (1-based) of a histogram; *above = count in higher bins. */
+static int find_bin(const uint32_t *hist, int nbins, int r, int *above)
+{
+    int cum = 0;
+    for (int b = nbins - 1; b > 0; b--) {
+        if (cum + (int)hist[b] >= r) {
+            *above = cum;
+            return b;
+        }
+        cum += (int)hist[b];
+    }
+    *above = cum;
+    return 0;
+}
+
+/* Descending insertion of key k into kbuf[0 .. n). */
+static void insert_desc(uint32_t *kbuf, int n, uint32_t k)
+{
+    int p = n;
+    for (; p > 0 && kbuf[p - 1] < k; p--)
+        kbuf[p] = kbuf[p - 1];
+    kbuf[p] = k;
+}
+
+/* The r-th largest key (1-based) among the keys of the nc candidates (which share key bits
+ * 30..20); cand is only read. */
+static uint32_t kth_key(const uint32_t *key, const int32_t *cand, int nc, int r)
+{
+    uint32_t kbuf[CAND_SORT];
+    if (nc <= CAND_SORT) {
+        for (int i = 0; i < nc; i++)
+            insert_desc(kbuf, i, key[cand[i]]);
+        return kbuf[r - 1];
+    }
+    uint32_t hist[H2_BINS]; /* bits 19..9 */
+    memset(hist, 0, sizeof hist);
+    for (int i = 0; i < nc; i++)
+        hist[(key[cand[i]] >> H2_SHIFT) & (H2_BINS - 1)]++;
+    int above;
+    uint32_t b2 = (uint32_t)find_bin(hist, H2_BINS, r, &above);
+    r -= above;
+    int n2 = (int)hist[b2];
+    if (n2 <= CAND_SORT) {
+        int c = 0;
+        for (int i = 0; i < nc; i++) {
+            uint32_t k = key[cand[i]];
+            if (((k >> H2_SHIFT) & (H2_BINS - 1)) == b2)
+                insert_desc(kbuf, c++, k);
+        }
+        return kbuf[r - 1];
+    }
+    uint32_t hi = 0; /* bits 30..9 shared by the level-3 candidates */
+    for (int b = 0; b < H3_BINS; b++)
+        hist[b] = 0;
+    for (int i = 0; i < nc; i++) {
+        uint32_t k = key[cand[i]];
+        if (((k >> H2_SHIFT) & (H2_BINS - 1)) == b2) {
+            hist[k & (H3_BINS - 1)]++;
+            hi = k & ~(uint32_t)(H3_BINS - 1);
+        }
+    }
+    return hi | (uint32_t)find_bin(hist, H3_BINS, r, &above);
+}
+
+/* Larger n: radix select (see the file comment). cand: n_atoms int32 of scratch. */
+static void topn_radix(const uint32_t *key, int n_atoms, int n_eff, int32_t *out,
+                       int32_t *cand)
+{
+    uint32_t hist[H1_BINS];
+    memset(hist, 0, sizeof hist);
+    for (int j = 0; j < n_atoms; j++)
+        hist[key[j] >> H1_SHIFT]++;
+    int above;
+    uint32_t b = (uint32_t)find_bin(hist, H1_BINS, n_eff, &above);
+    /* atoms above bin b are all in; bin b's atoms are candidates, both in index order */
+    int nd = 0, nc = 0;
+    for (int j = 0; j < n_atoms; j++) {
+        uint32_t kb = key[j] >> H1_SHIFT;
+        if (kb > b)
+            out[nd++] = j;
+        else if (kb == b)
+            cand[nc++] = j;
+    }
+    int r = n_eff - above; /* 1 <= r <= nc */
+    uint32_t thr = kth_key(key, cand, nc, r);
+    int gt = 0;
+    for (int i = 0; i < nc; i++)
+        gt += key[cand[i]] > thr;
+    int ties = r - gt, nk = 0;
+    for (int i = 0; i < nc; i++) {
+        uint32_t k = key[cand[i]];
+        if (k > thr || (k == thr && ties-- > 0))
+            cand[nk++] = cand[i];
+    }
+    /* merge the two ascending lists from the back into out[0 .. n_eff) */
+    int i = nd - 1, q = nk - 1;
+    for (int w = n_eff - 1; q >= 0; w--) {
+        if (i >= 0 && out[i] > cand[q])
+            out[w] = out[i--];
+        else
+            out[w] = cand[q--];
+    }
 }
 
 int fk_topn(const float *a, const uint8_t *dead, int n_atoms, int n, int sort, int32_t *out,
@@ -108,30 +263,76 @@ int fk_topn(const float *a, const uint8_t *dead, int n_atoms, int n, int sort, i
 {
     if (n <= 0 || n_atoms <= 0)
         return 0;
-    float *key = work;
-    int32_t *id = (int32_t *)(void *)(work + n_atoms);
-    int live = 0;
-    for (int j = 0; j < n_atoms; j++) {
-        if (dead && dead[j])
-            continue;
-        float v = fabsf(a[j]);
-        key[live] = isnan(v) ? -1.0f : v;
-        id[live] = j;
-        live++;
-    }
+    uint32_t *key = (uint32_t *)(void *)work;
+    int live = make_keys(a, dead, n_atoms, key);
     int n_eff = n < live ? n : live;
     if (n_eff <= 0)
         return 0;
-    if (n_eff < live)
-        select_kth(key, id, 0, live, n_eff - 1);
-    if (sort) {
-        sort_pairs(key, id, n_eff);
-        memcpy(out, id, (size_t)n_eff * sizeof *out);
-    } else {
-        memcpy(out, id, (size_t)n_eff * sizeof *out);
-        qsort(out, (size_t)n_eff, sizeof *out, cmp_i32);
+    if (n_eff <= TOPN_SMALL) {
+        topn_small(key, n_atoms, n_eff, sort, out);
+        return n_eff;
     }
+    if (n_eff == live) {
+        int c = 0;
+        for (int j = 0; j < n_atoms; j++)
+            if (key[j])
+                out[c++] = j;
+    } else {
+        topn_radix(key, n_atoms, n_eff, out, (int32_t *)(void *)(work + n_atoms));
+    }
+    if (sort)
+        sort_ids(key, out, n_eff);
     return n_eff;
+}
+
+/* Sum of DL lanes in a fixed pairwise order. */
+static inline double lanes_sum(double *acc)
+{
+    for (int w = DL / 2; w >= 1; w /= 2)
+        for (int l = 0; l < w; l++)
+            acc[l] += acc[l + w];
+    return acc[0];
+}
+
+/* sum_i a_i b_i in double: exact float products, DL lanes, fixed order (vectorises; the
+ * same bits in every clone since there is no reassociation and no contraction). */
+FK_CLONES static double dot_fd(const float *restrict a, const float *restrict b, int m)
+{
+    double acc[DL] = {0};
+    int i = 0;
+    for (; i + DL <= m; i += DL)
+        for (int l = 0; l < DL; l++)
+            acc[l] += (double)a[i + l] * b[i + l];
+    for (int l = 0; i + l < m; l++)
+        acc[l] += (double)a[i + l] * b[i + l];
+    return lanes_sum(acc);
+}
+
+/* ||x - D_S gam||^2 and ||x||^2 in double (each residual coordinate subtracts the atoms in
+ * support order). */
+FK_CLONES static double resid_refine(const float *restrict atoms, const int32_t *idx,
+                                     const double *gam, int k, int m, const float *restrict x,
+                                     double *xx_out)
+{
+    double acc[DL] = {0}, accx[DL] = {0};
+    double r[RCHUNK];
+    for (int i0 = 0; i0 < m; i0 += RCHUNK) {
+        int len = m - i0 < RCHUNK ? m - i0 : RCHUNK;
+        for (int i = 0; i < len; i++)
+            r[i] = x[i0 + i];
+        for (int p = 0; p < k; p++) {
+            const float *restrict at = atoms + (size_t)idx[p] * m + i0;
+            double g = gam[p];
+            for (int i = 0; i < len; i++)
+                r[i] -= g * at[i];
+        }
+        for (int i = 0; i < len; i++) {
+            acc[i % DL] += r[i] * r[i];
+            accx[i % DL] += (double)x[i0 + i] * x[i0 + i];
+        }
+    }
+    *xx_out = lanes_sum(accx);
+    return lanes_sum(acc);
 }
 
 int fk_refine(const struct fk_dict_view *d, const float *x, double lambda0, double rho,
@@ -160,15 +361,9 @@ int fk_refine(const struct fk_dict_view *d, const float *x, double lambda0, doub
     double as[FK_SMAX], gam[FK_SMAX], res[FK_SMAX];
     for (int p = 0; p < k; p++) {
         const float *dp = d->atoms + (size_t)code->idx[p] * m;
-        double ax = 0.0;
-        for (int i = 0; i < m; i++)
-            ax += (double)dp[i] * x[i];
-        as[p] = ax;
+        as[p] = dot_fd(dp, x, m);
         for (int q = 0; q <= p; q++) {
-            const float *dq = d->atoms + (size_t)code->idx[q] * m;
-            double v = 0.0;
-            for (int i = 0; i < m; i++)
-                v += (double)dp[i] * dq[i];
+            double v = dot_fd(dp, d->atoms + (size_t)code->idx[q] * m, m);
             g[p * k + q] = v;
             g[q * k + p] = v;
         }
@@ -216,14 +411,8 @@ int fk_refine(const struct fk_dict_view *d, const float *x, double lambda0, doub
         for (int p = 0; p < k; p++)
             gam[p] += res[p];
     }
-    double e = 0.0, xx = 0.0;
-    for (int i = 0; i < m; i++) {
-        double r = x[i];
-        xx += r * r;
-        for (int p = 0; p < k; p++)
-            r -= gam[p] * d->atoms[(size_t)code->idx[p] * m + i];
-        e += r * r;
-    }
+    double xx;
+    double e = resid_refine(d->atoms, code->idx, gam, k, m, x, &xx);
     for (int p = 0; p < k; p++)
         code->coef[p] = gam[p];
     code->err2 = e;

@@ -351,6 +351,8 @@ def parse_args(argv):
     a = ap.parse_args(argv)
     if a.greedy and a.temperature is not None:
         ap.error("--greedy and --temperature are exclusive")
+    if a.temperature is None and a.top_p != 1.0:
+        ap.error("--top-p needs --temperature (decoding is greedy without it)")
     if a.max_new_tokens < 0:
         ap.error("--max-new-tokens must be >= 0")
     return a
@@ -379,7 +381,7 @@ def main(argv=None):
         from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
         ALL_MASK_ATTENTION_FUNCTIONS.register(CAPTURE_NAME,
                                               ALL_MASK_ATTENTION_FUNCTIONS[args.attn_base])
-    except ImportError:  # transformers < 4.53 builds masks from the model code
+    except ImportError:  # releases without masking_utils build masks in the model code
         pass
 
     tdtype = getattr(torch, args.dtype)
@@ -412,7 +414,9 @@ def main(argv=None):
     for i, prompt in enumerate(prompts):
         name = "trace-%05d.h5" % i
         path = os.path.join(args.out, name)
-        if args.resume and os.path.exists(path) and name in manifest:
+        psha = hashlib.sha256(prompt.encode("utf-8")).hexdigest()
+        done = manifest.get(name)
+        if args.resume and os.path.exists(path) and done and done["prompt_sha256"] == psha:
             print("%s: exists, skipped" % path)
             continue
         ids = _tokenize(tok, prompt, args.chat_template)
@@ -430,7 +434,7 @@ def main(argv=None):
             "transformers_version": transformers.__version__,
             "torch_version": torch.__version__, "dumper_version": DUMPER_VERSION,
             "generator": "dump_hf.py %s" % DUMPER_VERSION, "prompt": prompt,
-            "prompt_sha256": hashlib.sha256(prompt.encode("utf-8")).hexdigest(),
+            "prompt_sha256": psha,
             "chat_template": "yes" if args.chat_template else "no",
             "sampling": json.dumps(sampler.describe(), sort_keys=True),
             "max_new_tokens": args.max_new_tokens, "dtype": args.dtype,
