@@ -263,6 +263,61 @@ static void print_cell_label(const struct fk_sweep *s, const struct fk_sweep_cel
         fprintf(f, " rep=%d", c->repeat);
 }
 
+/* Relative running time of a cell for the ETA: its coding multiply-adds plus a fixed
+ * per-vector cost for reading, metrics and attention (about 2e5 multiply-adds). */
+static double cell_weight(const struct fk_sweep *s, const struct fk_sweep_cell *c)
+{
+    double vec = 0, macs = fk_sweep_cell_macs(s, c, &vec);
+    return macs + 2e5 * vec;
+}
+
+/* Progress of a sweep: a bar on a terminal, a plain line every few seconds otherwise. */
+struct progress {
+    int tty, quiet;
+    int cell, todo;              /* 1-based index among the cells to run, and their count */
+    const char *codec, *dataset;
+    double t_start, t_cell;      /* sweep and cell start (monotonic seconds) */
+    double est_total, est_done, est_cell; /* cost-model MACs: all, finished, this cell */
+    double last;                 /* last plain line */
+};
+
+static void fmt_eta(double s, char *buf, size_t cap)
+{
+    if (!isfinite(s) || s < 0)
+        snprintf(buf, cap, "?");
+    else if (s < 90)
+        snprintf(buf, cap, "%.0fs", s);
+    else if (s < 5400)
+        snprintf(buf, cap, "%.0fm%02.0fs", floor(s / 60), fmod(s, 60));
+    else
+        snprintf(buf, cap, "%.1fh", s / 3600);
+}
+
+static void on_progress(void *ctx, int done, int total, long vectors)
+{
+    struct progress *p = ctx;
+    if (p->quiet)
+        return;
+    double now = now_s(), frac = total ? (double)done / total : 1;
+    double el = now - p->t_start, work = p->est_done + p->est_cell * frac;
+    char eta[32];
+    fmt_eta(work > 0 ? el * (p->est_total - work) / work : NAN, eta, sizeof eta);
+    double rate = vectors / (now - p->t_cell > 1e-9 ? now - p->t_cell : 1e-9);
+    if (p->tty) {
+        char bar[21];
+        int fill = (int)(20 * frac);
+        for (int i = 0; i < 20; i++)
+            bar[i] = i < fill ? '#' : '.';
+        bar[20] = 0;
+        fprintf(stderr, "\r\033[K[%d/%d] %s %s [%s] %d/%d layers, %.0f vec/s, ETA %s", p->cell,
+                p->todo, p->codec, p->dataset, bar, done, total, rate, eta);
+        fflush(stderr);
+    } else if (now - p->last >= 5) {
+        fprintf(stderr, "    ... %d/%d layers, %.0f vec/s, ETA %s\n", done, total, rate, eta);
+        p->last = now;
+    }
+}
+
 static int cmd_sweep(int argc, char **argv)
 {
     const char *config = NULL;
@@ -366,7 +421,7 @@ static int cmd_sweep(int argc, char **argv)
         for (int c = 0; c < s->n_cells; c++) {
             if (c % sh_n != sh_i)
                 continue;
-            double macs = fk_sweep_cell_macs(s, &s->cells[c]);
+            double macs = fk_sweep_cell_macs(s, &s->cells[c], NULL);
             total += macs;
             print_cell_label(s, &s->cells[c], stdout);
             printf("  %.1f GMAC\n", macs / 1e9);
@@ -407,7 +462,7 @@ static int cmd_sweep(int argc, char **argv)
     double t_start = now_s(), vec_done = 0, est_total = 0, est_done = 0;
     for (int c = 0; c < s->n_cells; c++)
         if (c % sh_n == sh_i && (force || !fk_results_done(s->output, s->cells[c].id)))
-            est_total += fk_sweep_cell_macs(s, &s->cells[c]);
+            est_total += cell_weight(s, &s->cells[c]);
     if (!quiet)
         fprintf(stderr, "fadkv-bench: sweep '%s': %d cell(s), %d to run%s, %d job(s) -> %s\n",
                 s->name, s->n_cells, todo, sh_n > 1 ? " in this shard" : "", s->jobs,
@@ -446,16 +501,21 @@ static int cmd_sweep(int argc, char **argv)
             rc = 1;
             break;
         }
-        if (!quiet) {
-            fprintf(stderr, "[%d/%d] ", done + failed + 1, todo);
+        struct progress pg = {.tty = tty, .quiet = quiet, .cell = done + failed + 1,
+                              .todo = todo, .codec = cell->ops->name, .dataset = ds->name,
+                              .t_start = t_start, .t_cell = now_s(), .est_total = est_total,
+                              .est_done = est_done, .est_cell = cell_weight(s, cell)};
+        pg.last = pg.t_cell;
+        if (!quiet && !tty) {
+            fprintf(stderr, "[%d/%d] ", pg.cell, todo);
             print_cell_label(s, cell, stderr);
-            fprintf(stderr, tty ? " ..." : "\n");
-            fflush(stderr);
+            fprintf(stderr, "\n");
         }
         struct fk_replay_opts ro = {.jobs = s->jobs, .attention = s->attention,
                                     .attn_stride = s->attn_stride,
                                     .attn_layers = s->attn_layers, .recall = s->recall,
-                                    .recall_every = s->recall_every, .stop = &g_stop};
+                                    .recall_every = s->recall_every, .stop = &g_stop,
+                                    .progress = on_progress, .progress_ctx = &pg};
         struct fk_cell_input in = {.ops = cell->ops, .opts = cell->opts,
                                    .traces = L->traces, .n_traces = ds->n_traces,
                                    .dict = (cell->ops->caps & FK_CAP_DICT) ? L->dict : NULL};
@@ -472,6 +532,10 @@ static int cmd_sweep(int argc, char **argv)
             failed++;
             char msg[1100];
             snprintf(msg, sizeof msg, "%s", fk_errmsg());
+            if (!quiet && tty) {
+                fprintf(stderr, "\r\033[K[%d/%d] ", pg.cell, todo);
+                print_cell_label(s, cell, stderr);
+            }
             if (!quiet)
                 fprintf(stderr, "%s  FAILED: %s\n", tty ? "" : "   ", msg);
             if (fk_results_commit_failed(s->output, &meta, "failed", msg) < 0) {
@@ -481,7 +545,7 @@ static int cmd_sweep(int argc, char **argv)
         } else {
             int cr = fk_results_commit(s->output, &meta, &res);
             vec_done += (double)res.vectors;
-            est_done += fk_sweep_cell_macs(s, cell);
+            est_done += cell_weight(s, cell);
             double err = NAN;
             if (cr == FK_OK)
                 fk_results_metric(s->output, cell->id, "rel_err_mean", &err);
@@ -494,9 +558,15 @@ static int cmd_sweep(int argc, char **argv)
             done++;
             double el = now_s() - t_start;
             double eta = est_done > 0 ? el * (est_total - est_done) / est_done : NAN;
+            char etas[32];
+            fmt_eta(eta, etas, sizeof etas);
+            if (!quiet && tty) {
+                fprintf(stderr, "\r\033[K[%d/%d] ", pg.cell, todo);
+                print_cell_label(s, cell, stderr);
+            }
             if (!quiet)
-                fprintf(stderr, "%s  %.1f s, %.0f vec/s, rel_err %.4f, ETA %.0f s\n",
-                        tty ? "" : "   ", dt, vecs / (dt > 0 ? dt : 1), err, eta);
+                fprintf(stderr, "%s  %.1f s, %.0f vec/s, rel_err %.4f, ETA %s\n",
+                        tty ? "" : "   ", dt, vecs / (dt > 0 ? dt : 1), err, etas);
         }
         if (fk_results_tables(s->output, ids, s->n_cells) < 0) {
             rc = fail("writing cells.csv");

@@ -35,8 +35,11 @@ struct worker {
     const struct fk_cell_input *in;
     const struct fk_replay_opts *ro;
     struct fk_cell_result *res;
-    pthread_mutex_t *lock;       /* protects next, err */
+    pthread_mutex_t *lock;       /* protects next, err, progress */
     int *next;                   /* next layer to take */
+    int *units_done;             /* finished units */
+    int units_total;
+    long *vectors_done;          /* vectors coded in finished units */
     int *failed;                 /* first error code, 0 if none */
     char *errmsg;                /* first error message */
     /* buffers */
@@ -513,6 +516,21 @@ static void *worker_main(void *arg)
         if (w->ro->layers && !w->ro->layers[layer])
             continue;
         int rc = replay_unit(w, layer);
+        if (rc == FK_OK) {
+            long v = 0;
+            for (int t = 0; t < w->res->n_traces; t++)
+                for (int k = 0; k < 2; k++) {
+                    const struct fk_stream_result *sr = fk_cell_stream(w->res, t, layer, k);
+                    v += sr->n_vectors + sr->n_zero;
+                }
+            pthread_mutex_lock(w->lock);
+            (*w->units_done)++;
+            *w->vectors_done += v;
+            if (w->ro->progress)
+                w->ro->progress(w->ro->progress_ctx, *w->units_done, w->units_total,
+                                *w->vectors_done);
+            pthread_mutex_unlock(w->lock);
+        }
         if (rc < 0) {
             pthread_mutex_lock(w->lock);
             if (!*w->failed) {
@@ -588,9 +606,12 @@ int fk_replay_cell(const struct fk_cell_input *in, const struct fk_replay_opts *
     struct worker *ws = calloc((size_t)jobs, sizeof *ws);
     pthread_t *th = calloc((size_t)jobs, sizeof *th);
     pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
-    int next = 0, failed = 0;
+    int next = 0, failed = 0, units_done = 0, units_total = 0;
+    long vectors_done = 0;
     char errmsg[1024] = "";
     int rc = FK_OK;
+    for (int l = 0; l < out->n_layers; l++)
+        units_total += !ro->layers || ro->layers[l];
     if (!ws || !th)
         rc = fk_err(FK_ENOMEM, "out of memory");
     int max_atoms = in->dict ? in->dict->n_atoms : 1;
@@ -598,7 +619,9 @@ int fk_replay_cell(const struct fk_cell_input *in, const struct fk_replay_opts *
         max_atoms = 32767;
     for (int j = 0; j < jobs && rc == FK_OK; j++) {
         ws[j] = (struct worker){.in = in, .ro = ro, .res = out, .lock = &lock, .next = &next,
-                                .failed = &failed, .errmsg = errmsg};
+                                .failed = &failed, .errmsg = errmsg,
+                                .units_done = &units_done, .units_total = units_total,
+                                .vectors_done = &vectors_done};
         ws[j].rec = malloc(sizeof(float) * (size_t)i0->head_dim);
         if (!ws[j].rec)
             rc = fk_err(FK_ENOMEM, "out of memory");

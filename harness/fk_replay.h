@@ -33,6 +33,10 @@ struct fk_replay_opts {
     int reference;               /* codecs run their straightforward reference algorithms */
     const uint8_t *layers;       /* [n_layers] 1 = replay this layer, or NULL = all (a layer
                                   * left out keeps empty results: benchmarks use it) */
+    /* (optional) called after each unit (one layer of every trace), serialised by the
+     * engine: units done and in all, vectors coded so far in this cell */
+    void (*progress)(void *ctx, int units_done, int units_total, long vectors);
+    void *progress_ctx;
 };
 
 /* Everything measured on one (trace, layer, kind) stream group. */

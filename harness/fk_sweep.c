@@ -789,7 +789,8 @@ int fk_sweep_load(const char *path, const char *const *sets, int n_sets, int has
     return FK_OK;
 }
 
-double fk_sweep_cell_macs(const struct fk_sweep *s, const struct fk_sweep_cell *c)
+double fk_sweep_cell_macs(const struct fk_sweep *s, const struct fk_sweep_cell *c,
+                          double *vectors)
 {
     const struct fk_dataset *ds = &s->datasets[c->dataset];
     double vec = 0, m = 0, N = 0;
@@ -802,6 +803,8 @@ double fk_sweep_cell_macs(const struct fk_sweep *s, const struct fk_sweep_cell *
         m = in->head_dim;
         fk_trace_close(&t);
     }
+    if (vectors)
+        *vectors = vec;
     N = 4096;
     if (ds->dict) {
         struct fk_dict *d;

@@ -74,7 +74,9 @@ int fk_sweep_load(const char *path, const char *const *sets, int n_sets, int has
                   struct fk_sweep **out);
 void fk_sweep_free(struct fk_sweep **s);
 
-/* Estimated multiply-adds of a cell from the vector counts of its traces (cost model). */
-double fk_sweep_cell_macs(const struct fk_sweep *s, const struct fk_sweep_cell *c);
+/* Estimated multiply-adds of a cell from the vector counts of its traces (cost model);
+ * *vectors (nullable) receives the number of key and value vectors. */
+double fk_sweep_cell_macs(const struct fk_sweep *s, const struct fk_sweep_cell *c,
+                          double *vectors);
 
 #endif

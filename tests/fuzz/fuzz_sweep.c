@@ -6,10 +6,11 @@
  * grids, zips, exclusions and cell ids. Any error is fine; it must come with a message that
  * names the config file. Crashes, sanitizer reports and leaks are findings.
  *
- * The working directory is a sandbox (a temporary directory holding t.h5, t2.h5, d.h5), so
+ * Loading runs in a sandbox directory (a temporary directory holding t.h5, t2.h5, d.h5), so
  * the seeds' relative trace globs match; inputs with absolute or parent paths in them are
  * skipped (a glob such as "/ * / *" would walk the whole file system).
  */
+#include <fcntl.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -23,17 +24,21 @@ int LLVMFuzzerInitialize(int *argc, char ***argv);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 static char g_cfg[4096];
+static char g_dir[4096];
 
 int LLVMFuzzerInitialize(int *argc, char ***argv)
 {
     (void)argc;
     (void)argv;
     char dir[] = "/tmp/fk-fuzz-sweep.XXXXXX";
-    if (!mkdtemp(dir) || chdir(dir) != 0)
+    if (!mkdtemp(dir))
         abort();
+    snprintf(g_dir, sizeof g_dir, "%s", dir);
     static const char *const files[] = {"t.h5", "t2.h5", "d.h5", NULL};
     for (int i = 0; files[i]; i++) {
-        FILE *f = fopen(files[i], "wb");
+        char p[4200];
+        snprintf(p, sizeof p, "%s/%s", dir, files[i]);
+        FILE *f = fopen(p, "wb");
         if (!f)
             abort();
         fputs("placeholder\n", f);
@@ -67,8 +72,15 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (size && fwrite(data, 1, size, f) != size)
         abort();
     fclose(f);
+    /* relative globs resolve in the sandbox; the fuzzer's own cwd is restored after */
+    int cwd = open(".", O_RDONLY | O_DIRECTORY);
+    if (cwd < 0 || chdir(g_dir) != 0)
+        abort();
     struct fk_sweep *s = NULL;
     int rc = fk_sweep_load(g_cfg, NULL, 0, 0, &s);
+    if (fchdir(cwd) != 0)
+        abort();
+    close(cwd);
     if (rc == FK_OK) {
         if (!s || s->n_cells < 1 || !s->resolved || !s->output)
             abort();
