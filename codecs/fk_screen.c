@@ -3,15 +3,18 @@
  * coefficient refinement on a fixed support (spec 3.6).
  *
  * Top-n selects under the total order "larger |a| first, then smaller index", so the result
- * is unique. |a_j| is ranked through its bit pattern (for non-negative floats the unsigned
- * order of the bits is the numeric order), as a key: dead atoms 0, NaN 1, else bits + 2.
- * Small n (PL: n = s): one pass keeping the n best in a sorted list; blocks whose largest key
- * cannot enter it are skipped. Larger n (GM: the pool): a radix select, O(n_atoms): one
- * histogram of the top key bits finds the bin holding the n-th largest key; one pass emits
- * the atoms above that bin (ascending index, no sort) and collects that bin's atoms; the
- * exact threshold key within the bin is resolved on those few candidates, ties going to the
- * smaller index; the two ascending lists are merged. Only an ordered pool (sort != 0) is
- * sorted, O(n log n).
+ * is unique. |a_j| is ranked by an integer key built from its bit pattern (for non-negative
+ * floats the order of the bits is the numeric order): dead atoms 0, NaN 1, else bits + 2.
+ *   - small n (PL: n = s): one pass keeping the n best in a sorted list; a block of keys
+ *     whose largest key cannot enter the list is skipped after one vectorised max.
+ *   - larger n (GM: the pool), O(n_atoms): the threshold t0 of a conservative rank among
+ *     SAMPLE evenly spaced keys; one vectorised pass computes every key and flags those
+ *     >= t0, and the flagged atoms (a few more than n, ascending) are collected from the flag
+ *     words; the exact n-th largest key among them comes from a radix select (bits 30..20,
+ *     19..9, 8..0), ties go to the smaller index. When fewer than n atoms reach t0, every
+ *     live atom is a candidate (same result, slower).
+ * The pool comes out in ascending index order without sorting; only an ordered pool
+ * (sort != 0) is sorted, O(n log n). Integer keys: every clone gives the same result.
  */
 #include "fk_sparse.h"
 
@@ -23,11 +26,8 @@
 
 #define TOPN_SMALL 32 /* n up to this: the sorted-list pass */
 #define TOPN_BLK 32   /* keys per block of the sorted-list pass */
-#define H1_SHIFT 20   /* first radix level: key bits 30..20 */
-#define H1_BINS 2048
-#define H2_SHIFT 9    /* second level: bits 19..9; third level: bits 8..0 */
-#define H2_BINS 2048
-#define H3_BINS 512
+#define CHUNK 1024    /* atoms per chunk of the flag pass */
+#define SAMPLE 256    /* keys sampled for the threshold estimate */
 #define CAND_SORT 64  /* candidates up to this: resolved by insertion sort */
 #define DL 16         /* double accumulator lanes of the refinement's inner products */
 #define RCHUNK 64     /* residual coordinates per chunk */
@@ -38,38 +38,69 @@
 #define FK_CLONES
 #endif
 
-/* Screening key of |a_j|: unsigned order = screening order (dead 0, NaN 1, else bits + 2). */
-static inline uint32_t screen_key(float v)
+/* Screening key of a live atom: order of keys = order of |a| (NaN lowest); always >= 1. */
+static inline int32_t screen_key(float v)
 {
-    uint32_t b;
-    memcpy(&b, &v, sizeof b);
-    b &= 0x7FFFFFFFu;
-    return b > 0x7F800000u ? 1u : b + 2u;
+    uint32_t u;
+    memcpy(&u, &v, sizeof u);
+    int32_t b = (int32_t)(u & 0x7FFFFFFFu);
+    return b > 0x7F800000 ? 1 : b + 2;
 }
 
-/* keys[j] for every atom; returns the number of live atoms. */
-static int make_keys(const float *a, const uint8_t *dead, int n_atoms, uint32_t *key)
+/* Keys of len atoms into key; returns their largest key and adds the live count to *live. */
+FK_CLONES static int32_t keys_block(const float *restrict a, const uint8_t *restrict dead,
+                                    int len, int32_t *restrict key, int *live)
 {
-    for (int j = 0; j < n_atoms; j++)
-        key[j] = screen_key(a[j]);
-    if (!dead)
-        return n_atoms;
-    int live = 0;
-    for (int j = 0; j < n_atoms; j++) {
-        uint32_t keep = dead[j] ? 0u : ~0u;
-        key[j] &= keep;
-        live += (int)(keep & 1u);
+    int32_t mx = 0;
+    if (dead) {
+        int lv = 0;
+        for (int i = 0; i < len; i++) {
+            int32_t k = dead[i] ? 0 : screen_key(a[i]);
+            key[i] = k;
+            mx = k > mx ? k : mx;
+            lv += dead[i] == 0;
+        }
+        *live += lv;
+    } else {
+        for (int i = 0; i < len; i++) {
+            int32_t k = screen_key(a[i]);
+            key[i] = k;
+            mx = k > mx ? k : mx;
+        }
+        *live += len;
     }
-    return live;
+    return mx;
+}
+
+/* Keys of len atoms into key and flags fl[i] = key >= t0; returns the live count. */
+FK_CLONES static int flags_block(const float *restrict a, const uint8_t *restrict dead, int len,
+                                 int32_t t0, int32_t *restrict key, uint8_t *restrict fl)
+{
+    if (!dead) {
+        for (int i = 0; i < len; i++) {
+            int32_t k = screen_key(a[i]);
+            key[i] = k;
+            fl[i] = k >= t0;
+        }
+        return len;
+    }
+    int lv = 0;
+    for (int i = 0; i < len; i++) {
+        int32_t k = dead[i] ? 0 : screen_key(a[i]);
+        key[i] = k;
+        fl[i] = k >= t0;
+        lv += dead[i] == 0;
+    }
+    return lv;
 }
 
 /* Pair (ka, ia) precedes pair (kb, ib) in the screening order. */
-static int before(uint32_t ka, int32_t ia, uint32_t kb, int32_t ib)
+static int before(int32_t ka, int32_t ia, int32_t kb, int32_t ib)
 {
     return ka > kb || (ka == kb && ia < ib);
 }
 
-static void sift_down(const uint32_t *key, int32_t *id, int root, int end)
+static void sift_down(const int32_t *key, int32_t *id, int root, int end)
 {
     for (;;) {
         int ch = 2 * root + 1;
@@ -88,7 +119,7 @@ static void sift_down(const uint32_t *key, int32_t *id, int root, int end)
 
 /* Heapsort of n atom ids into screening order (first = largest key): a max-heap under
  * "comes later", whose root is the id that belongs last. */
-static void sort_ids(const uint32_t *key, int32_t *id, int n)
+static void sort_ids(const int32_t *key, int32_t *id, int n)
 {
     for (int start = n / 2 - 1; start >= 0; start--)
         sift_down(key, id, start, n);
@@ -111,54 +142,48 @@ static void sort_ascending(int32_t *v, int n)
     }
 }
 
-/* Small n: one pass keeping the n_eff best (key desc, index asc) in a sorted list. */
-static void topn_small(const uint32_t *key, int n_atoms, int n_eff, int sort, int32_t *out)
+/* Small n: one pass keeping the best n (key desc, index asc) in a sorted list. Returns
+ * n_eff = min(n, live atoms). */
+static int topn_small(const float *a, const uint8_t *dead, int n_atoms, int n, int sort,
+                      int32_t *out)
 {
-    uint32_t lk[TOPN_SMALL];
-    int32_t li[TOPN_SMALL];
-    int cnt = 0;
-    uint32_t thr = 0; /* a key must exceed thr to enter: 0 until the list is full */
+    int32_t kb[TOPN_BLK], lk[TOPN_SMALL], li[TOPN_SMALL];
+    int cnt = 0, live = 0;
+    int32_t thr = 0; /* a key must exceed thr to enter: 0 (not dead) until the list is full */
     for (int b0 = 0; b0 < n_atoms; b0 += TOPN_BLK) {
         int len = n_atoms - b0 < TOPN_BLK ? n_atoms - b0 : TOPN_BLK;
-        const uint32_t *kb = key + b0;
-        uint32_t mx = 0;
-        if (len == TOPN_BLK) {
-            for (int i = 0; i < TOPN_BLK; i++)
-                mx = kb[i] > mx ? kb[i] : mx;
-        } else {
-            for (int i = 0; i < len; i++)
-                mx = kb[i] > mx ? kb[i] : mx;
-        }
+        int32_t mx = keys_block(a + b0, dead ? dead + b0 : NULL, len, kb, &live);
         if (mx <= thr)
             continue;
         for (int i = 0; i < len; i++) {
-            uint32_t k = kb[i];
+            int32_t k = kb[i];
             if (k <= thr)
                 continue;
             /* later atoms lose ties, so k goes after every key >= k */
-            int p = cnt < n_eff ? cnt : n_eff - 1;
+            int p = cnt < n ? cnt : n - 1;
             for (; p > 0 && lk[p - 1] < k; p--) {
                 lk[p] = lk[p - 1];
                 li[p] = li[p - 1];
             }
             lk[p] = k;
             li[p] = b0 + i;
-            if (cnt < n_eff)
+            if (cnt < n)
                 cnt++;
-            if (cnt == n_eff)
-                thr = lk[n_eff - 1];
+            if (cnt == n)
+                thr = lk[n - 1];
         }
     }
-    memcpy(out, li, sizeof(int32_t) * (size_t)n_eff);
+    memcpy(out, li, sizeof(int32_t) * (size_t)cnt);
     if (!sort)
-        sort_ascending(out, n_eff);
+        sort_ascending(out, cnt);
+    return cnt;
 }
 
-/* The bin holding the r-th largest (1-based) of a histogram; *above = count in higher bins. */
-static int find_bin(const uint32_t *hist, int nbins, int r, int *above)
+/* The bin holding the r-th largest (1-based) of hist[0 .. top]; *above = count above it. */
+static int find_bin(const uint32_t *hist, int top, int r, int *above)
 {
     int cum = 0;
-    for (int b = nbins - 1; b > 0; b--) {
+    for (int b = top; b > 0; b--) {
         if (cum + (int)hist[b] >= r) {
             *above = cum;
             return b;
@@ -169,8 +194,8 @@ static int find_bin(const uint32_t *hist, int nbins, int r, int *above)
     return 0;
 }
 
-/* Descending insertion of key k into kbuf[0 .. n). */
-static void insert_desc(uint32_t *kbuf, int n, uint32_t k)
+/* Descending insertion of k into kbuf[0 .. n). */
+static void insert_desc(int32_t *kbuf, int n, int32_t k)
 {
     int p = n;
     for (; p > 0 && kbuf[p - 1] < k; p--)
@@ -178,84 +203,123 @@ static void insert_desc(uint32_t *kbuf, int n, uint32_t k)
     kbuf[p] = k;
 }
 
-/* The r-th largest key (1-based) among the keys of the nc candidates (which share key bits
- * 30..20); cand is only read. */
-static uint32_t kth_key(const uint32_t *key, const int32_t *cand, int nc, int r)
+/* The r-th largest (1-based, 1 <= r <= nc) of the keys key[idx[i]], i < nc (idx NULL:
+ * key[i]); radix select over bits 30..20, 19..9, 8..0, insertion sort once few remain. */
+static int32_t kth_key(const int32_t *key, const int32_t *idx, int nc, int r)
 {
-    uint32_t kbuf[CAND_SORT];
-    if (nc <= CAND_SORT) {
-        for (int i = 0; i < nc; i++)
-            insert_desc(kbuf, i, key[cand[i]]);
-        return kbuf[r - 1];
-    }
-    uint32_t hist[H2_BINS]; /* bits 19..9 */
-    memset(hist, 0, sizeof hist);
-    for (int i = 0; i < nc; i++)
-        hist[(key[cand[i]] >> H2_SHIFT) & (H2_BINS - 1)]++;
-    int above;
-    uint32_t b2 = (uint32_t)find_bin(hist, H2_BINS, r, &above);
-    r -= above;
-    int n2 = (int)hist[b2];
-    if (n2 <= CAND_SORT) {
-        int c = 0;
+    static const int shift[3] = {20, 9, 0};
+    static const int nbins[3] = {2048, 2048, 512};
+    uint32_t hist[2048];
+    int32_t kbuf[CAND_SORT];
+    int32_t prefix = 0, pmask = 0; /* keys still in play: (k & pmask) == prefix */
+    int cnt = nc;
+    for (int lev = 0; lev < 3; lev++) {
+        if (cnt <= CAND_SORT) {
+            int c = 0;
+            for (int i = 0; i < nc; i++) {
+                int32_t k = idx ? key[idx[i]] : key[i];
+                if ((k & pmask) == prefix)
+                    insert_desc(kbuf, c++, k);
+            }
+            return kbuf[r - 1];
+        }
+        int sh = shift[lev], bm = nbins[lev] - 1, top = 0;
+        memset(hist, 0, sizeof(uint32_t) * (size_t)nbins[lev]);
         for (int i = 0; i < nc; i++) {
-            uint32_t k = key[cand[i]];
-            if (((k >> H2_SHIFT) & (H2_BINS - 1)) == b2)
-                insert_desc(kbuf, c++, k);
+            int32_t k = idx ? key[idx[i]] : key[i];
+            if ((k & pmask) == prefix) {
+                int b = (k >> sh) & bm;
+                hist[b]++;
+                top = b > top ? b : top;
+            }
         }
-        return kbuf[r - 1];
+        int above;
+        int b = find_bin(hist, top, r, &above);
+        r -= above;
+        cnt = (int)hist[b];
+        prefix |= (int32_t)b << sh;
+        pmask |= (int32_t)bm << sh;
     }
-    uint32_t hi = 0; /* bits 30..9 shared by the level-3 candidates */
-    for (int b = 0; b < H3_BINS; b++)
-        hist[b] = 0;
-    for (int i = 0; i < nc; i++) {
-        uint32_t k = key[cand[i]];
-        if (((k >> H2_SHIFT) & (H2_BINS - 1)) == b2) {
-            hist[k & (H3_BINS - 1)]++;
-            hi = k & ~(uint32_t)(H3_BINS - 1);
-        }
-    }
-    return hi | (uint32_t)find_bin(hist, H3_BINS, r, &above);
+    return prefix;
 }
 
-/* Larger n: radix select (see the file comment). cand: n_atoms int32 of scratch. */
-static void topn_radix(const uint32_t *key, int n_atoms, int n_eff, int32_t *out,
-                       int32_t *cand)
+/* Appends to cand the atoms c0 + i whose flag fl[i] is set (fl padded with zeros to a
+ * multiple of 8); returns the new count. */
+static int collect_flags(const uint8_t *fl, int len, int c0, int32_t *cand, int nc)
 {
-    uint32_t hist[H1_BINS];
-    memset(hist, 0, sizeof hist);
-    for (int j = 0; j < n_atoms; j++)
-        hist[key[j] >> H1_SHIFT]++;
-    int above;
-    uint32_t b = (uint32_t)find_bin(hist, H1_BINS, n_eff, &above);
-    /* atoms above bin b are all in; bin b's atoms are candidates, both in index order */
-    int nd = 0, nc = 0;
-    for (int j = 0; j < n_atoms; j++) {
-        uint32_t kb = key[j] >> H1_SHIFT;
-        if (kb > b)
-            out[nd++] = j;
-        else if (kb == b)
-            cand[nc++] = j;
+    for (int w = 0; w < len; w += 8) {
+        uint64_t bits;
+        memcpy(&bits, fl + w, sizeof bits);
+        while (bits) {
+#if defined(__GNUC__)
+            int b = __builtin_ctzll(bits) >> 3;
+#else
+            int b = 0;
+            while (!((bits >> (8 * b)) & 0xFFu))
+                b++;
+#endif
+            cand[nc++] = c0 + w + b;
+            bits &= bits - 1; /* each flag byte is 0 or 1: clears that flag */
+        }
     }
-    int r = n_eff - above; /* 1 <= r <= nc */
-    uint32_t thr = kth_key(key, cand, nc, r);
+    return nc;
+}
+
+/* Larger n (see the file comment). key, cand: n_atoms int32 each. Returns n_eff. */
+static int topn_large(const float *a, const uint8_t *dead, int n_atoms, int n, int32_t *out,
+                      int32_t *key, int32_t *cand)
+{
+    int32_t t0 = 1;
+    if (n_atoms >= 4 * SAMPLE) {
+        /* a rank q among SAMPLE keys whose expected count of atoms above it is 1.3 n + 6
+         * strides: too few above t0 only falls back to the slow path */
+        int stride = n_atoms / SAMPLE;
+        int q = (int)(1.3 * n * (double)SAMPLE / n_atoms) + 6;
+        if (q < SAMPLE / 2) {
+            int32_t sk[SAMPLE];
+            for (int i = 0; i < SAMPLE; i++) {
+                int j = i * stride;
+                sk[i] = dead && dead[j] ? 0 : screen_key(a[j]);
+            }
+            t0 = kth_key(sk, NULL, SAMPLE, q);
+            t0 = t0 > 1 ? t0 : 1;
+        }
+    }
+    uint8_t fl[CHUNK + 8];
+    int live = 0, nc = 0;
+    for (int c0 = 0; c0 < n_atoms; c0 += CHUNK) {
+        int len = n_atoms - c0 < CHUNK ? n_atoms - c0 : CHUNK;
+        live += flags_block(a + c0, dead ? dead + c0 : NULL, len, t0, key + c0, fl);
+        memset(fl + len, 0, 8);
+        nc = collect_flags(fl, len, c0, cand, nc);
+    }
+    int n_eff = n < live ? n : live;
+    if (n_eff <= 0)
+        return 0;
+    if (nc < n_eff) { /* t0 too high (or every live atom is in the pool) */
+        nc = 0;
+        for (int j = 0; j < n_atoms; j++)
+            if (key[j])
+                cand[nc++] = j;
+    }
+    if (nc == n_eff) {
+        memcpy(out, cand, sizeof(int32_t) * (size_t)n_eff);
+        return n_eff;
+    }
+    int32_t thr = kth_key(key, cand, nc, n_eff);
     int gt = 0;
     for (int i = 0; i < nc; i++)
         gt += key[cand[i]] > thr;
-    int ties = r - gt, nk = 0;
-    for (int i = 0; i < nc; i++) {
-        uint32_t k = key[cand[i]];
-        if (k > thr || (k == thr && ties-- > 0))
-            cand[nk++] = cand[i];
+    int ties = n_eff - gt, w = 0;
+    for (int i = 0; i < nc; i++) { /* in place, branch-free: w <= i */
+        int32_t k = key[cand[i]];
+        int tie = (k == thr) & (ties > 0);
+        ties -= tie;
+        cand[w] = cand[i];
+        w += (k > thr) | tie;
     }
-    /* merge the two ascending lists from the back into out[0 .. n_eff) */
-    int i = nd - 1, q = nk - 1;
-    for (int w = n_eff - 1; q >= 0; w--) {
-        if (i >= 0 && out[i] > cand[q])
-            out[w] = out[i--];
-        else
-            out[w] = cand[q--];
-    }
+    memcpy(out, cand, sizeof(int32_t) * (size_t)n_eff);
+    return n_eff;
 }
 
 int fk_topn(const float *a, const uint8_t *dead, int n_atoms, int n, int sort, int32_t *out,
@@ -263,24 +327,11 @@ int fk_topn(const float *a, const uint8_t *dead, int n_atoms, int n, int sort, i
 {
     if (n <= 0 || n_atoms <= 0)
         return 0;
-    uint32_t *key = (uint32_t *)(void *)work;
-    int live = make_keys(a, dead, n_atoms, key);
-    int n_eff = n < live ? n : live;
-    if (n_eff <= 0)
-        return 0;
-    if (n_eff <= TOPN_SMALL) {
-        topn_small(key, n_atoms, n_eff, sort, out);
-        return n_eff;
-    }
-    if (n_eff == live) {
-        int c = 0;
-        for (int j = 0; j < n_atoms; j++)
-            if (key[j])
-                out[c++] = j;
-    } else {
-        topn_radix(key, n_atoms, n_eff, out, (int32_t *)(void *)(work + n_atoms));
-    }
-    if (sort)
+    if (n <= TOPN_SMALL)
+        return topn_small(a, dead, n_atoms, n, sort, out);
+    int32_t *key = (int32_t *)(void *)work, *cand = key + n_atoms;
+    int n_eff = topn_large(a, dead, n_atoms, n, out, key, cand);
+    if (sort && n_eff > 1)
         sort_ids(key, out, n_eff);
     return n_eff;
 }

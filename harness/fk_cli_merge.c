@@ -20,49 +20,16 @@
 
 #include "fk_err.h"
 #include "fk_results.h"
+#include "fk_str.h"
 
 int fk_cli_merge(int argc, char **argv);
-
-static char *read_all(const char *path, size_t *len)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return NULL;
-    size_t cap = 1 << 16, n = 0;
-    char *s = malloc(cap + 1);
-    while (s) {
-        n += fread(s + n, 1, cap - n, f);
-        if (n < cap)
-            break;
-        char *ns = realloc(s, cap * 2 + 1);
-        if (!ns) {
-            free(s);
-            s = NULL;
-            break;
-        }
-        s = ns;
-        cap *= 2;
-    }
-    int err = ferror(f);
-    fclose(f);
-    if (s && err) {
-        free(s);
-        return NULL;
-    }
-    if (s) {
-        s[n] = 0;
-        if (len)
-            *len = n;
-    }
-    return s;
-}
 
 /* The "config_hash" of a provenance.json text, into out. */
 static int config_hash(const char *dir, char *out, size_t cap)
 {
     char p[4200];
     snprintf(p, sizeof p, "%s/provenance.json", dir);
-    char *t = read_all(p, NULL);
+    char *t = fk_slurp(p, NULL);
     if (!t)
         return fk_err(FK_EIO, "%s: cannot read (%s): not a results directory?", p,
                       strerror(errno));
@@ -164,7 +131,7 @@ static int same_cell(const char *dir_a, const char *dir_b, const char *id, int c
     char pa[4200], pb[4200];
     snprintf(pa, sizeof pa, "%s/cells/%s.meta", dir_a, id);
     snprintf(pb, sizeof pb, "%s/cells/%s.meta", dir_b, id);
-    char *ta = read_all(pa, NULL), *tb = read_all(pb, NULL);
+    char *ta = fk_slurp(pa, NULL), *tb = fk_slurp(pb, NULL);
     char *ca = ta ? meta_core(ta) : NULL, *cb = tb ? meta_core(tb) : NULL;
     int same = ca && cb && !strcmp(ca, cb);
     free(ta);
@@ -175,8 +142,8 @@ static int same_cell(const char *dir_a, const char *dir_b, const char *id, int c
         return 0;
     snprintf(pa, sizeof pa, "%s/cells/%s.summary.csv", dir_a, id);
     snprintf(pb, sizeof pb, "%s/cells/%s.summary.csv", dir_b, id);
-    ta = read_all(pa, NULL);
-    tb = read_all(pb, NULL);
+    ta = fk_slurp(pa, NULL);
+    tb = fk_slurp(pb, NULL);
     ca = ta ? summary_core(ta, cpu_a) : NULL;
     cb = tb ? summary_core(tb, cpu_b) : NULL;
     same = ca && cb && !strcmp(ca, cb);
@@ -190,7 +157,7 @@ static int same_cell(const char *dir_a, const char *dir_b, const char *id, int c
 static int copy_file(const char *from, const char *to)
 {
     size_t n = 0;
-    char *t = read_all(from, &n);
+    char *t = fk_slurp(from, &n);
     if (!t)
         return fk_err(FK_EIO, "%s: cannot read (%s)", from, strerror(errno));
     int rc = fk_write_atomic(to, t, n);
@@ -273,7 +240,7 @@ int fk_cli_merge(int argc, char **argv)
     char rp[4200];
     snprintf(rp, sizeof rp, "%s/resolved.txt", shards[0]);
     size_t rlen = 0;
-    char *resolved = read_all(rp, &rlen);
+    char *resolved = fk_slurp(rp, &rlen);
     if (!resolved) {
         fprintf(stderr, "fadkv-bench merge: %s: cannot read\n", rp);
         return 1;
@@ -284,7 +251,7 @@ int fk_cli_merge(int argc, char **argv)
             return merge_fail("shard");
         }
         snprintf(rp, sizeof rp, "%s/resolved.txt", shards[i]);
-        char *r2 = read_all(rp, NULL);
+        char *r2 = fk_slurp(rp, NULL);
         int diff = strcmp(hash, hash0) || !r2 || strcmp(r2, resolved);
         free(r2);
         if (diff) {
@@ -397,7 +364,7 @@ int fk_cli_merge(int argc, char **argv)
     }
     if (!rc) {
         snprintf(rp, sizeof rp, "%s/provenance.json", shards[0]);
-        char *pj = read_all(rp, NULL);
+        char *pj = fk_slurp(rp, NULL);
         char *pm = pj ? provenance_merged(pj, shards, n_sh) : NULL;
         if (!pm || fk_write_atomic(op, pm, strlen(pm)) < 0)
             rc = merge_fail("provenance.json");

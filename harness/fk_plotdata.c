@@ -31,38 +31,9 @@
 #include "fk_codec.h"
 #include "fk_err.h"
 #include "fk_h5.h"
+#include "fk_str.h"
 
 /* ---- CSV ------------------------------------------------------------------------------- */
-
-static char *slurp(const char *path, size_t *len)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return NULL;
-    size_t cap = 1 << 16, n = 0;
-    char *s = malloc(cap + 1);
-    while (s) {
-        size_t k = fread(s + n, 1, cap - n, f);
-        n += k;
-        if (n < cap)
-            break;
-        char *ns = realloc(s, cap * 2 + 1);
-        if (!ns) {
-            free(s);
-            s = NULL;
-            break;
-        }
-        s = ns;
-        cap *= 2;
-    }
-    fclose(f);
-    if (s) {
-        s[n] = 0;
-        if (len)
-            *len = n;
-    }
-    return s;
-}
 
 struct strvec {
     char **v;                    /* [n] owned strings */
@@ -179,7 +150,7 @@ void fk_csv_free(struct fk_csv *c)
 int fk_csv_load(const char *path, struct fk_csv *out)
 {
     memset(out, 0, sizeof *out);
-    char *text = slurp(path, NULL);
+    char *text = fk_slurp(path, NULL);
     if (!text)
         return fk_err(FK_EIO, "%s: cannot read (%s)", path, strerror(errno));
     const char *p = text;
@@ -299,46 +270,7 @@ int fk_boot_mean_ci(const double *x, int n, int resamples, unsigned long seed, d
 
 /* ---- a growable text buffer, written to a file at the end --------------------------------- */
 
-struct buf {
-    char *s;                     /* text */
-    size_t n;                    /* used bytes */
-    size_t cap;                  /* allocated bytes */
-    int oom;                     /* an allocation failed */
-};
-
-#if defined(__GNUC__)
-__attribute__((format(printf, 2, 3)))
-#endif
-static void bprintf(struct buf *b, const char *fmt, ...)
-{
-    if (b->oom)
-        return;
-    for (;;) {
-        va_list ap;
-        va_start(ap, fmt);
-        size_t room = b->cap - b->n;
-        int k = vsnprintf(b->s ? b->s + b->n : NULL, b->s ? room : 0, fmt, ap);
-        va_end(ap);
-        if (k < 0) {
-            b->oom = 1;
-            return;
-        }
-        if (b->s && (size_t)k < room) {
-            b->n += (size_t)k;
-            return;
-        }
-        size_t nc = (b->cap + (size_t)k + 1) * 2;
-        char *ns = realloc(b->s, nc);
-        if (!ns) {
-            b->oom = 1;
-            return;
-        }
-        b->s = ns;
-        b->cap = nc;
-    }
-}
-
-static int buf_write(struct buf *b, const char *path)
+static int buf_write(struct fk_sb *b, const char *path)
 {
     if (b->oom) {
         free(b->s);
@@ -359,12 +291,12 @@ static int buf_write(struct buf *b, const char *path)
 }
 
 /* A number for a data file: gnuplot reads "NaN" as missing. */
-static void bnum(struct buf *b, double v)
+static void bnum(struct fk_sb *b, double v)
 {
     if (isfinite(v))
-        bprintf(b, " %.9g", v);
+        fk_sb_printf(b, " %.9g", v);
     else
-        bprintf(b, " NaN");
+        fk_sb_printf(b, " NaN");
 }
 
 /* ---- the store ------------------------------------------------------------------------- */
@@ -866,8 +798,8 @@ static int fig1a(struct store *st, struct fk_plot_set *set, const char *ds, stru
                 any |= n > 0;
             }
     h5cell_close(&h);
-    struct buf b = {0};
-    bprintf(&b, "# Fig. 1a: recall of full-OMP atoms in the top-n screened pool\n"
+    struct fk_sb b = {0};
+    fk_sb_printf(&b, "# Fig. 1a: recall of full-OMP atoms in the top-n screened pool\n"
                 "# cell %s (%s, dataset %s), %d sequence(s); mean over layers, then over "
                 "sequences, 95%% bootstrap interval\n# n K_mean K_lo K_hi V_mean V_lo V_hi\n",
             c->id, c->codec, ds, T);
@@ -875,7 +807,7 @@ static int fig1a(struct store *st, struct fk_plot_set *set, const char *ds, stru
     for (int q = 0; q < 8 && rc == FK_OK; q++) {
         if (N > 0 && recall_ns[q] > N)
             break;    /* a pool of all N atoms holds every atom: recall 1 by definition */
-        bprintf(&b, "%d", recall_ns[q]);
+        fk_sb_printf(&b, "%d", recall_ns[q]);
         for (int k = 0; k < 2 && rc == FK_OK; k++) {
             double m, lo, hi;
             rc = fk_boot_mean_ci(seq + ((size_t)k * 8 + q) * (size_t)T, T, FK_BOOT_RESAMPLES,
@@ -884,7 +816,7 @@ static int fig1a(struct store *st, struct fk_plot_set *set, const char *ds, stru
             bnum(&b, lo);
             bnum(&b, hi);
         }
-        bprintf(&b, "\n");
+        fk_sb_printf(&b, "\n");
     }
     free(seq);
     if (rc < 0 || !any) {
@@ -955,13 +887,13 @@ static int fig1b(struct store *st, struct fk_plot_set *set, const char *ds, stru
         return rc;
     }
     double *col = malloc(sizeof(double) * (size_t)S);
-    struct buf b = {0};
-    bprintf(&b, "# Fig. 1b: sorted |D^T x| / max, mean over %d K and %d V streams "
+    struct fk_sb b = {0};
+    fk_sb_printf(&b, "# Fig. 1b: sorted |D^T x| / max, mean over %d K and %d V streams "
                 "(layers x sequences) of cell %s (%s, dataset %s); band: 10%% and 90%% "
                 "quantiles over streams\n# rank K_mean K_p10 K_p90 V_mean V_p10 V_p90\n",
             cnt[0], cnt[1], c->id, c->codec, ds);
     for (int r = 0; col && r < R; r++) {
-        bprintf(&b, "%d", r + 1);
+        fk_sb_printf(&b, "%d", r + 1);
         for (int k = 0; k < 2; k++) {
             double s = 0;
             for (int i = 0; i < cnt[k]; i++) {
@@ -973,7 +905,7 @@ static int fig1b(struct store *st, struct fk_plot_set *set, const char *ds, stru
             bnum(&b, gsl_stats_quantile_from_sorted_data(col, 1, (size_t)cnt[k], 0.1));
             bnum(&b, gsl_stats_quantile_from_sorted_data(col, 1, (size_t)cnt[k], 0.9));
         }
-        bprintf(&b, "\n");
+        fk_sb_printf(&b, "\n");
     }
     free(prof);
     if (!col) {
@@ -1044,13 +976,13 @@ static int fig1c(struct store *st, struct fk_plot_set *set, const char *ds, stru
     double *v;
     int L, T, any = 0;
     FK_TRY(layer_values(st, c, "inactive_after_prefill", &L, &T, &v));
-    struct buf b = {0};
-    bprintf(&b, "# Fig. 1c: fraction of atoms unused after prefill, cell %s (%s, dataset %s), "
+    struct fk_sb b = {0};
+    fk_sb_printf(&b, "# Fig. 1c: fraction of atoms unused after prefill, cell %s (%s, dataset %s), "
                 "%d sequence(s); mean and 95%% bootstrap interval over sequences\n"
                 "# layer K_mean K_lo K_hi V_mean V_lo V_hi\n", c->id, c->codec, ds, T);
     int rc = FK_OK;
     for (int l = 0; l < L && rc == FK_OK; l++) {
-        bprintf(&b, "%d", l);
+        fk_sb_printf(&b, "%d", l);
         for (int k = 0; k < 2 && rc == FK_OK; k++) {
             double m, lo, hi;
             rc = fk_boot_mean_ci(v + ((size_t)k * L + l) * T, T, FK_BOOT_RESAMPLES,
@@ -1060,7 +992,7 @@ static int fig1c(struct store *st, struct fk_plot_set *set, const char *ds, stru
             bnum(&b, lo);
             bnum(&b, hi);
         }
-        bprintf(&b, "\n");
+        fk_sb_printf(&b, "\n");
     }
     free(v);
     if (rc < 0 || !any) {
@@ -1087,8 +1019,8 @@ static int fig1d(struct store *st, struct fk_plot_set *set, const char *ds)
         return fk_err(FK_ENOMEM, "out of memory");
     const char *cod[64];
     int nc = codecs_in(st, ds, cod, 64), rows = 0;
-    struct buf b = {0};
-    bprintf(&b, "# Fig. 1d: Jaccard overlap of the after-prefill inactive atom sets between "
+    struct fk_sb b = {0};
+    fk_sb_printf(&b, "# Fig. 1d: Jaccard overlap of the after-prefill inactive atom sets between "
                 "prompts (mean over prompt pairs, layers and K/V; cells.csv "
                 "inactive_overlap)\n# codec_index style overlap inactive_k inactive_v label "
                 "cell\n");
@@ -1097,11 +1029,11 @@ static int fig1d(struct store *st, struct fk_plot_set *set, const char *ds)
         double o = cnum(st, c, "inactive_overlap");
         if (!isfinite(o))
             continue;
-        bprintf(&b, "%d %d", rows, fk_plot_codec_style(c->codec));
+        fk_sb_printf(&b, "%d %d", rows, fk_plot_codec_style(c->codec));
         bnum(&b, o);
         bnum(&b, cnum(st, c, "inactive_k"));
         bnum(&b, cnum(st, c, "inactive_v"));
-        bprintf(&b, " \"%s\" %s\n", codec_display(c->codec), c->id);
+        fk_sb_printf(&b, " \"%s\" %s\n", codec_display(c->codec), c->id);
         rows++;
     }
     if (!rows) {
@@ -1212,8 +1144,8 @@ static int fig3_series(struct store *st, struct fk_plot_set *set, const char *ds
     const char *cod[64];
     int nc = codecs_in(st, ds, cod, 64), blocks = 0, rc = FK_OK, bin = BIN, steps = 0;
     char names[1024] = "";
-    struct buf b = {0};
-    bprintf(&b, "# Fig. 3%c: %s vs decode step, one block per codec (representative cell), "
+    struct fk_sb b = {0};
+    fk_sb_printf(&b, "# Fig. 3%c: %s vs decode step, one block per codec (representative cell), "
                 "mean over layers and K/V per sequence, then mean and 95%% bootstrap interval "
                 "over sequences\n# %s mean lo hi\n", mode ? 'b' : 'a',
             mode ? "relative reconstruction error (bins of decode steps)"
@@ -1238,7 +1170,7 @@ static int fig3_series(struct store *st, struct fk_plot_set *set, const char *ds
             rc = fk_err(FK_ENOMEM, "out of memory");
             break;
         }
-        bprintf(&b, "%s# codec %s cell %s, %d sequence(s)\n", blocks ? "\n\n" : "", c->codec,
+        fk_sb_printf(&b, "%s# codec %s cell %s, %d sequence(s)\n", blocks ? "\n\n" : "", c->codec,
                 c->id, T);
         for (int j = 0; j < N && rc == FK_OK; j++) {
             for (int t = 0; t < T; t++)
@@ -1248,13 +1180,13 @@ static int fig3_series(struct store *st, struct fk_plot_set *set, const char *ds
             if (!isfinite(m))
                 continue;
             if (mode)
-                bprintf(&b, "%d %g", j * B, j * B + B / 2.0);
+                fk_sb_printf(&b, "%d %g", j * B, j * B + B / 2.0);
             else
-                bprintf(&b, "%d", j + 1);
+                fk_sb_printf(&b, "%d", j + 1);
             bnum(&b, m);
             bnum(&b, lo);
             bnum(&b, hi);
-            bprintf(&b, "\n");
+            fk_sb_printf(&b, "\n");
         }
         free(col);
         free(v);
@@ -1353,8 +1285,8 @@ struct hm_pt {
 static int heat_write(struct store *st, struct fk_plot_fig *f, const struct axis *ax,
                       const struct axis *ay, const struct hm_pt *pt, int np, const char *what)
 {
-    struct buf b = {0};
-    bprintf(&b, "# %s\n# xi yi rel_err_mean attn_kl xlabel ylabel rel_err_text attn_kl_text "
+    struct fk_sb b = {0};
+    fk_sb_printf(&b, "# %s\n# xi yi rel_err_mean attn_kl xlabel ylabel rel_err_text attn_kl_text "
                 "rel_err_final_mean rel_err_final_text cell\n", what);
     for (int yr = 0; yr < ay->n; yr++) {
         int y = 0;
@@ -1378,14 +1310,14 @@ static int heat_write(struct store *st, struct fk_plot_fig *f, const struct axis
                 snprintf(tk, sizeof tk, "%.3g", kl);
             if (isfinite(fe))
                 snprintf(tf, sizeof tf, "%.3g", fe);
-            bprintf(&b, "%d %d", xr, yr);
+            fk_sb_printf(&b, "%d %d", xr, yr);
             bnum(&b, e);
             bnum(&b, kl);
-            bprintf(&b, " \"%s\" \"%s\" \"%s\" \"%s\"", ax->lab[x], ay->lab[y], te, tk);
+            fk_sb_printf(&b, " \"%s\" \"%s\" \"%s\" \"%s\"", ax->lab[x], ay->lab[y], te, tk);
             bnum(&b, fe);
-            bprintf(&b, " \"%s\" %s\n", tf, c ? c->id : "-");
+            fk_sb_printf(&b, " \"%s\" %s\n", tf, c ? c->id : "-");
         }
-        bprintf(&b, "\n");
+        fk_sb_printf(&b, "\n");
     }
     char p[4400];
     data_path(st, f, "dat", p, sizeof p);
@@ -1576,8 +1508,8 @@ static int pareto(struct store *st, struct fk_plot_set *set, const char *ds)
     const char *cod[64];
     int nc = codecs_in(st, ds, cod, 64), blocks = 0, skipped = 0;
     char names[1024] = "";
-    struct buf b = {0};
-    bprintf(&b, "# Pareto: bytes per token vs attention KL, every finished cell of dataset %s; "
+    struct fk_sb b = {0};
+    fk_sb_printf(&b, "# Pareto: bytes per token vs attention KL, every finished cell of dataset %s; "
                 "one block per codec, the last block is the Pareto front\n"
                 "# bytes_per_token attn_kl rel_err_mean cell\n", ds);
     double (*front)[2] = malloc(sizeof *front * (size_t)(st->n ? st->n : 1));
@@ -1596,11 +1528,11 @@ static int pareto(struct store *st, struct fk_plot_set *set, const char *ds)
                 continue;
             }
             if (!rows)
-                bprintf(&b, "%s# codec %s\n", blocks ? "\n\n" : "", cod[i]);
+                fk_sb_printf(&b, "%s# codec %s\n", blocks ? "\n\n" : "", cod[i]);
             bnum(&b, x);
             bnum(&b, y);
             bnum(&b, cnum(st, c, "rel_err_mean"));
-            bprintf(&b, " %s\n", c->id);
+            fk_sb_printf(&b, " %s\n", c->id);
             front[nf][0] = x;
             front[nf][1] = y;
             nf++;
@@ -1620,14 +1552,14 @@ static int pareto(struct store *st, struct fk_plot_set *set, const char *ds)
         return FK_OK;
     }
     qsort(front, (size_t)nf, sizeof *front, cmp_dbl);
-    bprintf(&b, "\n\n# Pareto front (no other cell has fewer bytes and lower KL)\n");
+    fk_sb_printf(&b, "\n\n# Pareto front (no other cell has fewer bytes and lower KL)\n");
     double lowest = INFINITY;
     for (int i = 0; i < nf; i++)
         if (front[i][1] < lowest) {
             lowest = front[i][1];
             bnum(&b, front[i][0]);
             bnum(&b, front[i][1]);
-            bprintf(&b, " NaN front\n");
+            fk_sb_printf(&b, " NaN front\n");
         }
     free(front);
     char p[4400];
@@ -1688,7 +1620,7 @@ static const struct t4col t4cols[] = {
     {"Rel. error", "Rel.\\ error", "rel_err_mean", 1, "%.4f"},
 };
 
-static void t4_cell(struct buf *md, struct buf *tex, const struct t4col *col, double v,
+static void t4_cell(struct fk_sb *md, struct fk_sb *tex, const struct t4col *col, double v,
                     double half, int tex_only)
 {
     char a[64] = "–", h[64] = "";
@@ -1698,38 +1630,38 @@ static void t4_cell(struct buf *md, struct buf *tex, const struct t4col *col, do
         snprintf(h, sizeof h, col->fmt, half);
     if (!tex_only) {
         if (h[0])
-            bprintf(md, " %s ± %s |", a, h);
+            fk_sb_printf(md, " %s ± %s |", a, h);
         else
-            bprintf(md, " %s |", a);
+            fk_sb_printf(md, " %s |", a);
     }
     if (!isfinite(v))
-        bprintf(tex, " & --");
+        fk_sb_printf(tex, " & --");
     else if (h[0])
-        bprintf(tex, " & $%s \\pm %s$", a, h);
+        fk_sb_printf(tex, " & $%s \\pm %s$", a, h);
     else
-        bprintf(tex, " & $%s$", a);
+        fk_sb_printf(tex, " & $%s$", a);
 }
 
 static int table4(struct store *st, struct fk_plot_set *set, const char *out_dir)
 {
-    struct buf md = {0}, tex = {0};
+    struct fk_sb md = {0}, tex = {0};
     int nc = (int)(sizeof t4cols / sizeof t4cols[0]), rows = 0, rc = FK_OK;
-    bprintf(&md, "<!-- Table 4 (decoding cost and KV memory); generated by `fadkv-bench plot` "
+    fk_sb_printf(&md, "<!-- Table 4 (decoding cost and KV memory); generated by `fadkv-bench plot` "
                  "from %s -->\n\n| Dataset | Method | Cell |", st->dir);
-    bprintf(&tex, "%% Table 4 (decoding cost and KV memory); generated by fadkv-bench plot\n"
+    fk_sb_printf(&tex, "%% Table 4 (decoding cost and KV memory); generated by fadkv-bench plot\n"
                   "\\begin{tabular}{ll");
     for (int j = 0; j < nc; j++) {
-        bprintf(&md, " %s |", t4cols[j].head_md);
-        bprintf(&tex, "r");
+        fk_sb_printf(&md, " %s |", t4cols[j].head_md);
+        fk_sb_printf(&tex, "r");
     }
-    bprintf(&md, "\n|---|---|---|");
-    bprintf(&tex, "}\n\\hline\nDataset & Method");
+    fk_sb_printf(&md, "\n|---|---|---|");
+    fk_sb_printf(&tex, "}\n\\hline\nDataset & Method");
     for (int j = 0; j < nc; j++) {
-        bprintf(&md, "---|");
-        bprintf(&tex, " & %s", t4cols[j].head_tex);
+        fk_sb_printf(&md, "---|");
+        fk_sb_printf(&tex, " & %s", t4cols[j].head_tex);
     }
-    bprintf(&md, "\n");
-    bprintf(&tex, " \\\\\n\\hline\n");
+    fk_sb_printf(&md, "\n");
+    fk_sb_printf(&tex, " \\\\\n\\hline\n");
     int multi = 0;
     for (int d = 0; d < st->n_ds && rc == FK_OK; d++) {
         const char *ds = st->datasets[d];
@@ -1745,8 +1677,8 @@ static int table4(struct store *st, struct fk_plot_set *set, const char *out_dir
                     cstr(st, c, "s")[0])
                     ref = &st->c[j];
             double fpt = cnum(st, c, "bytes_full_per_seq") / cnum(st, c, "tokens_per_seq");
-            bprintf(&md, "| %s | %s | %s |", ds, codec_display(c->codec), c->id);
-            bprintf(&tex, "%s & %s", ds, codec_display(c->codec));
+            fk_sb_printf(&md, "| %s | %s | %s |", ds, codec_display(c->codec), c->id);
+            fk_sb_printf(&tex, "%s & %s", ds, codec_display(c->codec));
             for (int j = 0; j < nc && rc == FK_OK; j++) {
                 double v = cnum(st, c, t4cols[j].col) * t4cols[j].scale, half = NAN;
                 if (c->n_seq > 1) {
@@ -1775,13 +1707,13 @@ static int table4(struct store *st, struct fk_plot_set *set, const char *out_dir
                 }
                 t4_cell(&md, &tex, &t4cols[j], v, half, 0);
             }
-            bprintf(&md, "\n");
-            bprintf(&tex, " \\\\\n");
+            fk_sb_printf(&md, "\n");
+            fk_sb_printf(&tex, " \\\\\n");
             rows++;
         }
     }
-    bprintf(&tex, "\\hline\n\\end{tabular}\n");
-    bprintf(&md, "\nOne row per (dataset, codec): the representative cell (options closest to "
+    fk_sb_printf(&tex, "\\hline\n\\end{tabular}\n");
+    fk_sb_printf(&md, "\nOne row per (dataset, codec): the representative cell (options closest to "
                  "the dataset's common values). Cost and CPU time are per encoded vector, "
                  "relative to the Lexico-ADP cell of the same dataset and s. Bytes/token and GB/seq are "
                  "replay memory (codes + buffer + appended atoms; the shared universal "

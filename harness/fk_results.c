@@ -6,7 +6,6 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -15,63 +14,29 @@
 
 #include "fk_err.h"
 #include "fk_h5.h"
+#include "fk_str.h"
 
-/* ---- a growable string ----------------------------------------------------------------- */
-
-struct sb {
-    char *s;
-    size_t n, cap;
-    int oom;
-};
-
-static void sb_printf(struct sb *b, const char *fmt, ...)
-{
-    if (b->oom)
-        return;
-    for (;;) {
-        va_list ap;
-        va_start(ap, fmt);
-        size_t room = b->cap - b->n;
-        int k = vsnprintf(b->s ? b->s + b->n : NULL, b->s ? room : 0, fmt, ap);
-        va_end(ap);
-        if (k < 0) {
-            b->oom = 1;
-            return;
-        }
-        if (b->s && (size_t)k < room) {
-            b->n += (size_t)k;
-            return;
-        }
-        size_t nc = (b->cap + (size_t)k + 1) * 2;
-        char *ns = realloc(b->s, nc);
-        if (!ns) {
-            b->oom = 1;
-            return;
-        }
-        b->s = ns;
-        b->cap = nc;
-    }
-}
+/* ---- text helpers ------------------------------------------------------------------ */
 
 /* CSV field: quoted when it holds a comma, quote or newline. */
-static void sb_csv(struct sb *b, const char *v)
+static void sb_csv(struct fk_sb *b, const char *v)
 {
     if (!strpbrk(v, ",\"\n")) {
-        sb_printf(b, "%s", v);
+        fk_sb_printf(b, "%s", v);
         return;
     }
-    sb_printf(b, "\"");
+    fk_sb_printf(b, "\"");
     for (const char *p = v; *p; p++)
-        sb_printf(b, *p == '"' ? "\"\"" : "%c", *p);
-    sb_printf(b, "\"");
+        fk_sb_printf(b, *p == '"' ? "\"\"" : "%c", *p);
+    fk_sb_printf(b, "\"");
 }
 
-static void sb_num(struct sb *b, double v)
+static void sb_num(struct fk_sb *b, double v)
 {
     if (isnan(v))
-        sb_printf(b, "nan");
+        fk_sb_printf(b, "nan");
     else
-        sb_printf(b, "%.9g", v);
+        fk_sb_printf(b, "%.9g", v);
 }
 
 /* ---- files ----------------------------------------------------------------------------- */
@@ -322,25 +287,25 @@ static void aggregate(const struct fk_cell_result *r, struct headline *h)
 
 /* ---- writing a cell -------------------------------------------------------------------- */
 
-static void meta_opts(struct sb *b, const struct fk_cell_meta *m)
+static void meta_opts(struct fk_sb *b, const struct fk_cell_meta *m)
 {
     for (const struct fk_option *o = m->ops->options; o->name; o++) {
         char v[64];
         fk_opts_format(m->opts, o, v, sizeof v);
-        sb_printf(b, "opt.%s\t%s\n", o->name, v);
+        fk_sb_printf(b, "opt.%s\t%s\n", o->name, v);
     }
 }
 
-static void meta_head(struct sb *b, const struct fk_cell_meta *m, const char *status)
+static void meta_head(struct fk_sb *b, const struct fk_cell_meta *m, const char *status)
 {
-    sb_printf(b, "cell_id\t%s\ncodec\t%s\ndataset\t%s\nstatus\t%s\n", m->id, m->ops->name,
+    fk_sb_printf(b, "cell_id\t%s\ncodec\t%s\ndataset\t%s\nstatus\t%s\n", m->id, m->ops->name,
               m->dataset, status);
-    sb_printf(b, "dictionary\t%s\nn_traces\t%d\nseed\t%ld\nattn_stride\t%d\n",
+    fk_sb_printf(b, "dictionary\t%s\nn_traces\t%d\nseed\t%ld\nattn_stride\t%d\n",
               m->dict ? m->dict : "", m->n_traces, m->seed, m->attn_stride);
-    sb_printf(b, "traces\t");
+    fk_sb_printf(b, "traces\t");
     for (int i = 0; i < m->n_traces; i++)
-        sb_printf(b, "%s%s", i ? ";" : "", m->traces[i]);
-    sb_printf(b, "\n");
+        fk_sb_printf(b, "%s%s", i ? ";" : "", m->traces[i]);
+    fk_sb_printf(b, "\n");
     meta_opts(b, m);
 }
 
@@ -434,16 +399,16 @@ int fk_results_commit(const char *dir, const struct fk_cell_meta *m,
     FK_TRY(write_h5(path, m, r));
 
     /* summary rows: cell x trace x layer x kind */
-    struct sb b = {0};
+    struct fk_sb b = {0};
     for (int t = 0; t < r->n_traces; t++)
         for (int l = 0; l < r->n_layers; l++)
             for (int k = 0; k < 2; k++) {
                 const struct fk_stream_result *s =
                     &r->streams[((size_t)t * r->n_layers + l) * 2 + k];
                 const struct fk_attn_acc *a = &r->attn[(size_t)t * r->n_layers + l];
-                sb_printf(&b, "%s,%s,", m->id, m->ops->name);
+                fk_sb_printf(&b, "%s,%s,", m->id, m->ops->name);
                 sb_csv(&b, base_name(m->traces[t]));
-                sb_printf(&b, ",%d,%s,%ld,%ld,", l, k ? "V" : "K", s->n_vectors, s->n_zero);
+                fk_sb_printf(&b, ",%d,%s,%ld,%ld,", l, k ? "V" : "K", s->n_vectors, s->n_zero);
                 double v[] = {
                     stream_err(s, s->err_sum), stream_err(s, s->err_enc_sum),
                     stream_err(s, s->err_final_sum), s->x2_sum > 0 ? s->res2_sum / s->x2_sum : NAN,
@@ -461,7 +426,7 @@ int fk_results_commit(const char *dir, const struct fk_cell_meta *m,
                 };
                 for (size_t i = 0; i < sizeof v / sizeof v[0]; i++) {
                     sb_num(&b, v[i]);
-                    sb_printf(&b, i + 1 < sizeof v / sizeof v[0] ? "," : "\n");
+                    fk_sb_printf(&b, i + 1 < sizeof v / sizeof v[0] ? "," : "\n");
                 }
             }
     if (b.oom) {
@@ -476,18 +441,18 @@ int fk_results_commit(const char *dir, const struct fk_cell_meta *m,
     /* meta last: its presence marks the cell finished */
     struct headline h;
     aggregate(r, &h);
-    struct sb mb = {0};
+    struct fk_sb mb = {0};
     meta_head(&mb, m, "ok");
-#define X(name) sb_printf(&mb, #name "\t%.9g\n", (double)h.name);
+#define X(name) fk_sb_printf(&mb, #name "\t%.9g\n", (double)h.name);
     H_ITEMS(X)
 #undef X
-    sb_printf(&mb, "top1_overlap\t%.9g\ntop8_overlap\t%.9g\ntop32_overlap\t%.9g\n", h.top[0],
+    fk_sb_printf(&mb, "top1_overlap\t%.9g\ntop8_overlap\t%.9g\ntop32_overlap\t%.9g\n", h.top[0],
               h.top[1], h.top[2]);
     for (int q = 0; q < FK_RECALL_NS; q++)
-        sb_printf(&mb, "pool_recall_%d\t%.9g\n", 8 << q, h.pool_recall[q]);
-    sb_printf(&mb, "vectors\t%ld\nzero_vectors\t%ld\nattn_evals\t%ld\nattn_skipped_steps\t%ld\n",
+        fk_sb_printf(&mb, "pool_recall_%d\t%.9g\n", 8 << q, h.pool_recall[q]);
+    fk_sb_printf(&mb, "vectors\t%ld\nzero_vectors\t%ld\nattn_evals\t%ld\nattn_skipped_steps\t%ld\n",
               h.vectors, h.zero_vectors, h.attn_n, h.attn_skipped);
-    sb_printf(&mb, "wall_s\t%.6g\nt_io\t%.6g\nt_encode\t%.6g\nt_attn\t%.6g\nt_metrics\t%.6g\n"
+    fk_sb_printf(&mb, "wall_s\t%.6g\nt_io\t%.6g\nt_encode\t%.6g\nt_attn\t%.6g\nt_metrics\t%.6g\n"
               "t_gram\t%.6g\n", r->wall_s, r->t_io, r->t_encode, r->t_attn, r->t_metrics,
               r->t_gram);
     if (mb.oom) {
@@ -503,12 +468,12 @@ int fk_results_commit(const char *dir, const struct fk_cell_meta *m,
 int fk_results_commit_failed(const char *dir, const struct fk_cell_meta *m, const char *status,
                              const char *message)
 {
-    struct sb b = {0};
+    struct fk_sb b = {0};
     meta_head(&b, m, status);
-    sb_printf(&b, "error\t");
+    fk_sb_printf(&b, "error\t");
     for (const char *p = message; *p; p++)
-        sb_printf(&b, "%c", *p == '\n' || *p == '\t' ? ' ' : *p);
-    sb_printf(&b, "\n");
+        fk_sb_printf(&b, "%c", *p == '\n' || *p == '\t' ? ' ' : *p);
+    fk_sb_printf(&b, "\n");
     char path[4096];
     snprintf(path, sizeof path, "%s/cells/%s.summary.csv", dir, m->id);
     int rc = fk_write_atomic(path, "", 0);
@@ -537,31 +502,10 @@ static void kv_free(struct kv *m)
     memset(m, 0, sizeof *m);
 }
 
-static char *slurp(const char *path, size_t *len)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return NULL;
-    struct sb b = {0};
-    char buf[65536];
-    size_t k;
-    while ((k = fread(buf, 1, sizeof buf, f)) > 0)
-        sb_printf(&b, "%.*s", (int)k, buf);
-    fclose(f);
-    if (b.oom || !b.s) {
-        free(b.s);
-        b.s = calloc(1, 1);
-        b.n = 0;
-    }
-    if (len)
-        *len = b.n;
-    return b.s;
-}
-
 static int kv_load(const char *path, struct kv *m)
 {
     memset(m, 0, sizeof *m);
-    char *text = slurp(path, NULL);
+    char *text = fk_slurp(path, NULL);
     if (!text)
         return fk_err(FK_EIO, "%s: cannot read", path);
     int cap = 0;
@@ -592,18 +536,19 @@ static int kv_load(const char *path, struct kv *m)
     return FK_OK;
 }
 
+/* The value of key, or "" when absent. */
 static const char *kv_get(const struct kv *m, const char *key)
 {
     for (int i = 0; i < m->n; i++)
         if (!strcmp(m->k[i], key))
             return m->v[i];
-    return NULL;
+    return "";
 }
 
 static double kv_num(const struct kv *m, const char *key)
 {
     const char *v = kv_get(m, key);
-    return v ? strtod(v, NULL) : NAN;
+    return *v ? strtod(v, NULL) : NAN;
 }
 
 int fk_results_metric(const char *dir, const char *id, const char *name, double *value)
@@ -666,41 +611,40 @@ int fk_results_tables(const char *dir, const char *const *ids, int n_ids)
             if (!seen && n_opt < 256)
                 opt_cols[n_opt++] = o->name;
         }
-    struct sb b = {0}, s = {0};
-    sb_printf(&b, "cell_id,codec,dataset,status");
+    struct fk_sb b = {0}, s = {0};
+    fk_sb_printf(&b, "cell_id,codec,dataset,status");
     for (int j = 0; j < n_opt; j++)
-        sb_printf(&b, ",%s", opt_cols[j]);
-    sb_printf(&b, ",n_traces,traces,dictionary,seed,attn_stride");
+        fk_sb_printf(&b, ",%s", opt_cols[j]);
+    fk_sb_printf(&b, ",n_traces,traces,dictionary,seed,attn_stride");
     for (int j = 0; cell_metrics[j]; j++)
-        sb_printf(&b, ",%s", cell_metrics[j]);
-    sb_printf(&b, ",bytes_ratio_full,cost_mac_rel,cpu_time_rel,error\n");
-    sb_printf(&s, "%s", summary_header);
+        fk_sb_printf(&b, ",%s", cell_metrics[j]);
+    fk_sb_printf(&b, ",bytes_ratio_full,cost_mac_rel,cpu_time_rel,error\n");
+    fk_sb_printf(&s, "%s", summary_header);
     for (int i = 0; i < n_ids && rc == FK_OK; i++) {
         if (!have[i])
             continue;
         const struct kv *m = &metas[i];
-        sb_printf(&b, "%s,%s,", kv_get(m, "cell_id"), kv_get(m, "codec"));
-        sb_csv(&b, kv_get(m, "dataset") ? kv_get(m, "dataset") : "");
-        sb_printf(&b, ",%s", kv_get(m, "status"));
+        fk_sb_printf(&b, "%s,%s,", kv_get(m, "cell_id"), kv_get(m, "codec"));
+        sb_csv(&b, kv_get(m, "dataset"));
+        fk_sb_printf(&b, ",%s", kv_get(m, "status"));
         for (int j = 0; j < n_opt; j++) {
             char key[128];
             snprintf(key, sizeof key, "opt.%s", opt_cols[j]);
-            const char *v = kv_get(m, key);
-            sb_printf(&b, ",");
-            sb_csv(&b, v ? v : "");
+            fk_sb_printf(&b, ",");
+            sb_csv(&b, kv_get(m, key));
         }
-        sb_printf(&b, ",%s,", kv_get(m, "n_traces"));
-        sb_csv(&b, kv_get(m, "traces") ? kv_get(m, "traces") : "");
-        sb_printf(&b, ",");
-        sb_csv(&b, kv_get(m, "dictionary") ? kv_get(m, "dictionary") : "");
-        sb_printf(&b, ",%s,%s", kv_get(m, "seed"), kv_get(m, "attn_stride"));
+        fk_sb_printf(&b, ",%s,", kv_get(m, "n_traces"));
+        sb_csv(&b, kv_get(m, "traces"));
+        fk_sb_printf(&b, ",");
+        sb_csv(&b, kv_get(m, "dictionary"));
+        fk_sb_printf(&b, ",%s,%s", kv_get(m, "seed"), kv_get(m, "attn_stride"));
         for (int j = 0; cell_metrics[j]; j++) {
-            sb_printf(&b, ",");
+            fk_sb_printf(&b, ",");
             sb_num(&b, kv_num(m, cell_metrics[j]));
         }
         /* bytes per token: per sequence bytes over the mean trace length */
         double full = kv_num(m, "bytes_full_per_seq"), seq = kv_num(m, "bytes_per_seq");
-        sb_printf(&b, ",");
+        fk_sb_printf(&b, ",");
         sb_num(&b, full > 0 ? seq / full : NAN);
         /* cost relative to lexico-adp on the same dataset and s */
         double mac_rel = NAN, cpu_rel = NAN;
@@ -710,25 +654,25 @@ int fk_results_tables(const char *dir, const char *const *ids, int n_ids)
                 strcmp(kv_get(&metas[r], "status"), "ok"))
                 continue;
             const char *ds2 = kv_get(&metas[r], "dataset"), *sv2 = kv_get(&metas[r], "opt.s");
-            if (!ds || !ds2 || strcmp(ds, ds2) || !sv || !sv2 || strcmp(sv, sv2))
+            if (strcmp(ds, ds2) || strcmp(sv, sv2))
                 continue;
             mac_rel = kv_num(m, "macs_per_vec") / kv_num(&metas[r], "macs_per_vec");
             cpu_rel = kv_num(m, "cpu_us_per_vec") / kv_num(&metas[r], "cpu_us_per_vec");
             break;
         }
-        sb_printf(&b, ",");
+        fk_sb_printf(&b, ",");
         sb_num(&b, mac_rel);
-        sb_printf(&b, ",");
+        fk_sb_printf(&b, ",");
         sb_num(&b, cpu_rel);
-        sb_printf(&b, ",");
-        sb_csv(&b, kv_get(m, "error") ? kv_get(m, "error") : "");
-        sb_printf(&b, "\n");
+        fk_sb_printf(&b, ",");
+        sb_csv(&b, kv_get(m, "error"));
+        fk_sb_printf(&b, "\n");
         char p[4096];
         snprintf(p, sizeof p, "%s/cells/%s.summary.csv", dir, ids[i]);
         size_t len = 0;
-        char *rows = slurp(p, &len);
+        char *rows = fk_slurp(p, &len);
         if (rows)
-            sb_printf(&s, "%s", rows);
+            fk_sb_printf(&s, "%s", rows);
         free(rows);
     }
     if (rc == FK_OK && (b.oom || s.oom))
