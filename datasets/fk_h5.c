@@ -3,6 +3,7 @@
  */
 #include "fk_h5.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -87,7 +88,7 @@ int fk_h5_attr_i64(hid_t obj, const char *file, const char *name, int64_t *out)
 {
     double d;
     FK_TRY(attr_num(obj, file, name, H5T_NATIVE_DOUBLE, &d));
-    if (d != (double)(int64_t)d)
+    if (!(d >= -9223372036854775808.0 && d < 9223372036854775808.0) || d != floor(d))
         return fk_err(FK_ECORRUPT, "%s: attribute '%s' must be an integer (got %g)", file,
                       name, d);
     *out = (int64_t)d;

@@ -233,6 +233,17 @@ static int write_provenance(const struct fk_sweep *s, int jobs)
     return fk_write_atomic(p, s->resolved, strlen(s->resolved));
 }
 
+static void free_loaded(const struct fk_sweep *s, struct loaded *ld)
+{
+    for (int d = 0; ld && d < s->n_datasets; d++) {
+        for (int i = 0; ld[d].traces && i < s->datasets[d].n_traces; i++)
+            fk_trace_close(&ld[d].traces[i]);
+        free(ld[d].traces);
+        fk_dict_free(&ld[d].dict);
+    }
+    free(ld);
+}
+
 static int parse_shard(const char *a, int *i, int *n)
 {
     char *end;
@@ -431,13 +442,41 @@ static int cmd_sweep(int argc, char **argv)
         fk_sweep_free(&s);
         return 0;
     }
-    if (fk_results_prepare(s->output) < 0) {
+    /* Open every trace and dictionary a cell to run needs before the results directory is
+     * touched: a damaged file then fails the run and leaves earlier results as they were. */
+    struct loaded *ld = calloc((size_t)s->n_datasets, sizeof *ld);
+    if (!ld) {
+        fk_sweep_free(&s);
+        return fail("out of memory");
+    }
+    int lrc0 = FK_OK;
+    for (int c = 0; c < s->n_cells && lrc0 == FK_OK; c++) {
+        const struct fk_sweep_cell *cell = &s->cells[c];
+        if (c % sh_n != sh_i || (!force && fk_results_done(s->output, cell->id)))
+            continue;
+        struct fk_dataset *ds = &s->datasets[cell->dataset];
+        struct loaded *L = &ld[cell->dataset];
+        if (!L->traces) {
+            L->traces = calloc((size_t)ds->n_traces, sizeof(struct fk_trace *));
+            if (!L->traces)
+                lrc0 = fk_err(FK_ENOMEM, "out of memory");
+            for (int i = 0; lrc0 == FK_OK && i < ds->n_traces; i++)
+                lrc0 = fk_trace_open(ds->traces[i], &L->traces[i]);
+        }
+        if (lrc0 == FK_OK && !L->dict && ds->dict && (cell->ops->caps & FK_CAP_DICT))
+            lrc0 = fk_dict_load(ds->dict, &L->dict);
+        if (lrc0 < 0)
+            fprintf(stderr, "fadkv-bench: dataset '%s': %s\n", ds->name, fk_errmsg());
+    }
+    if (lrc0 < 0) {
+        free_loaded(s, ld);
+        fk_sweep_free(&s);
+        return 1;
+    }
+    if (fk_results_prepare(s->output) < 0 || write_provenance(s, s->jobs) < 0) {
+        free_loaded(s, ld);
         fk_sweep_free(&s);
         return fail("results directory");
-    }
-    if (write_provenance(s, s->jobs) < 0) {
-        fk_sweep_free(&s);
-        return fail("provenance");
     }
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
@@ -445,11 +484,9 @@ static int cmd_sweep(int argc, char **argv)
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
 
-    struct loaded *ld = calloc((size_t)s->n_datasets, sizeof *ld);
     const char **ids = calloc((size_t)s->n_cells + 1, sizeof(char *));
-    if (!ld || !ids) {
-        free(ld);
-        free(ids);
+    if (!ids) {
+        free_loaded(s, ld);
         fk_sweep_free(&s);
         return fail("out of memory");
     }
@@ -575,13 +612,7 @@ static int cmd_sweep(int argc, char **argv)
     }
     if (fk_results_tables(s->output, ids, s->n_cells) < 0 && !rc)
         rc = fail("writing cells.csv");
-    for (int d = 0; d < s->n_datasets; d++) {
-        for (int i = 0; ld[d].traces && i < s->datasets[d].n_traces; i++)
-            fk_trace_close(&ld[d].traces[i]);
-        free(ld[d].traces);
-        fk_dict_free(&ld[d].dict);
-    }
-    free(ld);
+    free_loaded(s, ld);
     free(ids);
     if (g_stop) {
         fprintf(stderr, "fadkv-bench: interrupted: %d cell(s) finished and kept; run the same "
@@ -601,6 +632,8 @@ static int cmd_sweep(int argc, char **argv)
 int main(int argc, char **argv)
 {
     fk_hdf5_quiet();
+    /* a file-size limit makes write() fail with EFBIG (reported) instead of killing us */
+    signal(SIGXFSZ, SIG_IGN);
     if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
         usage(argc < 2 ? stderr : stdout);
         return argc < 2 ? 2 : 0;

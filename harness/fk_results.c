@@ -318,11 +318,19 @@ static const char *base_name(const char *p)
 static int write_h5(const char *path, const struct fk_cell_meta *m,
                     const struct fk_cell_result *r)
 {
-    char tmp[4200];
-    snprintf(tmp, sizeof tmp, "%s.tmp", path);
-    hid_t f = H5Fcreate(tmp, H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+    /* The file is built in memory (core driver, no backing store) and written with
+     * fk_write_atomic: HDF5 never writes to the disk, so a full disk is an ordinary write
+     * error here (HDF5 1.10 crashes at exit after a failed H5Fclose, HDFGroup/hdf5#2257). */
+    hid_t fapl = H5Pcreate(H5P_FILE_ACCESS);
+    if (fapl < 0 || H5Pset_fapl_core(fapl, 1 << 20, 0) < 0) {
+        if (fapl >= 0)
+            H5Pclose(fapl);
+        return fk_err(FK_EEXTERNAL, "%s: HDF5 core driver unavailable", path);
+    }
+    hid_t f = H5Fcreate(path, H5F_ACC_TRUNC, H5P_DEFAULT, fapl);
+    H5Pclose(fapl);
     if (f < 0)
-        return fk_err(FK_EIO, "%s: cannot create", tmp);
+        return fk_err(FK_EIO, "%s: cannot create (in memory)", path);
     int rc = fk_h5_put_str(f, "schema", "fadkv-cell");
     if (!rc) rc = fk_h5_put_str(f, "cell_id", m->id);
     if (!rc) rc = fk_h5_put_str(f, "codec", m->ops->name);
@@ -372,12 +380,20 @@ static int write_h5(const char *path, const struct fk_cell_meta *m,
         }
         H5Gclose(gt);
     }
-    if (H5Fclose(f) < 0 && !rc)
-        rc = fk_err(FK_EIO, "%s: closing failed (disk full?)", tmp);
-    if (!rc && rename(tmp, path) != 0)
-        rc = fk_err(FK_EIO, "%s: cannot rename into place", path);
-    if (rc)
-        unlink(tmp);
+    char *img = NULL;
+    ssize_t len = 0;
+    if (!rc && H5Fflush(f, H5F_SCOPE_GLOBAL) < 0)
+        rc = fk_err(FK_EEXTERNAL, "%s: HDF5 flush failed", path);
+    if (!rc && (len = H5Fget_file_image(f, NULL, 0)) <= 0)
+        rc = fk_err(FK_EEXTERNAL, "%s: HDF5 file image unavailable", path);
+    if (!rc && !(img = malloc((size_t)len)))
+        rc = fk_err(FK_ENOMEM, "out of memory (%zd bytes)", len);
+    if (!rc && H5Fget_file_image(f, img, (size_t)len) != len)
+        rc = fk_err(FK_EEXTERNAL, "%s: HDF5 file image unavailable", path);
+    H5Fclose(f);
+    if (!rc)
+        rc = fk_write_atomic(path, img, (size_t)len);
+    free(img);
     return rc;
 }
 

@@ -278,8 +278,15 @@ static int canon_opts(const struct fk_codec_ops *ops, const void *opts, char *bu
 }
 
 static int push_cell(struct fk_sweep *s, struct cellvec *cv, const struct fk_codec_ops *ops,
-                     const void *opts, const struct fk_toml_value *excl, int d)
+                     const void *opts, const struct fk_toml_value *excl, int d,
+                     const struct fk_toml_value *blk)
 {
+    /* combinations impossible at any N (e.g. s > n) are refused now; the checks that need
+     * the dictionary's N run when the cell starts */
+    if (ops->check && ops->check(opts, 0, 0) < 0)
+        return fk_err_context(FK_ECONFIG, "%s:%d:%d: codec '%s' (dataset '%s')",
+                              fk_toml_origin(blk), fk_toml_line(blk), fk_toml_col(blk),
+                              ops->name, s->datasets[d].name);
     char canon[4096];
     FK_TRY(canon_opts(ops, opts, canon, sizeof canon));
     {
@@ -367,10 +374,10 @@ struct dim {
 
 static int expand(struct fk_sweep *s, struct cellvec *cv, const struct fk_codec_ops *ops,
                   void *opts, const struct dim *dims, int n_dims, int at,
-                  const struct fk_toml_value *excl, int ds)
+                  const struct fk_toml_value *excl, int ds, const struct fk_toml_value *blk)
 {
     if (at == n_dims)
-        return push_cell(s, cv, ops, opts, excl, ds);
+        return push_cell(s, cv, ops, opts, excl, ds, blk);
     const struct dim *d = &dims[at];
     void *saved = malloc(ops->opts_size);
     if (!saved)
@@ -393,7 +400,7 @@ static int expand(struct fk_sweep *s, struct cellvec *cv, const struct fk_codec_
                                     d->e[0]->col, ops->name);
         }
         if (rc == FK_OK)
-            rc = expand(s, cv, ops, opts, dims, n_dims, at + 1, excl, ds);
+            rc = expand(s, cv, ops, opts, dims, n_dims, at + 1, excl, ds, blk);
     }
     memcpy(opts, saved, ops->opts_size);
     free(saved);
@@ -531,7 +538,7 @@ static int resolve_codec(struct fk_sweep *s, struct cellvec *cv, const struct fk
                 rc = set_option(ops, opts, e->key, e->value, e->origin, e->line, e->col);
         }
         if (rc == FK_OK)
-            rc = expand(s, cv, ops, opts, dims, n_dims, 0, excl, d);
+            rc = expand(s, cv, ops, opts, dims, n_dims, 0, excl, d, blk);
     }
     free(opts);
     return rc;
@@ -689,6 +696,13 @@ static int resolve(struct fk_sweep *s, const struct fk_toml_value *root, int has
             const struct fk_toml_entry *e = fk_toml_table_at(rule, i);
             if (strcmp(e->key, "codec") && strcmp(e->key, "dataset") && !is_known_option(e->key))
                 return entry_err(e, "[[exclude]] keys are codec, dataset or codec options");
+            int want_str = !strcmp(e->key, "codec") || !strcmp(e->key, "dataset");
+            for (int c = 0; fk_codecs[c] && !want_str; c++) {
+                const struct fk_option *o = fk_codec_option(fk_codecs[c], e->key);
+                want_str = o && o->type == FK_OPT_ENUM;
+            }
+            if (want_str && fk_toml_type(e->value) != FK_TOML_STRING)
+                return entry_err(e, "expected a string (a codec, dataset or option value name)");
         }
     }
     const struct fk_toml_value *codecs = fk_toml_table_get(root, "codec");
@@ -701,6 +715,9 @@ static int resolve(struct fk_sweep *s, const struct fk_toml_value *root, int has
     s->cells = cv.v;
     s->n_cells = cv.n;
     FK_TRY(rc);
+    if (s->n_cells == 0)
+        return fk_err(FK_ECONFIG, "%s: no cells left to run ([[exclude]] rules drop every cell)",
+                      s->path);
     /* ids and seeds: hash of the canonical cell, its data and the harness version */
     size_t tot = 256;
     for (int c = 0; c < s->n_cells; c++)

@@ -29,7 +29,7 @@ DICT=$DICTS/aidreams-260k.h5         # 4 layers, d 16, N 128
 
 # Known harness bugs (report of issue 9). A check tagged with one of these ids that fails
 # turns the case into XFAIL instead of FAIL (unless FK_STRICT=1). Remove an id once fixed.
-KNOWN=" B1 B2 B3 B4 "
+KNOWN=" "
 #  B1 harness/fk_cli.c cmd_sweep: the results directory is prepared and provenance.json,
 #     resolved.txt, cells.csv, summary.csv are rewritten before the traces are opened, so a
 #     damaged trace or dictionary (found when the first cell loads its dataset) replaces the
@@ -271,6 +271,10 @@ grid = { delta_k = [0.5, 2.0] }' "threshold-in-grid.toml:8:" "'delta_k' = 2 is o
 cfg_case s-greater-than-n-in-grid '[[codec]]
 name = "gm"
 grid = { s = [4, 8], n = [4, 16] }' "s-greater-than-n-in-grid.toml:8:" "s = 8 must not exceed the pool size n = 4"
+cfg_case s-greater-than-n '[[codec]]
+name = "gm"
+s = 8
+n = 4' "s-greater-than-n.toml:" "codec 'gm'" "s = 8 must not exceed the pool size n = 4"
 cfg_case zip-unequal '[[codec]]
 name = "gm"
 zip = { delta_k = [0.4, 0.5], delta_v = [0.5] }' "zip-unequal.toml:8:" "equal lengths"
@@ -505,11 +509,6 @@ cell_case query-index-out-of-range "$B/bad-query-idx.h5" "$DICT" 'attention = tr
 [[codec]]
 name = "lexico"
 n_b = 16' "query_token_idx[3] = 100000" "expected a token index in [0, 124)"
-cell_case s-greater-than-n "$A" "$DICT" '[[codec]]
-name = "gm"
-s = 8
-n = 4
-n_b = 16' "s = 8 must not exceed the pool size n = 4"
 cell_case n-greater-than-N "$A" "$DICT" '[[codec]]
 name = "fadkv"
 s = 4

@@ -82,7 +82,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         abort();
     close(cwd);
     if (rc == FK_OK) {
-        if (!s || s->n_cells < 1 || !s->resolved || !s->output)
+        /* n_cells may be 0: [[exclude]] rules can drop every cell (reported as a finding:
+         * the run then exits 0 having done nothing) */
+        if (!s || s->n_cells < 0 || !s->resolved || !s->output || !s->name)
             abort();
         for (int c = 0; c < s->n_cells; c++)
             if (strlen(s->cells[c].id) != 16 || !s->cells[c].opts)
