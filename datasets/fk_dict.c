@@ -53,6 +53,9 @@ static int load(struct fk_dict *d, hid_t f)
     FK_TRY(read_int(f, path, "head_dim", &d->head_dim));
     FK_TRY(read_int(f, path, "num_layers", &d->n_layers));
     FK_TRY(read_int(f, path, "atoms", &d->n_atoms));
+    if ((double)d->n_layers * 2 * d->n_atoms * d->head_dim > 2147483648.0)
+        return fk_err(FK_ECORRUPT, "%s: %d layers x 2 x %d atoms x head_dim %d exceeds the 2^31 "
+                      "values this loader supports", path, d->n_layers, d->n_atoms, d->head_dim);
     size_t per = (size_t)d->n_atoms * (size_t)d->head_dim;
     size_t total = per * 2 * (size_t)d->n_layers;
     d->atoms = malloc(sizeof(float) * total);

@@ -287,6 +287,12 @@ static int validate(struct fk_trace *t)
                       "%s: prompt_len = %d but /tokens/phase marks %d prefill tokens", t->path,
                       in->prompt_len, n_prefill);
 
+    /* one (layer, kind) array must fit the reader's buffers (2^31 values) */
+    if ((double)in->n_kv_heads * in->n_tokens * in->head_dim > 2147483648.0 ||
+        (double)in->n_q_heads * in->n_tokens * in->head_dim > 2147483648.0)
+        return fk_err(FK_ECORRUPT, "%s: %d heads x %d tokens x head_dim %d exceeds the 2^31 "
+                      "values per layer array this reader supports",
+                      t->path, in->n_q_heads, in->n_tokens, in->head_dim);
     /* layers */
     if (H5Lexists(t->file, "/layers", H5P_DEFAULT) <= 0)
         return fk_err(FK_ECORRUPT, "%s: missing group /layers", t->path);
@@ -309,6 +315,9 @@ static int validate(struct fk_trace *t)
         }
         long q[3] = {in->n_q_heads, in->n_queries, in->head_dim};
         FK_TRY(check_array(t, FK_KIND_Q, l, q));
+        if (q[1] > (1L << 24))
+            return fk_err(FK_ECORRUPT, "%s: layer L%02d has %ld query rows (limit 16777216)",
+                          t->path, l, q[1]);
         in->n_queries = (int)q[1];
         snprintf(name, sizeof name, "/layers/L%02d/query_token_idx", l);
         if (H5Lexists(t->file, name, H5P_DEFAULT) <= 0)
