@@ -416,9 +416,6 @@ static int encode_one(struct dc *d, const float *x, const float *a, struct fk_co
         d->st.macs += cost_omp(d->m, d->Nt, c->iters > c->k ? c->iters : c->k);
         return FK_OK;
     }
-    double xx = 0;
-    for (int i = 0; i < d->m; i++)
-        xx += (double)x[i] * x[i];
     if (coder == CODER_GM) {
         int np = fk_topn(a, d->dead, d->Nt, d->o.n, 0, d->pool, d->work);
         rc = fk_omp_naive(&v, x, a, d->pool, np, d->o.s, 0, d->work, c);
@@ -426,6 +423,9 @@ static int encode_one(struct dc *d, const float *x, const float *a, struct fk_co
             return rc;
         d->st.macs += cost_gm(d->m, d->Nt, np, c->iters > c->k ? c->iters : c->k, c->k);
     } else {
+        double xx = 0;
+        for (int i = 0; i < d->m; i++)
+            xx += (double)x[i] * x[i];
         memset(c, 0, sizeof *c);
         c->xx = xx;
         if (xx <= 1e-30) {

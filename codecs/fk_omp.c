@@ -23,8 +23,10 @@
 
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__)
 #define FK_CLONES __attribute__((target_clones("avx2", "default")))
+#define FK_FMA_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
 #else
 #define FK_CLONES
+#define FK_FMA_CLONES
 #endif
 
 void fk_correlate(const struct fk_dict_view *d, const float *x, int nx, float *a)
@@ -76,11 +78,13 @@ static int clamp_s(int s, int m)
 /* Work layout (in floats), shared by both modes:
  *   [0, dbl)          doubles: L (s*s), z, w, gamma (s each), rx (m)  (aligned to 64 B)
  *   c                 n_atoms floats: residual correlations
- *   scratch           n_atoms floats: Gram row scratch for d->gram_row
  *   smax              n_atoms/STRIP + 1 floats: per-strip maxima
  *   r                 m floats (naive residual)
  *   mask              n_atoms bytes: 1 = selected or excluded
- *   dm                (s - 1) * n_atoms floats: q_k^T D rows (Gram mode) */
+ *   scratch           n_atoms floats (rounded up to 16): Gram row scratch for d->gram_row
+ *   dm                (s - 1) * n_atoms floats: q_k^T D rows (Gram mode), then 16 floats
+ * Naive mode with candidates uses scratch .. the end of dm (s * n_atoms floats, from a 64-byte
+ * boundary) as its pool copy when the candidates' rows fit. */
 struct omp_ws {
     double *L;      /* (s, s) lower triangular, row-major */
     double *z;      /* (s) L^{-1} a_S */
@@ -93,6 +97,7 @@ struct omp_ws {
     float *r;       /* (m) residual in float */
     uint8_t *mask;  /* (n_atoms) banned atoms */
     float *dm;      /* (s - 1, n_atoms) orthonormalised correlation rows */
+    float *end;     /* one past the last float of dm and its slack */
 };
 
 static size_t ws_layout(int n_atoms, int m, int s, float *work, struct omp_ws *ws)
@@ -102,8 +107,6 @@ static size_t ws_layout(int n_atoms, int m, int s, float *work, struct omp_ws *w
     size_t off = 16 + 2 * ndbl; /* 16 floats of slack to align the doubles to 64 B */
     size_t c_off = off;
     off += n;
-    size_t scr_off = off;
-    off += n;
     size_t smax_off = off;
     off += n / STRIP + 2;
     size_t r_off = off;
@@ -111,8 +114,10 @@ static size_t ws_layout(int n_atoms, int m, int s, float *work, struct omp_ws *w
     size_t mask_off = off;
     off += (n + 3) / 4;
     off = (off + 15) & ~(size_t)15;
+    size_t scr_off = off;
+    off += (n + 15) & ~(size_t)15;
     size_t dm_off = off;
-    off += (sm > 1 ? sm - 1 : 0) * n;
+    off += (sm > 1 ? sm - 1 : 0) * n + 16; /* + 16: the pool copy's alignment slack */
     if (work && ws) {
         uintptr_t p = (uintptr_t)work;
         uintptr_t q = (p + 63) & ~(uintptr_t)63;
@@ -128,6 +133,7 @@ static size_t ws_layout(int n_atoms, int m, int s, float *work, struct omp_ws *w
         ws->r = work + r_off;
         ws->mask = (uint8_t *)(work + mask_off);
         ws->dm = work + dm_off;
+        ws->end = work + off;
     }
     return off;
 }
@@ -480,7 +486,7 @@ int fk_omp_gram(const struct fk_dict_view *d, const float *x, const float *a, in
 /* ---- naive mode ----------------------------------------------------------------------- */
 
 #define DL 16 /* double accumulator lanes of the naive mode's inner products */
-#define FL 16 /* float accumulator lanes of the candidate correlations */
+#define FL 8  /* float accumulator lanes of the candidate correlations */
 
 /* Sum of n lanes (a power of two) in a fixed pairwise order. */
 static inline double lsum_d(double *acc, int n)
@@ -491,12 +497,13 @@ static inline double lsum_d(double *acc, int n)
     return acc[0];
 }
 
-static inline float lsum_f(float *acc, int n)
+/* Sum of 8 float lanes in a fixed pairwise order. */
+static inline float lsum8(const float *a)
 {
-    for (int w = n / 2; w >= 1; w /= 2)
-        for (int l = 0; l < w; l++)
-            acc[l] += acc[l + w];
-    return acc[0];
+    float b[4];
+    for (int l = 0; l < 4; l++)
+        b[l] = a[l] + a[l + 4];
+    return (b[0] + b[2]) + (b[1] + b[3]);
 }
 
 /* sum_i a_i b_i in double (exact float products, DL lanes, fixed order: the same bits in
@@ -513,55 +520,151 @@ FK_CLONES static double dot_fd(const float *restrict a, const float *restrict b,
     return lsum_d(acc, DL);
 }
 
-/* d . r in float with FL lanes, one row (the same arithmetic per row as corr4). */
-FK_CLONES static float corr1(const float *restrict d, const float *restrict r, int m)
+/* d . r in float: FL lanes of fused multiply-adds over whole groups of FL coordinates, then
+ * the remaining coordinates in lane order. fmaf rounds once everywhere, so every clone gives
+ * the same bits (the x86-64-v3 clone in hardware). */
+FK_FMA_CLONES static float corr1(const float *restrict d, const float *restrict r, int m)
 {
     float acc[FL] = {0};
-    int i = 0;
-    for (; i + FL <= m; i += FL)
+    int mf = m - m % FL;
+    for (int i = 0; i < mf; i += FL)
         for (int l = 0; l < FL; l++)
-            acc[l] += d[i + l] * r[i + l];
-    for (int l = 0; i + l < m; l++)
-        acc[l] += d[i + l] * r[i + l];
-    return lsum_f(acc, FL);
+            acc[l] = fmaf(d[i + l], r[i + l], acc[l]);
+    float s = lsum8(acc);
+    for (int i = mf; i < m; i++)
+        s = fmaf(d[i], r[i], s);
+    return s;
 }
 
-/* Four rows at once sharing the loads of r; each row's result equals corr1's. */
-FK_CLONES static void corr4(const float *restrict d0, const float *restrict d1,
-                            const float *restrict d2, const float *restrict d3,
-                            const float *restrict r, int m, float *restrict out)
+/* Eight rows (m a multiple of FL) sharing the loads of r; each equals corr1 of its row. */
+FK_FMA_CLONES static void corr8(const float *const *restrict d, const float *restrict r, int m,
+                                float *restrict out)
 {
+    const float *restrict d0 = d[0], *restrict d1 = d[1], *restrict d2 = d[2];
+    const float *restrict d3 = d[3], *restrict d4 = d[4], *restrict d5 = d[5];
+    const float *restrict d6 = d[6], *restrict d7 = d[7];
     float a0[FL] = {0}, a1[FL] = {0}, a2[FL] = {0}, a3[FL] = {0};
-    int i = 0;
-    for (; i + FL <= m; i += FL)
+    float a4[FL] = {0}, a5[FL] = {0}, a6[FL] = {0}, a7[FL] = {0};
+    for (int i = 0; i < m; i += FL)
         for (int l = 0; l < FL; l++) {
             float rv = r[i + l];
-            a0[l] += d0[i + l] * rv;
-            a1[l] += d1[i + l] * rv;
-            a2[l] += d2[i + l] * rv;
-            a3[l] += d3[i + l] * rv;
+            a0[l] = fmaf(d0[i + l], rv, a0[l]);
+            a1[l] = fmaf(d1[i + l], rv, a1[l]);
+            a2[l] = fmaf(d2[i + l], rv, a2[l]);
+            a3[l] = fmaf(d3[i + l], rv, a3[l]);
+            a4[l] = fmaf(d4[i + l], rv, a4[l]);
+            a5[l] = fmaf(d5[i + l], rv, a5[l]);
+            a6[l] = fmaf(d6[i + l], rv, a6[l]);
+            a7[l] = fmaf(d7[i + l], rv, a7[l]);
         }
-    for (int l = 0; i + l < m; l++) {
-        float rv = r[i + l];
-        a0[l] += d0[i + l] * rv;
-        a1[l] += d1[i + l] * rv;
-        a2[l] += d2[i + l] * rv;
-        a3[l] += d3[i + l] * rv;
-    }
-    out[0] = lsum_f(a0, FL);
-    out[1] = lsum_f(a1, FL);
-    out[2] = lsum_f(a2, FL);
-    out[3] = lsum_f(a3, FL);
+    out[0] = lsum8(a0);
+    out[1] = lsum8(a1);
+    out[2] = lsum8(a2);
+    out[3] = lsum8(a3);
+    out[4] = lsum8(a4);
+    out[5] = lsum8(a5);
+    out[6] = lsum8(a6);
+    out[7] = lsum8(a7);
 }
 
-/* c[p] = d_{cand[p]} . r for the nc candidates. */
+/* corr8 that also copies the eight rows into blk, interleaved by groups of FL coordinates:
+ * blk[i * 8 + q * FL + l] = row q [i + l] (i a multiple of FL). */
+FK_FMA_CLONES static void corr8_copy(const float *const *restrict d, const float *restrict r,
+                                     int m, float *restrict out, float *restrict blk)
+{
+    const float *restrict d0 = d[0], *restrict d1 = d[1], *restrict d2 = d[2];
+    const float *restrict d3 = d[3], *restrict d4 = d[4], *restrict d5 = d[5];
+    const float *restrict d6 = d[6], *restrict d7 = d[7];
+    float a0[FL] = {0}, a1[FL] = {0}, a2[FL] = {0}, a3[FL] = {0};
+    float a4[FL] = {0}, a5[FL] = {0}, a6[FL] = {0}, a7[FL] = {0};
+    for (int i = 0; i < m; i += FL) {
+        float *restrict b = blk + (size_t)i * 8;
+        for (int l = 0; l < FL; l++) {
+            float rv = r[i + l];
+            a0[l] = fmaf(d0[i + l], rv, a0[l]);
+            a1[l] = fmaf(d1[i + l], rv, a1[l]);
+            a2[l] = fmaf(d2[i + l], rv, a2[l]);
+            a3[l] = fmaf(d3[i + l], rv, a3[l]);
+            a4[l] = fmaf(d4[i + l], rv, a4[l]);
+            a5[l] = fmaf(d5[i + l], rv, a5[l]);
+            a6[l] = fmaf(d6[i + l], rv, a6[l]);
+            a7[l] = fmaf(d7[i + l], rv, a7[l]);
+            b[l] = d0[i + l];
+            b[FL + l] = d1[i + l];
+            b[2 * FL + l] = d2[i + l];
+            b[3 * FL + l] = d3[i + l];
+            b[4 * FL + l] = d4[i + l];
+            b[5 * FL + l] = d5[i + l];
+            b[6 * FL + l] = d6[i + l];
+            b[7 * FL + l] = d7[i + l];
+        }
+    }
+    out[0] = lsum8(a0);
+    out[1] = lsum8(a1);
+    out[2] = lsum8(a2);
+    out[3] = lsum8(a3);
+    out[4] = lsum8(a4);
+    out[5] = lsum8(a5);
+    out[6] = lsum8(a6);
+    out[7] = lsum8(a7);
+}
+
+/* corr8 on a block written by corr8_copy (one sequential stream); the same bits. */
+FK_FMA_CLONES static void corr8_blk(const float *restrict blk, const float *restrict r, int m,
+                                    float *restrict out)
+{
+    float a0[FL] = {0}, a1[FL] = {0}, a2[FL] = {0}, a3[FL] = {0};
+    float a4[FL] = {0}, a5[FL] = {0}, a6[FL] = {0}, a7[FL] = {0};
+    for (int i = 0; i < m; i += FL) {
+        const float *restrict b = blk + (size_t)i * 8;
+        for (int l = 0; l < FL; l++) {
+            float rv = r[i + l];
+            a0[l] = fmaf(b[l], rv, a0[l]);
+            a1[l] = fmaf(b[FL + l], rv, a1[l]);
+            a2[l] = fmaf(b[2 * FL + l], rv, a2[l]);
+            a3[l] = fmaf(b[3 * FL + l], rv, a3[l]);
+            a4[l] = fmaf(b[4 * FL + l], rv, a4[l]);
+            a5[l] = fmaf(b[5 * FL + l], rv, a5[l]);
+            a6[l] = fmaf(b[6 * FL + l], rv, a6[l]);
+            a7[l] = fmaf(b[7 * FL + l], rv, a7[l]);
+        }
+    }
+    out[0] = lsum8(a0);
+    out[1] = lsum8(a1);
+    out[2] = lsum8(a2);
+    out[3] = lsum8(a3);
+    out[4] = lsum8(a4);
+    out[5] = lsum8(a5);
+    out[6] = lsum8(a6);
+    out[7] = lsum8(a7);
+}
+
+/* c[p] = d_{cand[p]} . r for the nc candidates, eight rows at a time (the rest one by one;
+ * every row gets corr1's bits). pool (nullable): room for the first nc - nc % 8 rows; the
+ * first call copies them (*pool_ready = 1), later calls stream the copy. */
 static void corr_cand(const float *atoms, int m, const int32_t *cand, int nc, const float *r,
-                      float *c)
+                      float *c, float *pool, int *pool_ready)
 {
     int p = 0;
-    for (; p + 4 <= nc; p += 4)
-        corr4(atoms + (size_t)cand[p] * m, atoms + (size_t)cand[p + 1] * m,
-              atoms + (size_t)cand[p + 2] * m, atoms + (size_t)cand[p + 3] * m, r, m, c + p);
+    if (m % FL == 0) {
+        size_t bs = (size_t)8 * m; /* floats per block of eight rows */
+        for (; p + 8 <= nc; p += 8) {
+            float *blk = pool ? pool + (size_t)(p / 8) * bs : NULL;
+            if (pool && *pool_ready) {
+                corr8_blk(blk, r, m, c + p);
+                continue;
+            }
+            const float *rows[8];
+            for (int q = 0; q < 8; q++)
+                rows[q] = atoms + (size_t)cand[p + q] * m;
+            if (pool)
+                corr8_copy(rows, r, m, c + p, blk);
+            else
+                corr8(rows, r, m, c + p);
+        }
+        if (pool)
+            *pool_ready = 1;
+    }
     for (; p < nc; p++)
         c[p] = corr1(atoms + (size_t)cand[p] * m, r, m);
 }
@@ -613,6 +716,62 @@ static int argmax_cand(const float *c, const int32_t *cand, int nc, const uint8_
     return bp;
 }
 
+/* Largest |c_p| as its bit pattern (a NaN gives a pattern above 0x7F800000). */
+FK_CLONES static int32_t absmax_bits(const float *restrict c, int nc)
+{
+    int32_t mb = 0;
+    for (int p = 0; p < nc; p++) {
+        int32_t b = (int32_t)absbits(c[p]);
+        mb = b > mb ? b : mb;
+    }
+    return mb;
+}
+
+/* The first position holding |c_p| bits == mb, and how many do (vectorised). */
+FK_CLONES static int first_match(const float *restrict c, int nc, int32_t mb, int *count)
+{
+    int pos = nc, cnt = 0;
+    for (int p = 0; p < nc; p++) {
+        int eq = (int32_t)absbits(c[p]) == mb;
+        int q = eq ? p : nc;
+        cnt += eq;
+        pos = q < pos ? q : pos;
+    }
+    *count = cnt;
+    return pos;
+}
+
+/* argmax_cand through one vectorised max over every position: the answer is the smallest
+ * unbanned atom id holding that maximum. Selected atoms have |c| ~ 0, so the maximiser is
+ * almost never banned; when it is (or c holds a NaN), the masked scan decides. */
+static int argmax_fast(const float *c, const int32_t *cand, int nc, const uint8_t *mask,
+                       const uint8_t *dead, float *best)
+{
+    int32_t mb = absmax_bits(c, nc);
+    if (mb > 0x7F800000)
+        return argmax_cand(c, cand, nc, mask, dead, best);
+    int count, bp = first_match(c, nc, mb, &count);
+    if (count == 1 && !is_banned(mask, dead, cand ? cand[bp] : bp)) {
+        *best = frombits((uint32_t)mb);
+        return bp;
+    }
+    int bj = -1; /* ties, or a banned maximiser */
+    bp = -1;
+    for (int p = 0; p < nc; p++) {
+        if ((int32_t)absbits(c[p]) != mb)
+            continue;
+        int j = cand ? cand[p] : p;
+        if (!is_banned(mask, dead, j) && (bj < 0 || j < bj)) {
+            bp = p;
+            bj = j;
+        }
+    }
+    if (bp < 0)
+        return argmax_cand(c, cand, nc, mask, dead, best);
+    *best = frombits((uint32_t)mb);
+    return bp;
+}
+
 int fk_omp_naive(const struct fk_dict_view *d, const float *x, const float *a,
                  const int32_t *cand, int nc, int s, double tol_rel, float *work,
                  struct fk_code *out)
@@ -651,6 +810,15 @@ int fk_omp_naive(const struct fk_dict_view *d, const float *x, const float *a,
     const int ld = clamp_s(s, m);
     memset(ws.mask, 0, (size_t)n);
     const float *r = x;
+    /* pool copy for the candidates' rows (64-byte aligned) when it fits in scratch .. dm */
+    float *pool = NULL;
+    int pool_ready = 0;
+    if (cand && m % FL == 0 && nc >= 8) {
+        uintptr_t p0 = ((uintptr_t)ws.scratch + 63) & ~(uintptr_t)63;
+        float *pa = (float *)(void *)p0;
+        if (pa < ws.end && (size_t)(nc / 8) * 8 * (size_t)m <= (size_t)(ws.end - pa))
+            pool = pa;
+    }
 
     for (;;) {
         /* c = D_C^T r (first pass: the given a when available) */
@@ -661,12 +829,12 @@ int fk_omp_naive(const struct fk_dict_view *d, const float *x, const float *a,
             cblas_sgemv(CblasRowMajor, CblasNoTrans, n, m, 1.0f, d->atoms, m, r, 1, 0.0f, ws.c,
                         1);
         } else {
-            corr_cand(d->atoms, m, cand, nc, r, ws.c);
+            corr_cand(d->atoms, m, cand, nc, r, ws.c, pool, &pool_ready);
         }
         int accepted = 0;
         while (!accepted) {
             float best;
-            int p = argmax_cand(ws.c, cand, nc, ws.mask, d->dead, &best);
+            int p = argmax_fast(ws.c, cand, nc, ws.mask, d->dead, &best);
             if (p < 0 || (double)best * best <= 1e-24 * xx) {
                 out->flags |= FK_CODE_PREMATURE;
                 goto done;

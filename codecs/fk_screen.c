@@ -7,12 +7,12 @@
  * floats the order of the bits is the numeric order): dead atoms 0, NaN 1, else bits + 2.
  *   - small n (PL: n = s): one pass keeping the n best in a sorted list; a block of keys
  *     whose largest key cannot enter the list is skipped after one vectorised max.
- *   - larger n (GM: the pool), O(n_atoms): the threshold t0 of a conservative rank among
- *     SAMPLE evenly spaced keys; one vectorised pass computes every key and flags those
- *     >= t0, and the flagged atoms (a few more than n, ascending) are collected from the flag
- *     words; the exact n-th largest key among them comes from a radix select (bits 30..20,
- *     19..9, 8..0), ties go to the smaller index. When fewer than n atoms reach t0, every
- *     live atom is a candidate (same result, slower).
+ *   - larger n (GM: the pool), O(n_atoms): one vectorised pass computes every key; the
+ *     threshold t0 of a conservative rank among SAMPLE evenly spaced keys; one branch-free
+ *     pass collects the atoms with key >= t0 (a few more than n, ascending); the exact n-th
+ *     largest key among them comes from a radix select (bits 30..20, 19..9, 8..0), ties go
+ *     to the smaller index. When fewer than n atoms reach t0, every live atom is a
+ *     candidate (same result, slower).
  * The pool comes out in ascending index order without sorting; only an ordered pool
  * (sort != 0) is sorted, O(n log n). Integer keys: every clone gives the same result.
  */
@@ -26,7 +26,7 @@
 
 #define TOPN_SMALL 32 /* n up to this: the sorted-list pass */
 #define TOPN_BLK 32   /* keys per block of the sorted-list pass */
-#define CHUNK 1024    /* atoms per chunk of the flag pass */
+#define CHUNK 1024    /* atoms per call of the key pass */
 #define SAMPLE 256    /* keys sampled for the threshold estimate */
 #define CAND_SORT 64  /* candidates up to this: resolved by insertion sort */
 #define DL 16         /* double accumulator lanes of the refinement's inner products */
@@ -70,28 +70,6 @@ FK_CLONES static int32_t keys_block(const float *restrict a, const uint8_t *rest
         *live += len;
     }
     return mx;
-}
-
-/* Keys of len atoms into key and flags fl[i] = key >= t0; returns the live count. */
-FK_CLONES static int flags_block(const float *restrict a, const uint8_t *restrict dead, int len,
-                                 int32_t t0, int32_t *restrict key, uint8_t *restrict fl)
-{
-    if (!dead) {
-        for (int i = 0; i < len; i++) {
-            int32_t k = screen_key(a[i]);
-            key[i] = k;
-            fl[i] = k >= t0;
-        }
-        return len;
-    }
-    int lv = 0;
-    for (int i = 0; i < len; i++) {
-        int32_t k = dead[i] ? 0 : screen_key(a[i]);
-        key[i] = k;
-        fl[i] = k >= t0;
-        lv += dead[i] == 0;
-    }
-    return lv;
 }
 
 /* Pair (ka, ia) precedes pair (kb, ib) in the screening order. */
@@ -203,12 +181,15 @@ static void insert_desc(int32_t *kbuf, int n, int32_t k)
     kbuf[p] = k;
 }
 
+/* Radix select levels: key bits 30..20, 19..9, 8..0. */
+static const int lev_shift[3] = {20, 9, 0};
+static const int lev_bins[3] = {2048, 2048, 512};
+
 /* The r-th largest (1-based, 1 <= r <= nc) of the keys key[idx[i]], i < nc (idx NULL:
- * key[i]); radix select over bits 30..20, 19..9, 8..0, insertion sort once few remain. */
-static int32_t kth_key(const int32_t *key, const int32_t *idx, int nc, int r)
+ * key[i]); radix select, insertion sort once few remain. Reads only; for large nc with
+ * heavy ties at the threshold. */
+static int32_t kth_key_masked(const int32_t *key, const int32_t *idx, int nc, int r)
 {
-    static const int shift[3] = {20, 9, 0};
-    static const int nbins[3] = {2048, 2048, 512};
     uint32_t hist[2048];
     int32_t kbuf[CAND_SORT];
     int32_t prefix = 0, pmask = 0; /* keys still in play: (k & pmask) == prefix */
@@ -223,8 +204,8 @@ static int32_t kth_key(const int32_t *key, const int32_t *idx, int nc, int r)
             }
             return kbuf[r - 1];
         }
-        int sh = shift[lev], bm = nbins[lev] - 1, top = 0;
-        memset(hist, 0, sizeof(uint32_t) * (size_t)nbins[lev]);
+        int sh = lev_shift[lev], bm = lev_bins[lev] - 1, top = 0;
+        memset(hist, 0, sizeof(uint32_t) * (size_t)lev_bins[lev]);
         for (int i = 0; i < nc; i++) {
             int32_t k = idx ? key[idx[i]] : key[i];
             if ((k & pmask) == prefix) {
@@ -243,70 +224,94 @@ static int32_t kth_key(const int32_t *key, const int32_t *idx, int nc, int r)
     return prefix;
 }
 
-/* Appends to cand the atoms c0 + i whose flag fl[i] is set (fl padded with zeros to a
- * multiple of 8); returns the new count. */
-static int collect_flags(const uint8_t *fl, int len, int c0, int32_t *cand, int nc)
+/* The r-th largest (1-based, 1 <= r <= nc) of kb[0 .. nc) (overwritten): radix levels
+ * that keep only the chosen bin (branch-free), insertion sort once few remain. */
+static int32_t kth_key_inplace(int32_t *kb, int nc, int r)
 {
-    for (int w = 0; w < len; w += 8) {
-        uint64_t bits;
-        memcpy(&bits, fl + w, sizeof bits);
-        while (bits) {
-#if defined(__GNUC__)
-            int b = __builtin_ctzll(bits) >> 3;
-#else
-            int b = 0;
-            while (!((bits >> (8 * b)) & 0xFFu))
-                b++;
-#endif
-            cand[nc++] = c0 + w + b;
-            bits &= bits - 1; /* each flag byte is 0 or 1: clears that flag */
+    uint32_t hist[2048];
+    for (int lev = 0; lev < 3 && nc > CAND_SORT; lev++) {
+        int sh = lev_shift[lev], bm = lev_bins[lev] - 1, top = 0;
+        memset(hist, 0, sizeof(uint32_t) * (size_t)lev_bins[lev]);
+        for (int i = 0; i < nc; i++) {
+            int b = (kb[i] >> sh) & bm;
+            hist[b]++;
+            top = b > top ? b : top;
         }
+        int above;
+        int b = find_bin(hist, top, r, &above);
+        r -= above;
+        int w = 0;
+        for (int i = 0; i < nc; i++) {
+            int32_t k = kb[i];
+            kb[w] = k;
+            w += ((k >> sh) & bm) == b;
+        }
+        nc = w;
+        if (lev == 2)
+            return kb[0]; /* all equal */
+    }
+    int32_t sorted[CAND_SORT];
+    for (int i = 0; i < nc; i++)
+        insert_desc(sorted, i, kb[i]);
+    return sorted[r - 1];
+}
+
+/* Appends to cand every atom of key[0 .. n) whose key is >= t0, in index order (branch-free:
+ * writes one slot past the count, and the count never exceeds the index). */
+static int collect(const int32_t *key, int n, int32_t t0, int32_t *cand)
+{
+    int nc = 0;
+    for (int j = 0; j < n; j++) {
+        cand[nc] = j;
+        nc += key[j] >= t0;
     }
     return nc;
 }
+
+#define KTH_STACK 2048 /* candidates whose keys are selected on a stack copy */
 
 /* Larger n (see the file comment). key, cand: n_atoms int32 each. Returns n_eff. */
 static int topn_large(const float *a, const uint8_t *dead, int n_atoms, int n, int32_t *out,
                       int32_t *key, int32_t *cand)
 {
-    int32_t t0 = 1;
-    if (n_atoms >= 4 * SAMPLE) {
-        /* a rank q among SAMPLE keys whose expected count of atoms above it is 1.3 n + 6
-         * strides: too few above t0 only falls back to the slow path */
-        int stride = n_atoms / SAMPLE;
-        int q = (int)(1.3 * n * (double)SAMPLE / n_atoms) + 6;
-        if (q < SAMPLE / 2) {
-            int32_t sk[SAMPLE];
-            for (int i = 0; i < SAMPLE; i++) {
-                int j = i * stride;
-                sk[i] = dead && dead[j] ? 0 : screen_key(a[j]);
-            }
-            t0 = kth_key(sk, NULL, SAMPLE, q);
-            t0 = t0 > 1 ? t0 : 1;
-        }
-    }
-    uint8_t fl[CHUNK + 8];
-    int live = 0, nc = 0;
+    int live = 0;
     for (int c0 = 0; c0 < n_atoms; c0 += CHUNK) {
         int len = n_atoms - c0 < CHUNK ? n_atoms - c0 : CHUNK;
-        live += flags_block(a + c0, dead ? dead + c0 : NULL, len, t0, key + c0, fl);
-        memset(fl + len, 0, 8);
-        nc = collect_flags(fl, len, c0, cand, nc);
+        keys_block(a + c0, dead ? dead + c0 : NULL, len, key + c0, &live);
     }
     int n_eff = n < live ? n : live;
     if (n_eff <= 0)
         return 0;
-    if (nc < n_eff) { /* t0 too high (or every live atom is in the pool) */
-        nc = 0;
-        for (int j = 0; j < n_atoms; j++)
-            if (key[j])
-                cand[nc++] = j;
+    int32_t t0 = 1; /* live atoms only */
+    if (n_atoms >= 4 * SAMPLE && n_eff < live) {
+        /* a rank q among SAMPLE evenly spaced keys with about 1.3 n + 6 strides of atoms
+         * above it; when fewer than n_eff atoms reach it, every live atom is a candidate */
+        int stride = n_atoms / SAMPLE;
+        int q = (int)(1.3 * n_eff * (double)SAMPLE / n_atoms) + 6;
+        if (q < SAMPLE / 2) {
+            int32_t sk[SAMPLE];
+            for (int i = 0; i < SAMPLE; i++)
+                sk[i] = key[i * stride];
+            t0 = kth_key_inplace(sk, SAMPLE, q);
+            t0 = t0 > 1 ? t0 : 1;
+        }
     }
+    int nc = collect(key, n_atoms, t0, cand);
+    if (nc < n_eff)
+        nc = collect(key, n_atoms, 1, cand);
     if (nc == n_eff) {
         memcpy(out, cand, sizeof(int32_t) * (size_t)n_eff);
         return n_eff;
     }
-    int32_t thr = kth_key(key, cand, nc, n_eff);
+    int32_t thr;
+    if (nc <= KTH_STACK) {
+        int32_t kb[KTH_STACK];
+        for (int i = 0; i < nc; i++)
+            kb[i] = key[cand[i]];
+        thr = kth_key_inplace(kb, nc, n_eff);
+    } else {
+        thr = kth_key_masked(key, cand, nc, n_eff);
+    }
     int gt = 0;
     for (int i = 0; i < nc; i++)
         gt += key[cand[i]] > thr;
