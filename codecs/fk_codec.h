@@ -57,6 +57,10 @@ enum fk_cap {
     FK_CAP_SPARSE = 1u << 2,  /* stored rows are sparse codes over atoms (sparse_row works) */
     FK_CAP_GROWS = 1u << 3,   /* the dictionary can grow */
     FK_CAP_ADAPTS = 1u << 4,  /* the dictionary changes during decoding */
+    FK_CAP_STATIC = 1u << 5,  /* a vector's code never depends on earlier events: the engine
+                               * may encode decode tokens in large blocks before their
+                               * eviction step (results then differ from event-by-event
+                               * encoding only by BLAS rounding of the block size) */
 };
 
 /* A shared, read-only base dictionary for one (layer, kind). */

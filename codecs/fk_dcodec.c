@@ -915,7 +915,7 @@ static void dc_stats(const void *state, struct fk_stream_stats *st)
     }
 
 DEFINE_CODEC(lexico, "lexico", "full OMP over a static universal per-layer dictionary",
-             lexico_options, CODER_OMP, ADAPT_NONE, FK_CAP_GRAM);
+             lexico_options, CODER_OMP, ADAPT_NONE, FK_CAP_GRAM | FK_CAP_STATIC);
 DEFINE_CODEC(lexico_adp, "lexico-adp",
              "lexico plus append-growth: a badly coded vector becomes a new atom", adp_options,
              CODER_OMP, ADAPT_APPEND, FK_CAP_GRAM | FK_CAP_GROWS | FK_CAP_ADAPTS);

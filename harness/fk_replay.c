@@ -16,6 +16,8 @@
 
 static pthread_mutex_t h5_lock = PTHREAD_MUTEX_INITIALIZER; /* HDF5 calls are serialised */
 
+#define STATIC_BLOCK 32 /* decode tokens per block of a static codec (x KV heads vectors) */
+
 static double now_s(clockid_t clk)
 {
     struct timespec ts;
@@ -47,12 +49,17 @@ struct worker {
     float *q;                    /* [H_q][Tq][m] */
     int32_t *qidx;               /* [Tq] */
     int32_t *qrow;               /* [T] query row of each token or -1 */
+    int32_t *evict_step;         /* [T] decode step evicting each token (-1: prefill/never) */
     float *x;                    /* event vectors [max_ev][m] */
     int32_t *tok, *head;         /* [max_ev] */
     struct fk_vec_out *out;      /* [max_ev] */
     float *qbuf;                 /* [H_q][m] */
     float *rec;                  /* [m] */
     struct fk_attn_scratch *as;
+    float *gram[2];              /* [N][N] Gram buffers of K and V, reused across units (a fresh
+                                  * 64 MiB buffer per unit costs more in page faults than the
+                                  * SSYRK itself) */
+    size_t cap_gram;
     size_t cap_kv, cap_kv1, cap_q, cap_ev, cap_ev_n; /* capacities in elements */
     double t_io, t_encode, t_attn, t_metrics, t_gram;
 };
@@ -76,12 +83,15 @@ static void worker_free(struct worker *w)
     free(w->q);
     free(w->qidx);
     free(w->qrow);
+    free(w->evict_step);
     free(w->x);
     free(w->tok);
     free(w->head);
     free(w->out);
     free(w->qbuf);
     free(w->rec);
+    free(w->gram[0]);
+    free(w->gram[1]);
     fk_attn_scratch_free(&w->as);
 }
 
@@ -236,9 +246,12 @@ static int pool_recall(struct fk_stream_result *sr, const struct fk_base_dict *b
 
 /* ---- one (trace, layer) ---------------------------------------------------------------- */
 
+/* Encodes tokens a..b-1 of every head as one event. tok_step (nullable): the decode step at
+ * which each token is evicted, for the per-step error series (blocks of a static codec run
+ * ahead of their eviction); otherwise every vector belongs to `step`. */
 static int encode_range(struct worker *w, const struct fk_codec_ops *ops, void *state, int kind,
                         const float *X, int H, int T, int m, int a, int b, int phase, int step,
-                        struct fk_stream_result *sr)
+                        const int32_t *tok_step, struct fk_stream_result *sr)
 {
     int n = (b - a) * H;
     if (n <= 0)
@@ -284,9 +297,10 @@ static int encode_range(struct worker *w, const struct fk_codec_ops *ops, void *
         sr->res2_sum += (double)o->err * o->err * xx;
         sr->x2_sum += xx;
         sr->nnz_sum += o->nnz;
-        if (phase == 1 && step >= 0 && step < sr->n_steps) {
-            sr->step_err[step] += o->err;
-            sr->step_n[step]++;
+        int vs = tok_step ? tok_step[w->tok[i]] : step;
+        if (phase == 1 && vs >= 0 && vs < sr->n_steps) {
+            sr->step_err[vs] += o->err;
+            sr->step_n[vs]++;
         }
     }
     w->t_metrics += now_s(CLOCK_THREAD_CPUTIME_ID) - c1;
@@ -380,8 +394,32 @@ static int replay_layer(struct worker *w, int ti, int layer, const struct fk_bas
     int comp = 0;
     if (P > n_b) {
         for (int k = 0; k < 2 && rc == FK_OK; k++)
-            rc = encode_range(w, ops, st[k], k, w->kv[k], H, T, m, 0, P - n_b, 0, -1, sr[k]);
+            rc = encode_range(w, ops, st[k], k, w->kv[k], H, T, m, 0, P - n_b, 0, -1, NULL,
+                              sr[k]);
         comp = P - n_b;
+    }
+    /* The eviction schedule (spec section 4), simulated once: the step at which each token
+     * leaves the buffer. Static codecs encode decode tokens in blocks of STATIC_BLOCK tokens
+     * ahead of their eviction (one large SGEMM instead of one per step); stored rows are only
+     * ever read up to the current eviction point, so nothing else changes. */
+    int static_blocks = (ops->caps & FK_CAP_STATIC) != 0;
+    int final_comp = comp, encoded = comp;
+    if (static_blocks) {
+        int32_t *es = realloc(w->evict_step, sizeof(int32_t) * ((size_t)T + 1));
+        if (!es) {
+            rc = fk_err(FK_ENOMEM, "out of memory");
+            goto out;
+        }
+        w->evict_step = es;
+        for (int t = 0; t < T; t++)
+            es[t] = -1;
+        for (int t = P; t < T; t++)
+            if (t - final_comp >= n_b) {
+                int ne = a_len < t - final_comp ? a_len : t - final_comp;
+                for (int i = 0; i < ne; i++)
+                    es[final_comp + i] = t - P;
+                final_comp += ne;
+            }
     }
     struct fk_attn_acc *acc = &w->res->attn[(size_t)ti * w->res->n_layers + layer];
     for (int t = P; t < T && rc == FK_OK; t++) {
@@ -403,9 +441,19 @@ static int replay_layer(struct worker *w, int ti, int layer, const struct fk_bas
         }
         if (t - comp >= n_b) {
             int ne = a_len < t - comp ? a_len : t - comp;
-            for (int k = 0; k < 2 && rc == FK_OK; k++)
-                rc = encode_range(w, ops, st[k], k, w->kv[k], H, T, m, comp, comp + ne, 1, step,
-                                  sr[k]);
+            if (!static_blocks) {
+                for (int k = 0; k < 2 && rc == FK_OK; k++)
+                    rc = encode_range(w, ops, st[k], k, w->kv[k], H, T, m, comp, comp + ne, 1,
+                                      step, NULL, sr[k]);
+            } else if (comp + ne > encoded) {
+                int end = encoded + STATIC_BLOCK;
+                end = end < comp + ne ? comp + ne : end;
+                end = end > final_comp ? final_comp : end;
+                for (int k = 0; k < 2 && rc == FK_OK; k++)
+                    rc = encode_range(w, ops, st[k], k, w->kv[k], H, T, m, encoded, end, 1,
+                                      step, w->evict_step, sr[k]);
+                encoded = end;
+            }
             comp += ne;
         }
         for (int k = 0; k < 2 && rc == FK_OK; k++) {
@@ -435,16 +483,29 @@ static int replay_layer(struct worker *w, int ti, int layer, const struct fk_bas
             break;
         /* a hash of the stored supports: the reference mode must reproduce them */
         uint64_t hsh = 1469598103934665603ULL;
+        if (ro->row_hashes && ops->sparse_row && comp > 0) {
+            sr[k]->row_hash = malloc(sizeof(uint64_t) * (size_t)H * (size_t)comp);
+            if (!sr[k]->row_hash) {
+                rc = fk_err(FK_ENOMEM, "out of memory");
+                break;
+            }
+            sr[k]->n_row_hash = (long)H * comp;
+        }
         for (int h = 0; ops->sparse_row && h < H && rc == FK_OK; h++)
             for (int t = 0; t < comp && rc == FK_OK; t++) {
                 int nnz = 0;
                 const int32_t *idx = NULL;
                 const float *coef = NULL;
                 rc = ops->sparse_row(st[k], h, t, &nnz, &idx, &coef);
+                uint64_t rh = 1469598103934665603ULL;
                 for (int i = 0; rc == FK_OK && i <= nnz; i++) {
-                    hsh ^= (uint64_t)(uint32_t)(i < nnz ? idx[i] : -1);
-                    hsh *= 1099511628211ULL;
+                    rh ^= (uint64_t)(uint32_t)(i < nnz ? idx[i] : -1);
+                    rh *= 1099511628211ULL;
                 }
+                if (sr[k]->row_hash)
+                    sr[k]->row_hash[(long)h * comp + t] = rh;
+                hsh ^= rh;
+                hsh *= 1099511628211ULL;
             }
         sr[k]->support_hash = hsh;
         if (rc < 0)
@@ -476,18 +537,21 @@ static int replay_unit(struct worker *w, int layer)
 {
     const struct fk_cell_input *in = w->in;
     struct fk_base_dict bases[2];
-    float *gram[2] = {NULL, NULL};
     int rc = FK_OK;
     if (in->ops->caps & FK_CAP_DICT) {
         for (int k = 0; k < 2; k++) {
             fk_dict_base(in->dict, layer, k, &bases[k]);
             if ((in->ops->caps & FK_CAP_GRAM) && !w->ro->reference) {
+                size_t nn = (size_t)bases[k].n_atoms * bases[k].n_atoms;
+                size_t c0 = w->cap_gram, c1 = w->cap_gram;
+                FK_TRY(grow((void **)&w->gram[0], &c0, nn, sizeof(float)));
+                FK_TRY(grow((void **)&w->gram[1], &c1, nn, sizeof(float)));
+                w->cap_gram = c0;
                 double g0 = now_s(CLOCK_THREAD_CPUTIME_ID);
-                rc = fk_gram_build(bases[k].atoms, bases[k].n_atoms, bases[k].m, &gram[k]);
+                FK_TRY(fk_gram_compute(bases[k].atoms, bases[k].n_atoms, bases[k].m,
+                                       w->gram[k]));
                 w->t_gram += now_s(CLOCK_THREAD_CPUTIME_ID) - g0;
-                if (rc < 0)
-                    goto out;
-                bases[k].gram = gram[k];
+                bases[k].gram = w->gram[k];
             }
         }
     }
@@ -498,9 +562,6 @@ static int replay_unit(struct worker *w, int layer)
         }
         rc = replay_layer(w, ti, layer, (in->ops->caps & FK_CAP_DICT) ? bases : NULL);
     }
-out:
-    free(gram[0]);
-    free(gram[1]);
     return rc;
 }
 
@@ -555,6 +616,7 @@ void fk_cell_result_free(struct fk_cell_result *r)
         free(r->streams[i].step_n);
         free(r->streams[i].inactive);
         free(r->streams[i].corr_profile);
+        free(r->streams[i].row_hash);
     }
     for (size_t i = 0; r->attn && i < n; i++)
         fk_attn_acc_free(&r->attn[i]);

@@ -31,6 +31,7 @@ struct fk_replay_opts {
     int recall_every;            /* sub-sample prefill tokens for recall (default 8) */
     volatile sig_atomic_t *stop; /* set by a signal handler: stop at the next unit */
     int reference;               /* codecs run their straightforward reference algorithms */
+    int row_hashes;              /* keep a hash of every stored row's support (benchmarks) */
     const uint8_t *layers;       /* [n_layers] 1 = replay this layer, or NULL = all (a layer
                                   * left out keeps empty results: benchmarks use it) */
     /* (optional) called after each unit (one layer of every trace), serialised by the
@@ -69,6 +70,8 @@ struct fk_stream_result {
     long recall_n;               /* vectors the recall was measured on */
     double *corr_profile;        /* [256] mean sorted |D^T x| / max, or NULL */
     uint64_t support_hash;       /* FNV-1a of every stored row's atom ids (sparse codecs) */
+    uint64_t *row_hash;          /* [n_row_hash] per stored row (head-major), when asked */
+    long n_row_hash;
 };
 
 struct fk_cell_result {
