@@ -144,14 +144,13 @@ int fk_cli_bench_replay(int argc, char **argv)
         }
     }
     struct fk_sweep *s = NULL;
-    if (fk_sweep_load(config, NULL, 0, 1, &s) < 0) {
+    const char *no_attn_set[1] = {"sweep.attention=false"}; /* cell ids include it */
+    if (fk_sweep_load(config, no_attn_set, no_attn, 1, &s) < 0) {
         fprintf(stderr, "fadkv-bench bench replay: %s\n", fk_errmsg());
         return 1;
     }
     if (jobs > 0)
         s->jobs = jobs;
-    if (no_attn)
-        s->attention = 0;
     struct fk_dataset *ds = &s->datasets[0];
     struct fk_trace **tr = calloc((size_t)ds->n_traces, sizeof *tr);
     struct fk_dict *dict = NULL;
