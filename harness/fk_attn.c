@@ -34,7 +34,6 @@ struct fk_attn_scratch {
     int32_t *touched;             /* [max_atoms] atoms with a nonzero w, first-touch order */
     uint8_t *mark;                /* [max_atoms] 1 = in touched (all 0 between calls) */
     float *row;                   /* [m] one reconstructed row */
-    double *rowd;                 /* [m] one atom in double */
     double *o, *oh;               /* [n_q_heads][m] exact and compressed outputs */
     struct fk_attn_metrics *met;  /* [n_q_heads] metrics of the last evaluated step */
     int last_heads;               /* query heads of the last evaluated step, 0 = none */
@@ -44,7 +43,17 @@ struct fk_attn_scratch {
 /* ---- numerical helpers (shared by the fast and the naive path) ----------------------- */
 
 /* Dot product in double with four partial sums in a fixed order. */
-static double dotd(const float *a, const float *b, int m)
+/* The element-wise kernels below are also built for AVX2 and picked at run time (GCC
+ * target_clones). ISO C mode (-std=c11) keeps floating-point contraction off, and the
+ * lanes are independent, so every version computes the same bits. */
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && \
+    !defined(__SANITIZE_ADDRESS__)
+#define FK_CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define FK_CLONES
+#endif
+
+FK_CLONES static double dotd(const float *a, const float *b, int m)
 {
     double s0 = 0, s1 = 0, s2 = 0, s3 = 0;
     int c = 0;
@@ -60,7 +69,7 @@ static double dotd(const float *a, const float *b, int m)
 }
 
 /* y += a x */
-static void axpyd(double a, const float *x, double *y, int m)
+FK_CLONES static void axpyd(double a, const float *x, double *y, int m)
 {
     for (int c = 0; c < m; c++)
         y[c] += a * x[c];
@@ -226,7 +235,6 @@ void fk_attn_scratch_free(struct fk_attn_scratch **sp)
     free(s->touched);
     free(s->mark);
     free(s->row);
-    free(s->rowd);
     free(s->o);
     free(s->oh);
     free(s->met);
@@ -259,12 +267,11 @@ int fk_attn_scratch_create(int m, int n_tokens, int max_atoms, int n_q_heads,
     s->touched = malloc(sizeof(int32_t) * na);
     s->mark = calloc(na, 1);
     s->row = malloc(sizeof(float) * (size_t)m);
-    s->rowd = malloc(sizeof(double) * (size_t)m);
     s->o = malloc(sizeof(double) * hq * (size_t)m);
     s->oh = malloc(sizeof(double) * hq * (size_t)m);
     s->met = malloc(sizeof(struct fk_attn_metrics) * hq);
     if (!s->u || !s->z || !s->zh || !s->p || !s->ph || !s->lse || !s->w || !s->touched ||
-        !s->mark || !s->row || !s->rowd || !s->o || !s->oh || !s->met) {
+        !s->mark || !s->row || !s->o || !s->oh || !s->met) {
         fk_attn_scratch_free(&s);
         return fk_err(FK_ENOMEM, "out of memory (attention scratch: %d query heads, %d "
                       "tokens, %d atoms)", n_q_heads, n_tokens, max_atoms);
@@ -422,14 +429,8 @@ static int values_compressed(const struct fk_attn_in *in, struct fk_attn_scratch
         s->mark[j] = 0;
         left--;
         const float *a = A + (size_t)j * m;
-        for (int c = 0; c < m; c++)
-            s->rowd[c] = a[c];
-        for (int hl = 0; hl < r; hl++) {
-            double wj = s->w[(size_t)hl * na + j];
-            double *y = oh + (size_t)hl * m;
-            for (int c = 0; c < m; c++)
-                y[c] += wj * s->rowd[c];
-        }
+        for (int hl = 0; hl < r; hl++)
+            axpyd(s->w[(size_t)hl * na + j], a, oh + (size_t)hl * m, m);
     }
     for (int i = in->n_comp; i < n; i++)
         for (int hl = 0; hl < r; hl++)
