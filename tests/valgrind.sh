@@ -9,6 +9,7 @@
 set -u
 SRC=${FK_SRCDIR:-$(cd "$(dirname "$0")/.." && pwd)}
 BIN=${1:-${FK_BIN:-$SRC/build/fadkv-bench}}
+case "$BIN" in /*) ;; *) BIN="$PWD/$BIN" ;; esac
 if ! command -v valgrind >/dev/null; then
     echo "SKIP: valgrind not installed"
     exit 77
@@ -76,5 +77,12 @@ step resume 0 --config "$W/tiny.toml"
 step config-error 1 --config "$W/bad.toml"
 step damaged-trace 1 --config "$W/badtrace.toml"
 step info 0 info "$SRC/datasets/embedded/aidreams-260k-00.h5" "$SRC/datasets/dicts/aidreams-260k.h5" "$W/out"
-echo "valgrind: $((5 - fails)) passed, $fails failed"
+# the CI regression config itself (14 cells, every codec, attention on; run from the
+# source root, where its relative paths point)
+here=$PWD
+cd "$SRC" || exit 1
+step ci-regression 0 --config tests/ci/ci-regression.toml --quiet \
+    --set "sweep.output=\"$W/ci\"" --set sweep.jobs=1
+cd "$here" || exit 1
+echo "valgrind: $((6 - fails)) passed, $fails failed"
 [ "$fails" = 0 ]
