@@ -359,6 +359,25 @@ static int check_args(const struct fk_dict_view *d, const float *x, int s, const
     return FK_OK;
 }
 
+/* Common start of both OMP modes: initialises the code and handles the zero vector and a
+ * vector already within tolerance (spec 3.3, section 11). Returns s_eff = min(s, m, live
+ * candidates), or 0 when the code is complete as it is. */
+static int omp_start(double xx, double tol_rel, int s, int m, int live, struct fk_code *out)
+{
+    code_init(out, xx);
+    if (xx <= 1e-30) {
+        out->flags |= FK_CODE_ZERO;
+        return 0;
+    }
+    double tol2 = tol_rel > 0 ? tol_rel * tol_rel * xx : -1.0;
+    if (xx <= tol2) {
+        out->flags |= FK_CODE_TOL;
+        return 0;
+    }
+    int s_eff = s < m ? s : m;
+    return s_eff < live ? s_eff : live;
+}
+
 int fk_omp_gram(const struct fk_dict_view *d, const float *x, const float *a, int s,
                 double tol_rel, float *work, struct fk_code *out)
 {
@@ -367,21 +386,10 @@ int fk_omp_gram(const struct fk_dict_view *d, const float *x, const float *a, in
         return fk_err(FK_EINVAL, "fk_omp_gram: expected a Gram row function, a, work, out");
     int n = d->n_atoms, m = d->m;
     double xx = dot_xx(x, m);
-    code_init(out, xx);
-    if (xx <= 1e-30) {
-        out->flags |= FK_CODE_ZERO;
-        return FK_OK;
-    }
-    double tol2 = tol_rel > 0 ? tol_rel * tol_rel * xx : -1.0;
-    if (xx <= tol2) {
-        out->flags |= FK_CODE_TOL;
-        return FK_OK;
-    }
-    int live = count_live(d->dead, NULL, n);
-    int s_eff = s < m ? s : m;
-    s_eff = s_eff < live ? s_eff : live;
+    int s_eff = omp_start(xx, tol_rel, s, m, count_live(d->dead, NULL, n), out);
     if (s_eff <= 0)
         return FK_OK;
+    double tol2 = tol_rel > 0 ? tol_rel * tol_rel * xx : -1.0;
 
     struct omp_ws ws;
     ws_layout(n, m, clamp_s(s, m), work, &ws);
@@ -796,21 +804,10 @@ int fk_omp_naive(const struct fk_dict_view *d, const float *x, const float *a,
             return fk_err(FK_EINVAL, "fk_omp_naive: candidate %d is atom %d, outside 0..%d", p,
                           cand[p], n - 1);
     double xx = dot_fd(x, x, m);
-    code_init(out, xx);
-    if (xx <= 1e-30) {
-        out->flags |= FK_CODE_ZERO;
-        return FK_OK;
-    }
-    double tol2 = tol_rel > 0 ? tol_rel * tol_rel * xx : -1.0;
-    if (xx <= tol2) {
-        out->flags |= FK_CODE_TOL;
-        return FK_OK;
-    }
-    int live = count_live(d->dead, cand, nc);
-    int s_eff = s < m ? s : m;
-    s_eff = s_eff < live ? s_eff : live;
+    int s_eff = omp_start(xx, tol_rel, s, m, count_live(d->dead, cand, nc), out);
     if (s_eff <= 0)
         return FK_OK;
+    double tol2 = tol_rel > 0 ? tol_rel * tol_rel * xx : -1.0;
 
     struct omp_ws ws;
     ws_layout(n, m, clamp_s(s, m), work, &ws);
