@@ -2,12 +2,13 @@
  * Simulated attention fidelity (spec algorithms.md section 10.5): the output of one layer's
  * attention at a decode step with the compressed cache against the exact one.
  *
- * Fast path for sparse codecs (Lexico's query-dictionary product): u = q D_K^T once per
- * query head (one SGEMM for the r query heads of a KV group), then s multiply-adds per
- * compressed key; values go through the codes into an atom-space vector w = sum P_hat_i c_i
- * and o_hat = w D_V over the touched atoms only. Other codecs reconstruct each compressed
- * row once per KV head. Logits, softmax and every accumulator are double; the evaluation
- * order is fixed, so results are bit-identical run to run (OpenBLAS at one thread).
+ * Fast path for sparse codecs (Lexico's query-dictionary product): U = Q D_K^T once per
+ * step for every query head (one SGEMM; the dictionary is shared by the heads), then s
+ * multiply-adds per compressed key; values go through the codes into atom-space weights
+ * W[j][h] = sum_i P_hat_hi c_ij, and O_hat = W^T D_V over the atoms touched by any head is one
+ * DGEMM (the touched rows of D_V widened to double). Other codecs reconstruct each
+ * compressed row once per KV head. Logits, softmax and every accumulator are double; the
+ * evaluation order is fixed, so results are bit-identical run to run (BLAS at one thread).
  */
 #include <cblas.h>
 #include <math.h>
@@ -26,14 +27,17 @@ struct fk_attn_scratch {
     int n_tokens;                 /* T capacity */
     int max_atoms;                /* atom capacity of the K and V dictionaries */
     int n_q_heads;                /* query head capacity */
-    float *u;                     /* [n_q_heads][max_atoms] q . d_j of one KV group */
+    float *u;                     /* [n_q_heads][max_atoms] q_h . d_j of every query head */
     double *z, *zh;               /* [n_q_heads][n_tokens] exact and compressed logits */
     double *p, *ph;               /* [n_q_heads][n_tokens] their softmax */
     double *lse;                  /* [2][n_q_heads] LSE of z and z_hat */
-    double *w;                    /* [n_q_heads][max_atoms] sum_i P_hat_i c_i (atom space) */
+    double *w;                    /* [max_atoms][n_q_heads] sum_i P_hat_hi c_ij, atom-major */
+    double *ad;                   /* [max_atoms][m] the touched value atoms, in double */
     int32_t *touched;             /* [max_atoms] atoms with a nonzero w, first-touch order */
     uint8_t *mark;                /* [max_atoms] 1 = in touched (all 0 between calls) */
     float *row;                   /* [m] one reconstructed row */
+    double *qd;                   /* [n_q_heads][m] the queries in double */
+    double *pw;                   /* [n_q_heads] softmax weights of one token, per head */
     double *o, *oh;               /* [n_q_heads][m] exact and compressed outputs */
     struct fk_attn_metrics *met;  /* [n_q_heads] metrics of the last evaluated step */
     int last_heads;               /* query heads of the last evaluated step, 0 = none */
@@ -73,6 +77,111 @@ FK_CLONES static void axpyd(double a, const float *x, double *y, int m)
 {
     for (int c = 0; c < m; c++)
         y[c] += a * x[c];
+}
+
+/* Multi-head kernels: one row of K or V serves the r query heads of its KV group, widened
+ * to double once. GNU vector types (4 doubles) make the lanes explicit; a lane does exactly
+ * what one of dotd's four partial sums or one element of axpyd does, in the same order (no
+ * contraction in ISO C mode), so the results are the same bits as the one-head kernels. */
+#if defined(__GNUC__)
+typedef double v4d __attribute__((vector_size(32)));
+typedef float v4f __attribute__((vector_size(16)));
+
+/* dst = four floats at x widened (a macro: vector-typed arguments or returns would change
+ * the ABI between the clones) */
+#define LOAD4(dst, x)                                                                         \
+    do {                                                                                      \
+        v4f f4_;                                                                              \
+        memcpy(&f4_, (x), sizeof f4_);                                                        \
+        (dst) = __builtin_convertvector(f4_, v4d);                                            \
+    } while (0)
+
+/* out[h] = q_h . k for hb <= 4 heads (rows of qd, stride ldq, already in double) */
+static inline void dot_hb(const double *restrict qd, int ldq, int hb, const float *restrict k,
+                          int m, double *restrict out)
+{
+    v4d a[4] = {{0}};
+    int c = 0;
+    for (; c + 4 <= m; c += 4) {
+        v4d kd;
+        LOAD4(kd, k + c);
+        for (int h = 0; h < hb; h++) {
+            v4d q;
+            memcpy(&q, qd + (size_t)h * ldq + c, sizeof q);
+            a[h] += q * kd;
+        }
+    }
+    for (int h = 0; h < hb; h++) {
+        double l[4];
+        memcpy(l, &a[h], sizeof l);
+        for (int t = c; t < m; t++)
+            l[0] += qd[(size_t)h * ldq + t] * k[t];
+        out[h] = (l[0] + l[1]) + (l[2] + l[3]);
+    }
+}
+
+/* y_h += a_h x for the r heads (rows of y, stride m) */
+FK_CLONES static void axpy_heads(const double *a, int r, const float *x, double *y, int m)
+{
+    int c = 0;
+    for (; c + 4 <= m; c += 4) {
+        v4d xd;
+        LOAD4(xd, x + c);
+        for (int h = 0; h < r; h++) {
+            v4d yv, av = {a[h], a[h], a[h], a[h]};
+            double *yh = y + (size_t)h * m + c;
+            memcpy(&yv, yh, sizeof yv);
+            yv += av * xd;
+            memcpy(yh, &yv, sizeof yv);
+        }
+    }
+    for (int h = 0; h < r; h++)
+        for (int t = c; t < m; t++)
+            y[(size_t)h * m + t] += a[h] * x[t];
+}
+#else
+static void dot_hb(const double *qd, int ldq, int hb, const float *k, int m, double *out)
+{
+    for (int h = 0; h < hb; h++) {
+        const double *q = qd + (size_t)h * ldq;
+        double l[4] = {0, 0, 0, 0};
+        int c = 0;
+        for (; c + 4 <= m; c += 4)
+            for (int t = 0; t < 4; t++)
+                l[t] += q[c + t] * k[c + t];
+        for (; c < m; c++)
+            l[0] += q[c] * k[c];
+        out[h] = (l[0] + l[1]) + (l[2] + l[3]);
+    }
+}
+
+static void axpy_heads(const double *a, int r, const float *x, double *y, int m)
+{
+    for (int h = 0; h < r; h++)
+        for (int c = 0; c < m; c++)
+            y[(size_t)h * m + c] += a[h] * x[c];
+}
+#endif
+
+/* out[h] = q_h . k for the r heads (rows of qd), blocks of up to four heads. */
+FK_CLONES static void dot_heads(const double *qd, int r, const float *k, int m, double *out)
+{
+    int h = 0;
+    for (; h + 4 <= r; h += 4)
+        dot_hb(qd + (size_t)h * m, m, 4, k, m, out + h);
+    switch (r - h) {
+    case 3: dot_hb(qd + (size_t)h * m, m, 3, k, m, out + h); break;
+    case 2: dot_hb(qd + (size_t)h * m, m, 2, k, m, out + h); break;
+    case 1: dot_hb(qd + (size_t)h * m, m, 1, k, m, out + h); break;
+    default: break;
+    }
+}
+
+/* d = (double)a over m entries */
+FK_CLONES static void widen(const float *a, double *d, int m)
+{
+    for (int c = 0; c < m; c++)
+        d[c] = a[c];
 }
 
 /* p = softmax(z) over n entries with the max subtracted; returns LSE(z). */
@@ -232,9 +341,12 @@ void fk_attn_scratch_free(struct fk_attn_scratch **sp)
     free(s->ph);
     free(s->lse);
     free(s->w);
+    free(s->ad);
     free(s->touched);
     free(s->mark);
     free(s->row);
+    free(s->qd);
+    free(s->pw);
     free(s->o);
     free(s->oh);
     free(s->met);
@@ -264,14 +376,17 @@ int fk_attn_scratch_create(int m, int n_tokens, int max_atoms, int n_q_heads,
     s->ph = malloc(sizeof(double) * hq * nt);
     s->lse = malloc(sizeof(double) * 2 * hq);
     s->w = malloc(sizeof(double) * hq * na);
+    s->ad = malloc(sizeof(double) * na * (size_t)m);
     s->touched = malloc(sizeof(int32_t) * na);
     s->mark = calloc(na, 1);
     s->row = malloc(sizeof(float) * (size_t)m);
+    s->qd = malloc(sizeof(double) * hq * (size_t)m);
+    s->pw = malloc(sizeof(double) * hq);
     s->o = malloc(sizeof(double) * hq * (size_t)m);
     s->oh = malloc(sizeof(double) * hq * (size_t)m);
     s->met = malloc(sizeof(struct fk_attn_metrics) * hq);
-    if (!s->u || !s->z || !s->zh || !s->p || !s->ph || !s->lse || !s->w || !s->touched ||
-        !s->mark || !s->row || !s->o || !s->oh || !s->met) {
+    if (!s->u || !s->z || !s->zh || !s->p || !s->ph || !s->lse || !s->w || !s->ad || !s->touched ||
+        !s->mark || !s->row || !s->qd || !s->pw || !s->o || !s->oh || !s->met) {
         fk_attn_scratch_free(&s);
         return fk_err(FK_ENOMEM, "out of memory (attention scratch: %d query heads, %d "
                       "tokens, %d atoms)", n_q_heads, n_tokens, max_atoms);
@@ -325,21 +440,27 @@ static int bad_atom(const char *kind, int g, int i, int j, int n_atoms)
                   kind, g, i, j, n_atoms);
 }
 
-/* Compressed logits zh[hl][i], i < n_comp, of the r query heads of KV head g. */
+/* U = Q D_K^T: q_h . d_j for every query head h and key atom j, one SGEMM (sparse codecs;
+ * the dictionary is shared by all heads of the stream). Returns the atom count in *na. */
+static int key_products(const struct fk_attn_in *in, struct fk_attn_scratch *s, int *na)
+{
+    const float *A = in->ops->atoms(in->kstate, na);
+    if (*na < 1 || *na > s->max_atoms || !A)
+        return fk_err(FK_EINVAL, "attention: key dictionary has %d atoms, scratch holds %d",
+                      *na, s->max_atoms);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, in->n_q_heads, *na, in->m, 1.0f,
+                in->q, in->m, A, in->m, 0.0f, s->u, *na);
+    return FK_OK;
+}
+
+/* Compressed logits zh[h][i], i < n_comp, of the r query heads h0.. of KV head g: through
+ * the codes and U when na > 0 (sparse codecs), else from reconstructed rows. */
 static int keys_compressed(const struct fk_attn_in *in, struct fk_attn_scratch *s, int g,
-                           int r, double sqrtm)
+                           int r, double sqrtm, int na)
 {
     const struct fk_codec_ops *ops = in->ops;
-    int m = in->m, T = s->n_tokens;
-    const float *qg = in->q + (size_t)g * r * m;
-    if (use_sparse(ops)) {
-        int na = 0;
-        const float *A = ops->atoms(in->kstate, &na);
-        if (na < 1 || na > s->max_atoms || !A)
-            return fk_err(FK_EINVAL, "attention: key dictionary has %d atoms, scratch holds "
-                          "%d", na, s->max_atoms);
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, r, na, m, 1.0f, qg, m, A, m,
-                    0.0f, s->u, na);
+    int m = in->m, T = s->n_tokens, h0 = g * r;
+    if (na > 0) {
         for (int i = 0; i < in->n_comp; i++) {
             int nnz = 0;
             const int32_t *idx = NULL;
@@ -349,71 +470,83 @@ static int keys_compressed(const struct fk_attn_in *in, struct fk_attn_scratch *
                 if (idx[e] < 0 || idx[e] >= na)
                     return bad_atom("key", g, i, idx[e], na);
             for (int hl = 0; hl < r; hl++) {
-                const float *u = s->u + (size_t)hl * na;
+                const float *u = s->u + (size_t)(h0 + hl) * na;
                 double acc = 0;
                 for (int e = 0; e < nnz; e++)
                     acc += (double)coef[e] * u[idx[e]];
-                s->zh[(size_t)hl * T + i] = acc / sqrtm;
+                s->zh[(size_t)(h0 + hl) * T + i] = acc / sqrtm;
             }
         }
         return FK_OK;
     }
+    const float *qg = in->q + (size_t)h0 * m;
     for (int i = 0; i < in->n_comp; i++) {
         FK_TRY(ops->reconstruct(in->kstate, g, i, s->row));
         for (int hl = 0; hl < r; hl++)
-            s->zh[(size_t)hl * T + i] = dotd(qg + (size_t)hl * m, s->row, m) / sqrtm;
+            s->zh[(size_t)(h0 + hl) * T + i] = dotd(qg + (size_t)hl * m, s->row, m) / sqrtm;
     }
     return FK_OK;
 }
 
-/* Compressed outputs oh[hl] of the r query heads of KV head g (from the softmax ph). */
-static int values_compressed(const struct fk_attn_in *in, struct fk_attn_scratch *s, int g,
-                             int r)
+/* Compressed outputs oh[h] of the r query heads h0.. of KV head g from reconstructed rows
+ * (codecs without sparse codes), in token order as for o: a codec that stores rows exactly
+ * gives o_hat == o. */
+static int values_dense(const struct fk_attn_in *in, struct fk_attn_scratch *s, int g, int r)
+{
+    int m = in->m, T = s->n_tokens, n = in->t + 1, h0 = g * r;
+    const float *vg = in->v + (size_t)g * in->n_tokens * m;
+    double *oh = s->oh + (size_t)h0 * m;
+    memset(oh, 0, sizeof(double) * (size_t)r * m);
+    for (int i = 0; i < n; i++) {
+        const float *x = vg + (size_t)i * m;
+        if (i < in->n_comp) {
+            FK_TRY(in->ops->reconstruct(in->vstate, g, i, s->row));
+            x = s->row;
+        }
+        for (int hl = 0; hl < r; hl++)
+            s->pw[hl] = s->ph[(size_t)(h0 + hl) * T + i];
+        axpy_heads(s->pw, r, x, oh, m);
+    }
+    return FK_OK;
+}
+
+/* Compressed outputs of every query head through the codes (sparse codecs): the atom-space
+ * weights W[j][h] = sum_i P_hat_hi c_ij over the compressed rows (atom-major: a code updates
+ * r adjacent doubles), then O_hat = W^T D_V over the atoms any head touched as one DGEMM,
+ * then the exact rows of the uncompressed tail. */
+static int values_sparse(const struct fk_attn_in *in, struct fk_attn_scratch *s)
 {
     const struct fk_codec_ops *ops = in->ops;
-    int m = in->m, T = s->n_tokens, n = in->t + 1;
-    int hq0 = g * r;
-    const float *vg = in->v + (size_t)g * in->n_tokens * m;
-    double *oh = s->oh + (size_t)hq0 * m;
-    memset(oh, 0, sizeof(double) * (size_t)r * m);
-    if (!use_sparse(ops)) {
-        /* token order, as for o: a codec that stores rows exactly gives o_hat == o */
-        for (int i = 0; i < n; i++) {
-            const float *x = vg + (size_t)i * m;
-            if (i < in->n_comp) {
-                FK_TRY(ops->reconstruct(in->vstate, g, i, s->row));
-                x = s->row;
-            }
-            for (int hl = 0; hl < r; hl++)
-                axpyd(s->ph[(size_t)hl * T + i], x, oh + (size_t)hl * m, m);
-        }
-        return FK_OK;
-    }
     int na = 0;
     const float *A = ops->atoms(in->vstate, &na);
     if (na < 1 || na > s->max_atoms || !A)
         return fk_err(FK_EINVAL, "attention: value dictionary has %d atoms, scratch holds %d",
                       na, s->max_atoms);
+    int m = in->m, T = s->n_tokens, n = in->t + 1, hq = in->n_q_heads;
+    int r = hq / in->n_kv_heads;
     int nt = 0, rc = FK_OK;
-    for (int i = 0; i < in->n_comp && rc == FK_OK; i++) {
-        int nnz = 0;
-        const int32_t *idx = NULL;
-        const float *coef = NULL;
-        rc = ops->sparse_row(in->vstate, g, i, &nnz, &idx, &coef);
-        for (int e = 0; e < nnz && rc == FK_OK; e++) {
-            int j = idx[e];
-            if (j < 0 || j >= na) {
-                rc = bad_atom("value", g, i, j, na);
-                break;
-            }
-            if (!s->mark[j]) {
-                s->mark[j] = 1;
-                s->touched[nt++] = j;
+    for (int g = 0; g < in->n_kv_heads && rc == FK_OK; g++) {
+        int h0 = g * r;
+        for (int i = 0; i < in->n_comp && rc == FK_OK; i++) {
+            int nnz = 0;
+            const int32_t *idx = NULL;
+            const float *coef = NULL;
+            rc = ops->sparse_row(in->vstate, g, i, &nnz, &idx, &coef);
+            for (int e = 0; e < nnz && rc == FK_OK; e++) {
+                int j = idx[e];
+                if (j < 0 || j >= na) {
+                    rc = bad_atom("value", g, i, j, na);
+                    break;
+                }
+                double *wj = s->w + (size_t)j * hq;
+                if (!s->mark[j]) { /* first touch by any head: the row starts at 0 */
+                    s->mark[j] = 1;
+                    s->touched[nt++] = j;
+                    memset(wj, 0, sizeof(double) * (size_t)hq);
+                }
                 for (int hl = 0; hl < r; hl++)
-                    s->w[(size_t)hl * na + j] = 0;
+                    wj[h0 + hl] += s->ph[(size_t)(h0 + hl) * T + i] * coef[e];
             }
-            for (int hl = 0; hl < r; hl++)
-                s->w[(size_t)hl * na + j] += s->ph[(size_t)hl * T + i] * coef[e];
         }
     }
     if (rc < 0) {
@@ -421,20 +554,31 @@ static int values_compressed(const struct fk_attn_in *in, struct fk_attn_scratch
             s->mark[s->touched[a]] = 0;
         return rc;
     }
-    /* o_hat += w D_V over the touched atoms in index order (streams the dictionary; the
-     * first-touch order would jump around it and miss the cache on every atom) */
-    for (int j = 0, left = nt; left > 0; j++) {
+    /* compact the touched rows of W in index order (in place: row c <= j is either j
+     * itself or one already moved) and widen the same atoms of D_V to double */
+    int c = 0;
+    for (int j = 0; c < nt; j++) {
         if (!s->mark[j])
             continue;
         s->mark[j] = 0;
-        left--;
-        const float *a = A + (size_t)j * m;
-        for (int hl = 0; hl < r; hl++)
-            axpyd(s->w[(size_t)hl * na + j], a, oh + (size_t)hl * m, m);
+        widen(A + (size_t)j * m, s->ad + (size_t)c * m, m);
+        if (c != j)
+            memcpy(s->w + (size_t)c * hq, s->w + (size_t)j * hq, sizeof(double) * (size_t)hq);
+        c++;
     }
-    for (int i = in->n_comp; i < n; i++)
-        for (int hl = 0; hl < r; hl++)
-            axpyd(s->ph[(size_t)hl * T + i], vg + (size_t)i * m, oh + (size_t)hl * m, m);
+    if (nt > 0)
+        cblas_dgemm(CblasRowMajor, CblasTrans, CblasNoTrans, hq, m, nt, 1.0, s->w, hq, s->ad,
+                    m, 0.0, s->oh, m);
+    else
+        memset(s->oh, 0, sizeof(double) * (size_t)hq * m);
+    for (int g = 0; g < in->n_kv_heads; g++) {
+        const float *vg = in->v + (size_t)g * in->n_tokens * m;
+        for (int i = in->n_comp; i < n; i++) {
+            for (int hl = 0; hl < r; hl++)
+                s->pw[hl] = s->ph[(size_t)(g * r + hl) * T + i];
+            axpy_heads(s->pw, r, vg + (size_t)i * m, s->oh + (size_t)g * r * m, m);
+        }
+    }
     return FK_OK;
 }
 
@@ -450,42 +594,57 @@ int fk_attn_eval(const struct fk_attn_in *in, struct fk_attn_scratch *s,
         return fk_err(FK_EINVAL, "attention: head_dim %d, %d visible tokens, %d query heads "
                       "exceed the scratch (%d, %d, %d)", in->m, in->t + 1, in->n_q_heads,
                       s->m, s->n_tokens, s->n_q_heads);
-    int m = in->m, n = in->t + 1, nc = in->n_comp, T = s->n_tokens;
-    int r = in->n_q_heads / in->n_kv_heads;
+    int m = in->m, n = in->t + 1, nc = in->n_comp, T = s->n_tokens, hq = in->n_q_heads;
+    int r = hq / in->n_kv_heads;
     double sqrtm = sqrt((double)m);
     s->last_heads = 0;
     s->last_m = m;
+    for (size_t e = 0; e < (size_t)hq * m; e++)
+        s->qd[e] = in->q[e];
+    int sparse = use_sparse(in->ops), nak = 0;
+    if (sparse)
+        FK_TRY(key_products(in, s, &nak));
     for (int g = 0; g < in->n_kv_heads; g++) {
-        int hq0 = g * r;
+        int h0 = g * r;
         const float *kg = in->k + (size_t)g * in->n_tokens * m;
         const float *vg = in->v + (size_t)g * in->n_tokens * m;
-        for (int hl = 0; hl < r; hl++) {
-            const float *q = in->q + (size_t)(hq0 + hl) * m;
-            double *z = s->z + (size_t)hl * T, *zh = s->zh + (size_t)hl * T;
-            for (int i = 0; i < n; i++)
-                z[i] = dotd(q, kg + (size_t)i * m, m) / sqrtm;
-            memcpy(zh + nc, z + nc, sizeof(double) * (size_t)(n - nc));
+        /* exact logits, token-major: each key row is widened once for the r heads */
+        const double *qg = s->qd + (size_t)h0 * m;
+        for (int i = 0; i < n; i++) {
+            dot_heads(qg, r, kg + (size_t)i * m, m, s->pw);
+            for (int hl = 0; hl < r; hl++)
+                s->z[(size_t)(h0 + hl) * T + i] = s->pw[hl] / sqrtm;
         }
-        FK_TRY(keys_compressed(in, s, g, r, sqrtm));
         for (int hl = 0; hl < r; hl++) {
-            size_t off = (size_t)hl * T;
-            s->lse[hl] = softmax(s->z + off, n, s->p + off);
-            s->lse[s->n_q_heads + hl] = softmax(s->zh + off, n, s->ph + off);
-            double *o = s->o + (size_t)(hq0 + hl) * m;
-            memset(o, 0, sizeof(double) * (size_t)m);
-            for (int i = 0; i < n; i++)
-                axpyd(s->p[off + i], vg + (size_t)i * m, o, m);
+            size_t off = (size_t)(h0 + hl) * T;
+            memcpy(s->zh + off + nc, s->z + off + nc, sizeof(double) * (size_t)(n - nc));
         }
-        FK_TRY(values_compressed(in, s, g, r));
+        FK_TRY(keys_compressed(in, s, g, r, sqrtm, nak));
         for (int hl = 0; hl < r; hl++) {
-            size_t off = (size_t)hl * T, oo = (size_t)(hq0 + hl) * m;
-            head_metrics(s->z + off, s->zh + off, s->p + off, s->ph + off, s->lse[hl],
-                         s->lse[s->n_q_heads + hl], n, nc, s->o + oo, s->oh + oo, m,
-                         &s->met[hq0 + hl]);
+            int h = h0 + hl;
+            size_t off = (size_t)h * T;
+            s->lse[h] = softmax(s->z + off, n, s->p + off);
+            s->lse[s->n_q_heads + h] = softmax(s->zh + off, n, s->ph + off);
         }
+        double *o = s->o + (size_t)h0 * m;
+        memset(o, 0, sizeof(double) * (size_t)r * m);
+        for (int i = 0; i < n; i++) {
+            for (int hl = 0; hl < r; hl++)
+                s->pw[hl] = s->p[(size_t)(h0 + hl) * T + i];
+            axpy_heads(s->pw, r, vg + (size_t)i * m, o, m);
+        }
+        if (!sparse)
+            FK_TRY(values_dense(in, s, g, r));
     }
-    s->last_heads = in->n_q_heads;
-    return acc_add(acc, s->met, in->n_q_heads);
+    if (sparse)
+        FK_TRY(values_sparse(in, s));
+    for (int h = 0; h < hq; h++) {
+        size_t off = (size_t)h * T, oo = (size_t)h * m;
+        head_metrics(s->z + off, s->zh + off, s->p + off, s->ph + off, s->lse[h],
+                     s->lse[s->n_q_heads + h], n, nc, s->o + oo, s->oh + oo, m, &s->met[h]);
+    }
+    s->last_heads = hq;
+    return acc_add(acc, s->met, hq);
 }
 
 /* ---- the reference path ---------------------------------------------------------------- */
