@@ -437,7 +437,11 @@ static int parse_encoding(struct fk_trace *t, hid_t ds, const char *name, enum f
     return FK_OK;
 }
 
-int fk_trace_read(struct fk_trace *t, int layer, enum fk_kind kind, float *dst)
+/* Reads a [H][rows][d] dataset of one layer into dst: every row, or (sel != NULL) the
+ * n_sel rows sel[] (strictly increasing) as a [H][n_sel][d] array. 16-bit data are read
+ * raw and widened by our own code; non-finite values are refused. */
+static int read_rows(struct fk_trace *t, int layer, enum fk_kind kind, const int32_t *sel,
+                     int n_sel, float *dst)
 {
     const struct fk_trace_info *in = &t->info;
     if (layer < 0 || layer >= in->n_layers)
@@ -448,16 +452,44 @@ int fk_trace_read(struct fk_trace *t, int layer, enum fk_kind kind, float *dst)
     char name[64];
     snprintf(name, sizeof name, "/layers/L%02d/%s", layer, kind_name(kind));
     int H = kind == FK_KIND_Q ? in->n_q_heads : in->n_kv_heads;
-    int rows = kind == FK_KIND_Q ? in->n_queries : in->n_tokens;
+    int all_rows = kind == FK_KIND_Q ? in->n_queries : in->n_tokens;
+    int rows = sel ? n_sel : all_rows;
+    for (int i = 0; sel && i < n_sel; i++)
+        if (sel[i] < 0 || sel[i] >= all_rows || (i > 0 && sel[i] <= sel[i - 1]))
+            return fk_err(FK_EINVAL, "%s: %s: row selection entry %d = %d: expected strictly "
+                          "increasing rows in [0, %d)", t->path, name, i, sel[i], all_rows);
     size_t n = (size_t)H * (size_t)rows * (size_t)in->head_dim;
+    if (n == 0)
+        return FK_OK;
     hid_t ds = H5Dopen2(t->file, name, H5P_DEFAULT);
     if (ds < 0)
         return fk_err(FK_ECORRUPT, "%s: cannot open dataset %s", t->path, name);
+    hid_t fsp = H5S_ALL, msp = H5S_ALL;
     enum fk_encoding enc = FK_ENC_F32;
     int rc = parse_encoding(t, ds, name, &enc);
-    if (rc == FK_OK && n > 0) {
+    if (rc == FK_OK && sel) {
+        hsize_t mdims[3] = {(hsize_t)H, (hsize_t)n_sel, (hsize_t)in->head_dim};
+        fsp = H5Dget_space(ds);
+        msp = H5Screate_simple(3, mdims, NULL);
+        herr_t e = fsp < 0 || msp < 0 ? -1 : H5Sselect_none(fsp);
+        /* runs of consecutive rows as one block each; the union is visited in file order,
+         * [h][row][d], which is the memory order of dst */
+        for (int i = 0; i < n_sel && e >= 0;) {
+            int j = i + 1;
+            while (j < n_sel && sel[j] == sel[j - 1] + 1)
+                j++;
+            hsize_t start[3] = {0, (hsize_t)sel[i], 0};
+            hsize_t count[3] = {(hsize_t)H, (hsize_t)(j - i), (hsize_t)in->head_dim};
+            e = H5Sselect_hyperslab(fsp, H5S_SELECT_OR, start, NULL, count, NULL);
+            i = j;
+        }
+        if (e < 0)
+            rc = fk_err(FK_ECORRUPT, "%s: cannot select %d rows of dataset %s", t->path, n_sel,
+                        name);
+    }
+    if (rc == FK_OK) {
         if (enc == FK_ENC_F32) {
-            if (H5Dread(ds, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, dst) < 0)
+            if (H5Dread(ds, H5T_NATIVE_FLOAT, msp, fsp, H5P_DEFAULT, dst) < 0)
                 rc = fk_err(FK_ECORRUPT, "%s: cannot read dataset %s (truncated?)", t->path,
                             name);
         } else {
@@ -474,7 +506,7 @@ int fk_trace_read(struct fk_trace *t, int layer, enum fk_kind kind, float *dst)
             }
             if (enc == FK_ENC_F16)
                 H5Tset_order(mt, H5Tget_order(H5T_NATIVE_FLOAT));
-            if (H5Dread(ds, mt, H5S_ALL, H5S_ALL, H5P_DEFAULT, raw) < 0) {
+            if (H5Dread(ds, mt, msp, fsp, H5P_DEFAULT, raw) < 0) {
                 rc = fk_err(FK_ECORRUPT, "%s: cannot read dataset %s (truncated?)", t->path,
                             name);
             } else {
@@ -491,21 +523,43 @@ int fk_trace_read(struct fk_trace *t, int layer, enum fk_kind kind, float *dst)
             H5Tclose(mt);
         }
     }
+    if (msp != H5S_ALL && msp >= 0)
+        H5Sclose(msp);
+    if (fsp != H5S_ALL && fsp >= 0)
+        H5Sclose(fsp);
     H5Dclose(ds);
     if (rc != FK_OK)
         return rc;
     for (size_t i = 0; i < n; i++) {
         if (!isfinite(dst[i])) {
             size_t per_head = (size_t)rows * (size_t)in->head_dim;
+            size_t row = (i % per_head) / (size_t)in->head_dim;
             return fk_err(FK_ECORRUPT,
                           "%s: dataset %s: non-finite value %g at layer %d, head %zu, %s %zu, "
                           "channel %zu",
                           t->path, name, (double)dst[i], layer, i / per_head,
                           kind == FK_KIND_Q ? "query row" : "token",
-                          (i % per_head) / (size_t)in->head_dim, i % (size_t)in->head_dim);
+                          sel ? (size_t)sel[row] : row, i % (size_t)in->head_dim);
         }
     }
     return FK_OK;
+}
+
+int fk_trace_read(struct fk_trace *t, int layer, enum fk_kind kind, float *dst)
+{
+    return read_rows(t, layer, kind, NULL, 0, dst);
+}
+
+int fk_trace_read_query_rows(struct fk_trace *t, int layer, const int32_t *rows, int n_rows,
+                             float *dst)
+{
+    if (n_rows < 0 || (n_rows > 0 && !rows))
+        return fk_err(FK_EINVAL, "%s: query rows: expected a list of %d rows", t->path, n_rows);
+    if (n_rows == 0)
+        return t->info.has_queries ? FK_OK
+                                   : fk_err(FK_ECORRUPT, "%s: the trace has no queries "
+                                            "(layers/Lxx/queries)", t->path);
+    return read_rows(t, layer, FK_KIND_Q, rows, n_rows, dst);
 }
 
 int fk_trace_read_query_idx(struct fk_trace *t, int layer, int32_t *dst)

@@ -52,6 +52,11 @@ const int32_t *fk_trace_ids(const struct fk_trace *t);       /* [T] or NULL if a
 /* Reads keys or values [H_kv, T, d] or queries [H_q, Tq, d] of one layer as float32 into
  * dst (caller-owned, large enough). Refuses non-finite values, naming layer, head, token. */
 int fk_trace_read(struct fk_trace *t, int layer, enum fk_kind kind, float *dst);
+/* Reads the query rows rows[0..n_rows-1] (strictly increasing, each in [0, Tq)) of one layer
+ * as a float32 [H_q, n_rows, d] array into dst: attention at a stride needs only those, and
+ * memory then does not grow with the number of queries. Same checks as fk_trace_read. */
+int fk_trace_read_query_rows(struct fk_trace *t, int layer, const int32_t *rows, int n_rows,
+                             float *dst);
 /* Reads query_token_idx [Tq] of one layer (each entry in [0, T)). */
 int fk_trace_read_query_idx(struct fk_trace *t, int layer, int32_t *dst);
 /* Value of a root string attribute, or NULL (pointer valid until close). */

@@ -46,9 +46,10 @@ struct worker {
     char *errmsg;                /* first error message */
     /* buffers */
     float *kv[2];                /* [H_kv][T][m] exact keys, values */
-    float *q;                    /* [H_q][Tq][m] */
-    int32_t *qidx;               /* [Tq] */
-    int32_t *qrow;               /* [T] query row of each token or -1 */
+    float *q;                    /* [H_q][n_qsel][m] the query rows of the attention steps */
+    int n_qsel;
+    int32_t *qidx;               /* [Tq] query_token_idx, then the selected rows */
+    int32_t *qrow;               /* [T] row in q of each attention step's token, or -1 */
     int32_t *evict_step;         /* [T] decode step evicting each token (-1: prefill/never) */
     float *x;                    /* event vectors [max_ev][m] */
     int32_t *tok, *head;         /* [max_ev] */
@@ -315,6 +316,15 @@ static int read_locked(struct fk_trace *t, int layer, enum fk_kind kind, float *
     return rc;
 }
 
+static int read_query_rows_locked(struct fk_trace *t, int layer, const int32_t *rows, int n,
+                                  float *dst)
+{
+    pthread_mutex_lock(&h5_lock);
+    int rc = fk_trace_read_query_rows(t, layer, rows, n, dst);
+    pthread_mutex_unlock(&h5_lock);
+    return rc;
+}
+
 static int replay_layer(struct worker *w, int ti, int layer, const struct fk_base_dict *bases)
 {
     const struct fk_cell_input *in = w->in;
@@ -338,8 +348,8 @@ static int replay_layer(struct worker *w, int ti, int layer, const struct fk_bas
                           "%s: attention fidelity was asked for but the trace has no queries "
                           "(set attention = false or dump queries)",
                           fk_trace_path(tr));
-        size_t nq = (size_t)Hq * info->n_queries * m;
-        FK_TRY(grow((void **)&w->q, &w->cap_q, nq ? nq : 1, sizeof(float)));
+        /* only the query rows of the attention steps are read: memory does not grow with
+         * the number of queries, and the stride saves the reading too */
         int32_t *qi = realloc(w->qidx, sizeof(int32_t) * ((size_t)info->n_queries + 1));
         int32_t *qr = realloc(w->qrow, sizeof(int32_t) * (size_t)T);
         if (qi)
@@ -348,7 +358,6 @@ static int replay_layer(struct worker *w, int ti, int layer, const struct fk_bas
             w->qrow = qr;
         if (!qi || !qr)
             return fk_err(FK_ENOMEM, "out of memory");
-        FK_TRY(read_locked(tr, layer, FK_KIND_Q, w->q));
         pthread_mutex_lock(&h5_lock);
         int rc = fk_trace_read_query_idx(tr, layer, w->qidx);
         pthread_mutex_unlock(&h5_lock);
@@ -357,6 +366,30 @@ static int replay_layer(struct worker *w, int ti, int layer, const struct fk_bas
             w->qrow[t] = -1;
         for (int r = 0; r < info->n_queries; r++)
             w->qrow[w->qidx[r]] = r;
+        /* the rows needed, ascending (qidx is reused for the list) */
+        int n_sel = 0;
+        for (int r = 0; r < info->n_queries; r++) {
+            int t = w->qidx[r];
+            int used = t >= P && (t - P) % ro->attn_stride == 0 && w->qrow[t] == r;
+            w->qidx[r] = used ? r : -1;
+        }
+        for (int r = 0; r < info->n_queries; r++)
+            if (w->qidx[r] >= 0)
+                w->qidx[n_sel++] = r;
+        for (int t = 0; t < T; t++)
+            if (w->qrow[t] >= 0 && (t < P || (t - P) % ro->attn_stride != 0))
+                w->qrow[t] = -1;
+        for (int i = 0; i < n_sel; i++) /* query row -> its place in the selection */
+            for (int t = P; t < T; t += ro->attn_stride)
+                if (w->qrow[t] == w->qidx[i]) {
+                    w->qrow[t] = i;
+                    break;
+                }
+        w->n_qsel = n_sel;
+        size_t nq = (size_t)Hq * n_sel * m;
+        FK_TRY(grow((void **)&w->q, &w->cap_q, nq ? nq : 1, sizeof(float)));
+        rc = read_query_rows_locked(tr, layer, w->qidx, n_sel, w->q);
+        FK_TRY(rc);
         float *qb = realloc(w->qbuf, sizeof(float) * (size_t)Hq * m);
         if (!qb)
             return fk_err(FK_ENOMEM, "out of memory");
@@ -428,7 +461,7 @@ static int replay_layer(struct worker *w, int ti, int layer, const struct fk_bas
             double a0 = now_s(CLOCK_THREAD_CPUTIME_ID);
             for (int h = 0; h < Hq; h++)
                 memcpy(w->qbuf + (size_t)h * m,
-                       w->q + ((size_t)h * info->n_queries + w->qrow[t]) * m,
+                       w->q + ((size_t)h * w->n_qsel + w->qrow[t]) * m,
                        sizeof(float) * (size_t)m);
             struct fk_attn_in ai = {.m = m, .n_q_heads = Hq, .n_kv_heads = H, .n_tokens = T,
                                     .t = t, .n_comp = comp, .q = w->qbuf, .k = w->kv[0],

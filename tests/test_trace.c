@@ -438,6 +438,26 @@ START_TEST(test_round_trip)
         }
         ck_assert_int_eq(fk_trace_read_query_idx(t, l, qi), FK_OK);
         ck_assert_int_eq(memcmp(qi, x.qidx[l], sizeof qi), 0);
+        /* a row subset (runs and gaps) equals those rows of the full read, head by head */
+        ck_assert_int_eq(fk_trace_read(t, l, FK_KIND_Q, qbuf), FK_OK);
+        static const int32_t sel[] = {0, 2, 3, 4, 7};
+        const int ns = 5, H = x.s.hq, d = x.s.d, Tq = x.s.Tq;
+        float *sub = malloc(sizeof(float) * (size_t)H * ns * d);
+        ck_assert_ptr_nonnull(sub);
+        ck_assert_msg(fk_trace_read_query_rows(t, l, sel, ns, sub) == FK_OK, "%s", fk_errmsg());
+        for (int h = 0; h < H; h++)
+            for (int i = 0; i < ns; i++)
+                ck_assert_msg(memcmp(sub + ((size_t)h * ns + i) * d,
+                                     qbuf + ((size_t)h * Tq + sel[i]) * d,
+                                     sizeof(float) * (size_t)d) == 0,
+                              "%s layer %d: query row %d of head %d differs in the subset read",
+                              names[enc], l, sel[i], h);
+        static const int32_t unsorted[] = {3, 2}, dup[] = {1, 1}, out_of_range[] = {0, 8};
+        ck_assert_int_eq(fk_trace_read_query_rows(t, l, unsorted, 2, sub), FK_EINVAL);
+        ck_assert_int_eq(fk_trace_read_query_rows(t, l, dup, 2, sub), FK_EINVAL);
+        ck_assert_int_eq(fk_trace_read_query_rows(t, l, out_of_range, 2, sub), FK_EINVAL);
+        ck_assert_int_eq(fk_trace_read_query_rows(t, l, sel, 0, sub), FK_OK);
+        free(sub);
     }
     /* the ties above went to even */
     ck_assert_int_eq(fk_trace_read(t, 0, FK_KIND_K, buf), FK_OK);
