@@ -25,7 +25,9 @@ static const int topk_ks[3] = {1, 8, TOPK_MAX};
 struct fk_attn_scratch {
     int m;                        /* head_dim capacity */
     int n_tokens;                 /* T capacity */
-    int max_atoms;                /* atom capacity of the K and V dictionaries */
+    int max_atoms;                /* bound on the atoms of the K and V dictionaries */
+    int cap_atoms;                /* atoms the four arrays below hold now (grown on demand:
+                                   * a growing codec's bound is far above its usual size) */
     int n_q_heads;                /* query head capacity */
     float *u;                     /* [n_q_heads][max_atoms] q_h . d_j of every query head */
     double *z, *zh;               /* [n_q_heads][n_tokens] exact and compressed logits */
@@ -368,25 +370,19 @@ int fk_attn_scratch_create(int m, int n_tokens, int max_atoms, int n_q_heads,
     s->n_tokens = n_tokens;
     s->max_atoms = max_atoms;
     s->n_q_heads = n_q_heads;
-    size_t hq = (size_t)n_q_heads, na = (size_t)max_atoms, nt = (size_t)n_tokens;
-    s->u = malloc(sizeof(float) * hq * na);
+    size_t hq = (size_t)n_q_heads, nt = (size_t)n_tokens;
     s->z = malloc(sizeof(double) * hq * nt);
     s->zh = malloc(sizeof(double) * hq * nt);
     s->p = malloc(sizeof(double) * hq * nt);
     s->ph = malloc(sizeof(double) * hq * nt);
     s->lse = malloc(sizeof(double) * 2 * hq);
-    s->w = malloc(sizeof(double) * hq * na);
-    s->ad = malloc(sizeof(double) * na * (size_t)m);
-    s->touched = malloc(sizeof(int32_t) * na);
-    s->mark = calloc(na, 1);
     s->row = malloc(sizeof(float) * (size_t)m);
     s->qd = malloc(sizeof(double) * hq * (size_t)m);
     s->pw = malloc(sizeof(double) * hq);
     s->o = malloc(sizeof(double) * hq * (size_t)m);
     s->oh = malloc(sizeof(double) * hq * (size_t)m);
     s->met = malloc(sizeof(struct fk_attn_metrics) * hq);
-    if (!s->u || !s->z || !s->zh || !s->p || !s->ph || !s->lse || !s->w || !s->ad || !s->touched ||
-        !s->mark || !s->row || !s->qd || !s->pw || !s->o || !s->oh || !s->met) {
+    if (!s->z || !s->zh || !s->p || !s->ph || !s->lse || !s->row || !s->qd || !s->pw || !s->o || !s->oh || !s->met) {
         fk_attn_scratch_free(&s);
         return fk_err(FK_ENOMEM, "out of memory (attention scratch: %d query heads, %d "
                       "tokens, %d atoms)", n_q_heads, n_tokens, max_atoms);
@@ -440,6 +436,35 @@ static int bad_atom(const char *kind, int g, int i, int j, int n_atoms)
                   kind, g, i, j, n_atoms);
 }
 
+/* Makes the per-atom arrays hold na atoms (na <= max_atoms, checked by the callers). */
+static int atoms_reserve(struct fk_attn_scratch *s, int na)
+{
+    if (na <= s->cap_atoms)
+        return FK_OK;
+    size_t n = (size_t)na, hq = (size_t)s->n_q_heads;
+    float *u = realloc(s->u, sizeof(float) * hq * n);
+    if (u)
+        s->u = u;
+    double *w = realloc(s->w, sizeof(double) * hq * n);
+    if (w)
+        s->w = w;
+    double *ad = realloc(s->ad, sizeof(double) * n * (size_t)s->m);
+    if (ad)
+        s->ad = ad;
+    int32_t *tc = realloc(s->touched, sizeof(int32_t) * n);
+    if (tc)
+        s->touched = tc;
+    uint8_t *mk = realloc(s->mark, n);
+    if (mk) {
+        s->mark = mk;
+        memset(mk + s->cap_atoms, 0, n - (size_t)s->cap_atoms);
+    }
+    if (!u || !w || !ad || !tc || !mk) /* the arrays that moved stay valid at the old size */
+        return fk_err(FK_ENOMEM, "out of memory (attention scratch for %d atoms)", na);
+    s->cap_atoms = na;
+    return FK_OK;
+}
+
 /* U = Q D_K^T: q_h . d_j for every query head h and key atom j, one SGEMM (sparse codecs;
  * the dictionary is shared by all heads of the stream). Returns the atom count in *na. */
 static int key_products(const struct fk_attn_in *in, struct fk_attn_scratch *s, int *na)
@@ -448,6 +473,7 @@ static int key_products(const struct fk_attn_in *in, struct fk_attn_scratch *s, 
     if (*na < 1 || *na > s->max_atoms || !A)
         return fk_err(FK_EINVAL, "attention: key dictionary has %d atoms, scratch holds %d",
                       *na, s->max_atoms);
+    FK_TRY(atoms_reserve(s, *na));
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, in->n_q_heads, *na, in->m, 1.0f,
                 in->q, in->m, A, in->m, 0.0f, s->u, *na);
     return FK_OK;
@@ -479,11 +505,13 @@ static int keys_compressed(const struct fk_attn_in *in, struct fk_attn_scratch *
         }
         return FK_OK;
     }
-    const float *qg = in->q + (size_t)h0 * m;
+    /* the kernel of the exact logits: a codec that stores rows exactly gives z_hat == z */
+    const double *qg = s->qd + (size_t)h0 * m;
     for (int i = 0; i < in->n_comp; i++) {
         FK_TRY(ops->reconstruct(in->kstate, g, i, s->row));
+        dot_heads(qg, r, s->row, m, s->pw);
         for (int hl = 0; hl < r; hl++)
-            s->zh[(size_t)(h0 + hl) * T + i] = dotd(qg + (size_t)hl * m, s->row, m) / sqrtm;
+            s->zh[(size_t)(h0 + hl) * T + i] = s->pw[hl] / sqrtm;
     }
     return FK_OK;
 }
@@ -522,6 +550,7 @@ static int values_sparse(const struct fk_attn_in *in, struct fk_attn_scratch *s)
     if (na < 1 || na > s->max_atoms || !A)
         return fk_err(FK_EINVAL, "attention: value dictionary has %d atoms, scratch holds %d",
                       na, s->max_atoms);
+    FK_TRY(atoms_reserve(s, na));
     int m = in->m, T = s->n_tokens, n = in->t + 1, hq = in->n_q_heads;
     int r = hq / in->n_kv_heads;
     int nt = 0, rc = FK_OK;

@@ -50,7 +50,9 @@ struct fk_attn_metrics {
 
 /* Per-thread working memory of fk_attn_eval: logits and softmax of every query head
  * ([n_q_heads][n_tokens] doubles, four of them), q . D_K and the atom-space value weights
- * ([n_q_heads][max_atoms]) and the outputs of the last evaluated step. */
+ * ([n_q_heads] per atom), the touched value atoms in double ([m] per atom) and the outputs
+ * of the last evaluated step. The per-atom arrays grow on demand to the largest dictionary
+ * seen (at most max_atoms). */
 struct fk_attn_scratch;
 
 /* max_atoms bounds the current atom count N_t of both codec states (append codecs grow).
@@ -62,9 +64,11 @@ void fk_attn_scratch_free(struct fk_attn_scratch **s);
 /* Evaluates every query head at one step and adds to acc. Uses the sparse fast path
  * (q . D_K once per query, s multiply-adds per compressed key, values through the codes)
  * when the codec has FK_CAP_SPARSE, else reconstructs rows. Double precision for logits,
- * softmax and accumulators (q . D_K itself is one float SGEMM per KV group). If n_comp == 0
- * it only counts a skipped step. Allocates nothing except growing acc->cos_vals when it is
- * full (see fk_attn_acc_reserve). Bit-identical run to run with OpenBLAS at one thread.
+ * softmax and accumulators (q . D_K itself is one float SGEMM for all query heads; the
+ * atom-space values go through one DGEMM). If n_comp == 0 it only counts a skipped step.
+ * Allocates nothing except growing acc->cos_vals when it is full (see
+ * fk_attn_acc_reserve) and the scratch's per-atom arrays when a dictionary is larger than
+ * any before. Bit-identical run to run with OpenBLAS at one thread.
  * Errors: FK_EINVAL (inconsistent sizes, n_comp > t, scratch too small), the codec's error
  * for a missing row, FK_ECORRUPT for a code naming a nonexistent atom; acc is then
  * unchanged. */
