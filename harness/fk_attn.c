@@ -5,8 +5,9 @@
  * Fast path for sparse codecs (Lexico's query-dictionary product): U = Q D_K^T once per
  * step for every query head (one SGEMM; the dictionary is shared by the heads), then s
  * multiply-adds per compressed key; values go through the codes into atom-space weights
- * W[j][h] = sum_i P_hat_hi c_ij, and O_hat = W^T D_V over the atoms touched by any head is one
- * DGEMM (the touched rows of D_V widened to double). Other codecs reconstruct each
+ * W[j][h] = sum_i P_hat_hi c_ij, and O_hat = W^T D_V is one DGEMM against a copy of D_V in
+ * double that is kept across steps and refreshed only where the dictionary changed
+ * (appended rows; everything after a replacement). Other codecs reconstruct each
  * compressed row once per KV head. Logits, softmax and every accumulator are double; the
  * evaluation order is fixed, so results are bit-identical run to run (BLAS at one thread).
  */
@@ -34,9 +35,11 @@ struct fk_attn_scratch {
     double *p, *ph;               /* [n_q_heads][n_tokens] their softmax */
     double *lse;                  /* [2][n_q_heads] LSE of z and z_hat */
     double *w;                    /* [max_atoms][n_q_heads] sum_i P_hat_hi c_ij, atom-major */
-    double *ad;                   /* [max_atoms][m] the touched value atoms, in double */
-    int32_t *touched;             /* [max_atoms] atoms with a nonzero w, first-touch order */
-    uint8_t *mark;                /* [max_atoms] 1 = in touched (all 0 between calls) */
+    double *ad;                   /* [max_atoms][m] the value atoms in double, rows valid: */
+    int ad_rows, ad_m;            /* rows and head_dim of the copy (0: none) */
+    const float *ad_src;          /* the atoms array it was widened from */
+    const void *ad_state;         /* the codec state it belongs to */
+    uint64_t ad_rep;              /* the codec's replacement count at that time */
     float *row;                   /* [m] one reconstructed row */
     double *qd;                   /* [n_q_heads][m] the queries in double */
     double *pw;                   /* [n_q_heads] softmax weights of one token, per head */
@@ -344,8 +347,6 @@ void fk_attn_scratch_free(struct fk_attn_scratch **sp)
     free(s->lse);
     free(s->w);
     free(s->ad);
-    free(s->touched);
-    free(s->mark);
     free(s->row);
     free(s->qd);
     free(s->pw);
@@ -389,6 +390,15 @@ int fk_attn_scratch_create(int m, int n_tokens, int max_atoms, int n_q_heads,
     }
     *out = s;
     return FK_OK;
+}
+
+void fk_attn_scratch_invalidate(struct fk_attn_scratch *s)
+{
+    if (s) {
+        s->ad_rows = 0;
+        s->ad_src = NULL;
+        s->ad_state = NULL;
+    }
 }
 
 int fk_attn_scratch_result(const struct fk_attn_scratch *s, int h, const double **o,
@@ -451,15 +461,7 @@ static int atoms_reserve(struct fk_attn_scratch *s, int na)
     double *ad = realloc(s->ad, sizeof(double) * n * (size_t)s->m);
     if (ad)
         s->ad = ad;
-    int32_t *tc = realloc(s->touched, sizeof(int32_t) * n);
-    if (tc)
-        s->touched = tc;
-    uint8_t *mk = realloc(s->mark, n);
-    if (mk) {
-        s->mark = mk;
-        memset(mk + s->cap_atoms, 0, n - (size_t)s->cap_atoms);
-    }
-    if (!u || !w || !ad || !tc || !mk) /* the arrays that moved stay valid at the old size */
+    if (!u || !w || !ad) /* the arrays that moved stay valid at the old size */
         return fk_err(FK_ENOMEM, "out of memory (attention scratch for %d atoms)", na);
     s->cap_atoms = na;
     return FK_OK;
@@ -540,8 +542,11 @@ static int values_dense(const struct fk_attn_in *in, struct fk_attn_scratch *s, 
 
 /* Compressed outputs of every query head through the codes (sparse codecs): the atom-space
  * weights W[j][h] = sum_i P_hat_hi c_ij over the compressed rows (atom-major: a code updates
- * r adjacent doubles), then O_hat = W^T D_V over the atoms any head touched as one DGEMM,
- * then the exact rows of the uncompressed tail. */
+ * r adjacent doubles), then O_hat = W^T D_V as one DGEMM, then the exact rows of the
+ * uncompressed tail. D_V in double is kept from step to step: by the contract of
+ * fk_codec_ops.atoms, rows change only by appends at the end or by replacements (counted in
+ * the stats), so only appended rows are widened, or all of them after a replacement or
+ * when the array moved. */
 static int values_sparse(const struct fk_attn_in *in, struct fk_attn_scratch *s)
 {
     const struct fk_codec_ops *ops = in->ops;
@@ -553,53 +558,39 @@ static int values_sparse(const struct fk_attn_in *in, struct fk_attn_scratch *s)
     FK_TRY(atoms_reserve(s, na));
     int m = in->m, T = s->n_tokens, n = in->t + 1, hq = in->n_q_heads;
     int r = hq / in->n_kv_heads;
-    int nt = 0, rc = FK_OK;
-    for (int g = 0; g < in->n_kv_heads && rc == FK_OK; g++) {
+    struct fk_stream_stats st;
+    memset(&st, 0, sizeof st);
+    if (ops->stats)
+        ops->stats(in->vstate, &st);
+    int keep = ops->stats && in->vstate == s->ad_state && A == s->ad_src && m == s->ad_m &&
+               st.replacements == s->ad_rep && na >= s->ad_rows;
+    for (int j = keep ? s->ad_rows : 0; j < na; j++)
+        widen(A + (size_t)j * m, s->ad + (size_t)j * m, m);
+    s->ad_src = ops->stats ? A : NULL;
+    s->ad_state = in->vstate;
+    s->ad_m = m;
+    s->ad_rows = na;
+    s->ad_rep = st.replacements;
+    memset(s->w, 0, sizeof(double) * (size_t)na * hq);
+    for (int g = 0; g < in->n_kv_heads; g++) {
         int h0 = g * r;
-        for (int i = 0; i < in->n_comp && rc == FK_OK; i++) {
+        for (int i = 0; i < in->n_comp; i++) {
             int nnz = 0;
             const int32_t *idx = NULL;
             const float *coef = NULL;
-            rc = ops->sparse_row(in->vstate, g, i, &nnz, &idx, &coef);
-            for (int e = 0; e < nnz && rc == FK_OK; e++) {
+            FK_TRY(ops->sparse_row(in->vstate, g, i, &nnz, &idx, &coef));
+            for (int e = 0; e < nnz; e++) {
                 int j = idx[e];
-                if (j < 0 || j >= na) {
-                    rc = bad_atom("value", g, i, j, na);
-                    break;
-                }
+                if (j < 0 || j >= na)
+                    return bad_atom("value", g, i, j, na);
                 double *wj = s->w + (size_t)j * hq;
-                if (!s->mark[j]) { /* first touch by any head: the row starts at 0 */
-                    s->mark[j] = 1;
-                    s->touched[nt++] = j;
-                    memset(wj, 0, sizeof(double) * (size_t)hq);
-                }
                 for (int hl = 0; hl < r; hl++)
                     wj[h0 + hl] += s->ph[(size_t)(h0 + hl) * T + i] * coef[e];
             }
         }
     }
-    if (rc < 0) {
-        for (int a = 0; a < nt; a++)
-            s->mark[s->touched[a]] = 0;
-        return rc;
-    }
-    /* compact the touched rows of W in index order (in place: row c <= j is either j
-     * itself or one already moved) and widen the same atoms of D_V to double */
-    int c = 0;
-    for (int j = 0; c < nt; j++) {
-        if (!s->mark[j])
-            continue;
-        s->mark[j] = 0;
-        widen(A + (size_t)j * m, s->ad + (size_t)c * m, m);
-        if (c != j)
-            memcpy(s->w + (size_t)c * hq, s->w + (size_t)j * hq, sizeof(double) * (size_t)hq);
-        c++;
-    }
-    if (nt > 0)
-        cblas_dgemm(CblasRowMajor, CblasTrans, CblasNoTrans, hq, m, nt, 1.0, s->w, hq, s->ad,
-                    m, 0.0, s->oh, m);
-    else
-        memset(s->oh, 0, sizeof(double) * (size_t)hq * m);
+    cblas_dgemm(CblasRowMajor, CblasTrans, CblasNoTrans, hq, m, na, 1.0, s->w, hq, s->ad, m,
+                0.0, s->oh, m);
     for (int g = 0; g < in->n_kv_heads; g++) {
         const float *vg = in->v + (size_t)g * in->n_tokens * m;
         for (int i = in->n_comp; i < n; i++) {

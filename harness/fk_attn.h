@@ -61,6 +61,12 @@ int fk_attn_scratch_create(int m, int n_tokens, int max_atoms, int n_q_heads,
                            struct fk_attn_scratch **out);
 void fk_attn_scratch_free(struct fk_attn_scratch **s);
 
+/* The scratch keeps the value dictionary widened to double from step to step, keyed by the
+ * codec state, its atoms pointer and its replacement count (see fk_codec_ops.atoms). A
+ * closed state's memory can come back at the same address for a new one: call this after
+ * opening codec states that follow closed ones. */
+void fk_attn_scratch_invalidate(struct fk_attn_scratch *s);
+
 /* Evaluates every query head at one step and adds to acc. Uses the sparse fast path
  * (q . D_K once per query, s multiply-adds per compressed key, values through the codes)
  * when the codec has FK_CAP_SPARSE, else reconstructs rows. Double precision for logits,

@@ -103,17 +103,20 @@ static int run(const struct fk_cell_input *in, int jobs, int attention, int stri
 static void usage(FILE *f)
 {
     fprintf(f, "usage: fadkv-bench bench replay [--config FILE] [--jobs N] [--ref-layers K]\n"
-               "       [--scale-layers K] [--no-kernel] [--no-attention] [--only CODEC]\n"
+               "       [--scale-layers K] [--no-kernel] [--no-attention] [--overhead]\n"
+               "       [--only CODEC]\n"
                "Runs every cell of FILE (default configs/bench-3b.toml) and prints vectors/s,\n"
                "a time breakdown and peak memory; then lexico optimised vs reference mode on\n"
                "the first K layers (default 2), lexico at 1 vs 2 threads on the first K layers\n"
-               "(default 8), and the OMP kernel benchmark at the same N, m, s.\n");
+               "(default 8), and the OMP kernel benchmark at the same N, m, s.\n"
+               "--overhead also replays each cell without attention right after it and prints\n"
+               "the extra time of attention fidelity, per cell and in total.\n");
 }
 
 int fk_cli_bench_replay(int argc, char **argv)
 {
     const char *config = "configs/bench-3b.toml", *only = NULL;
-    int jobs = 0, ref_layers = 2, scale_layers = 8, kernel = 1, no_attn = 0;
+    int jobs = 0, ref_layers = 2, scale_layers = 8, kernel = 1, no_attn = 0, overhead = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--config") && v) {
@@ -135,6 +138,8 @@ int fk_cli_bench_replay(int argc, char **argv)
             kernel = 0;
         } else if (!strcmp(a, "--no-attention")) {
             no_attn = 1;
+        } else if (!strcmp(a, "--overhead")) {
+            overhead = 1;
         } else if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
             usage(stdout);
             return 0;
@@ -175,7 +180,9 @@ int fk_cli_bench_replay(int argc, char **argv)
     printf("\n%-11s %8s %9s %7s | %6s %6s %6s %6s %6s %6s %6s %6s  (CPU s, summed over threads)\n",
            "codec", "wall s", "vectors", "vec/s", "io", "gram", "corr", "code", "adapt", "attn",
            "metric", "write");
-    double total_wall = 0;
+    double total_wall = 0, ov_with = 0, ov_without = 0;
+    char ov_lines[4096] = "";
+    size_t ov_len = 0;
     const char **ids = calloc((size_t)s->n_cells + 1, sizeof(char *));
     int n_ids = 0;
     for (int c = 0; c < s->n_cells && rc == FK_OK; c++) {
@@ -206,7 +213,29 @@ int fk_cli_bench_replay(int argc, char **argv)
                t.code, t.adapt, t.attn, t.metrics, t.write);
         fflush(stdout);
         fk_cell_result_free(&res);
+        if (overhead && s->attention && rc == FK_OK) {
+            /* the same cell without attention, right away: both halves of the ratio see
+             * the machine in the same state */
+            struct timing t0 = {0};
+            rc = run(&in, s->jobs, 0, s->attn_stride, 0, NULL, &res, &t0);
+            if (rc < 0)
+                break;
+            fk_cell_result_free(&res);
+            double with = t.wall - t.write;
+            ov_with += with;
+            ov_without += t0.wall;
+            if (ov_len < sizeof ov_lines)
+                ov_len += (size_t)snprintf(ov_lines + ov_len, sizeof ov_lines - ov_len,
+                                           "  %-11s %6.1f s with, %6.1f s without: %+5.1f%%\n",
+                                           cell->ops->name, with, t0.wall,
+                                           100.0 * (with - t0.wall) / t0.wall);
+        }
     }
+    if (rc == FK_OK && ov_without > 0)
+        printf("attention fidelity (stride %d), each cell replayed again without it right "
+               "after:\n%s  all cells  %6.1f s with, %6.1f s without: %+5.1f%%\n",
+               s->attn_stride, ov_lines, ov_with, ov_without,
+               100.0 * (ov_with - ov_without) / ov_without);
     if (rc == FK_OK)
         rc = fk_results_tables(s->output, ids, n_ids);
     free(ids);
