@@ -451,7 +451,12 @@ static int atoms_reserve(struct fk_attn_scratch *s, int na)
 {
     if (na <= s->cap_atoms)
         return FK_OK;
-    size_t n = (size_t)na, hq = (size_t)s->n_q_heads;
+    /* geometric growth: a growing codec appends atoms one by one, and reallocating these
+     * megabyte arrays for every one leaves the heap fragmented */
+    long want = (long)s->cap_atoms + s->cap_atoms / 4;
+    want = want < na ? na : want;
+    want = want > s->max_atoms ? s->max_atoms : want;
+    size_t n = (size_t)want, hq = (size_t)s->n_q_heads;
     float *u = realloc(s->u, sizeof(float) * hq * n);
     if (u)
         s->u = u;
@@ -463,7 +468,7 @@ static int atoms_reserve(struct fk_attn_scratch *s, int na)
         s->ad = ad;
     if (!u || !w || !ad) /* the arrays that moved stay valid at the old size */
         return fk_err(FK_ENOMEM, "out of memory (attention scratch for %d atoms)", na);
-    s->cap_atoms = na;
+    s->cap_atoms = (int)want;
     return FK_OK;
 }
 
