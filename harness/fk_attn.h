@@ -50,7 +50,7 @@ struct fk_attn_metrics {
 
 /* Per-thread working memory of fk_attn_eval: logits and softmax of every query head
  * ([n_q_heads][n_tokens] doubles, four of them), q . D_K and the atom-space value weights
- * ([n_q_heads] per atom), the touched value atoms in double ([m] per atom) and the outputs
+ * ([n_q_heads] per atom), the value atoms in double ([m] per atom) and the outputs
  * of the last evaluated step. The per-atom arrays grow on demand to the largest dictionary
  * seen (at most max_atoms). */
 struct fk_attn_scratch;

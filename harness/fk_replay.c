@@ -366,25 +366,19 @@ static int replay_layer(struct worker *w, int ti, int layer, const struct fk_bas
             w->qrow[t] = -1;
         for (int r = 0; r < info->n_queries; r++)
             w->qrow[w->qidx[r]] = r;
-        /* the rows needed, ascending (qidx is reused for the list) */
+        /* the rows of the attention steps (each token's last row), ascending, into qidx
+         * (written behind the read position); qrow[t] becomes the place in that list */
         int n_sel = 0;
         for (int r = 0; r < info->n_queries; r++) {
             int t = w->qidx[r];
-            int used = t >= P && (t - P) % ro->attn_stride == 0 && w->qrow[t] == r;
-            w->qidx[r] = used ? r : -1;
-        }
-        for (int r = 0; r < info->n_queries; r++)
-            if (w->qidx[r] >= 0)
+            if (t >= P && (t - P) % ro->attn_stride == 0 && w->qrow[t] == r) {
+                w->qrow[t] = n_sel;
                 w->qidx[n_sel++] = r;
+            }
+        }
         for (int t = 0; t < T; t++)
-            if (w->qrow[t] >= 0 && (t < P || (t - P) % ro->attn_stride != 0))
+            if (t < P || (t - P) % ro->attn_stride != 0)
                 w->qrow[t] = -1;
-        for (int i = 0; i < n_sel; i++) /* query row -> its place in the selection */
-            for (int t = P; t < T; t += ro->attn_stride)
-                if (w->qrow[t] == w->qidx[i]) {
-                    w->qrow[t] = i;
-                    break;
-                }
         w->n_qsel = n_sel;
         size_t nq = (size_t)Hq * n_sel * m;
         FK_TRY(grow((void **)&w->q, &w->cap_q, nq ? nq : 1, sizeof(float)));
