@@ -724,6 +724,10 @@ static int dc_open(const struct variant *v, const void *opts, const struct fk_st
     d->pinned = malloc(cap * sizeof(int32_t));
     d->heads = calloc((size_t)env->n_heads, sizeof *d->heads);
     d->work_floats = fk_omp_work_floats(d->cap, d->m, d->o.s + 1) + 2 * cap + 64;
+    if (d->v.coder == CODER_OMP) { /* the lanes of fk_omp_gram_batch */
+        size_t wb = fk_omp_batch_work_floats(d->cap, d->m, d->o.s);
+        d->work_floats = wb > d->work_floats ? wb : d->work_floats;
+    }
     d->work = malloc(sizeof(float) * d->work_floats);
     d->corr = malloc(sizeof(float) * BLK * cap);
     d->pool = malloc(sizeof(int32_t) * cap);
@@ -798,10 +802,20 @@ static int dc_encode(void *state, const struct fk_event *ev, struct fk_vec_out *
             fk_correlate(&v, ev->x + (size_t)(b0 + c0) * m, nc, d->corr);
             double t1 = cpu_s();
             d->st.t_corr += t1 - t0;
+            const float *xb = ev->x + (size_t)(b0 + c0) * m;
+            int batched = d->v.coder == CODER_OMP && v.gram_row;
+            if (batched) { /* Batch-OMP, vectors interleaved (same codes as one at a time) */
+                FK_TRY(fk_omp_gram_batch(&v, nc, xb, d->corr, (size_t)d->Nt, d->o.s, d->o.tol,
+                                         d->work, &d->codes[c0]));
+                for (int i = 0; i < nc; i++) {
+                    const struct fk_code *c = &d->codes[c0 + i];
+                    d->st.macs += cost_omp(d->m, d->Nt, c->iters > c->k ? c->iters : c->k);
+                }
+            }
             for (int i = 0; i < nc; i++) {
                 struct fk_code *c = &d->codes[c0 + i];
-                FK_TRY(encode_one(d, ev->x + (size_t)(b0 + c0 + i) * m,
-                                  d->corr + (size_t)i * d->Nt, c));
+                if (!batched)
+                    FK_TRY(encode_one(d, xb + (size_t)i * m, d->corr + (size_t)i * d->Nt, c));
                 d->needs[c0 + i] = can_adapt && !(c->flags & FK_CODE_ZERO) &&
                                    c->err2 > d->delta * d->delta * c->xx;
             }

@@ -378,123 +378,255 @@ static int omp_start(double xx, double tol_rel, int s, int m, int live, struct f
     return s_eff < live ? s_eff : live;
 }
 
-int fk_omp_gram(const struct fk_dict_view *d, const float *x, const float *a, int s,
-                double tol_rel, float *work, struct fk_code *out)
-{
-    FK_TRY(check_args(d, x, s, "fk_omp_gram"));
-    if (!d->gram_row || !a || !work || !out)
-        return fk_err(FK_EINVAL, "fk_omp_gram: expected a Gram row function, a, work, out");
-    int n = d->n_atoms, m = d->m;
-    double xx = dot_xx(x, m);
-    int s_eff = omp_start(xx, tol_rel, s, m, count_live(d->dead, NULL, n), out);
-    if (s_eff <= 0)
-        return FK_OK;
-    double tol2 = tol_rel > 0 ? tol_rel * tol_rel * xx : -1.0;
-
+/* One vector's Batch-OMP in Gram mode as a resumable state: omp_init, then omp_step until
+ * it is no longer active (each step accepts or excludes one candidate and, when the code
+ * goes on, runs the fused correlation pass and selects the next candidate, fetching its Gram
+ * row). The batch driver keeps several of these in flight so that the Gram row one vector
+ * will read next is prefetched during another vector's correlation pass; every vector's
+ * arithmetic is the same whatever the interleaving, so the codes are bit-identical. */
+struct gstate {
     struct omp_ws ws;
-    ws_layout(n, m, clamp_s(s, m), work, &ws);
-    const int ld = clamp_s(s, m); /* row stride of L */
-    const size_t nn = (size_t)n;
-    memset(ws.mask, 0, nn);
-    int nfull = n / STRIP, ns = (n + STRIP - 1) / STRIP;
+    const struct fk_dict_view *d;
+    const float *x, *a;
+    struct fk_code *out;
+    const float *grow; /* Gram row of the selected candidate j */
+    double xx, tol2, zz;
+    int n, ld, s_eff, k, j, have_max, active;
+    float mx;
+};
 
+static void omp_finish(struct gstate *g)
+{
+    struct fk_code *out = g->out;
+    out->k = g->k;
+    back_solve(g->ws.L, g->ld, g->k, g->ws.z, g->ws.gamma);
+    for (int l = 0; l < g->k; l++)
+        out->coef[l] = g->ws.gamma[l];
+    out->err2 = resid_energy(g->d, g->x, out->idx, g->ws.gamma, g->k, g->ws.rx);
+    g->active = 0;
+}
+
+/* Selects the next candidate (largest |c| not yet selected, excluded or dead) and fetches its
+ * Gram row, or finishes the code when the correlations are spent. */
+static void omp_select(struct gstate *g)
+{
+    const struct fk_dict_view *d = g->d;
+    int j;
+    float best;
+    if (g->have_max) {
+        j = argmax_lookup(g->ws.c, g->n, g->ws.smax, g->mx);
+        best = g->mx;
+        if (j < 0 || is_banned(g->ws.mask, d->dead, j))
+            j = argmax_masked(g->ws.c, g->n, g->ws.mask, d->dead, &best);
+    } else {
+        j = argmax_masked(g->ws.c, g->n, g->ws.mask, d->dead, &best);
+    }
+    if (j < 0 || (double)best * best <= 1e-24 * g->xx) {
+        g->out->flags |= FK_CODE_PREMATURE;
+        omp_finish(g);
+        return;
+    }
+    g->j = j;
+    g->grow = d->gram_row(d->gram_ctx, j, g->ws.scratch);
+}
+
+/* Starts the code of x (correlations a); live: live atoms of d. Leaves g active with a
+ * selected candidate, or finished. */
+static void omp_init(struct gstate *g, const struct fk_dict_view *d, const float *x,
+                     const float *a, int s, double tol_rel, int live, float *work,
+                     struct fk_code *out)
+{
+    g->d = d;
+    g->x = x;
+    g->a = a;
+    g->out = out;
+    g->n = d->n_atoms;
+    g->active = 0;
+    int m = d->m, n = d->n_atoms;
+    g->xx = dot_xx(x, m);
+    g->s_eff = omp_start(g->xx, tol_rel, s, m, live, out);
+    if (g->s_eff <= 0)
+        return;
+    g->tol2 = tol_rel > 0 ? tol_rel * tol_rel * g->xx : -1.0;
+    ws_layout(n, m, clamp_s(s, m), work, &g->ws);
+    g->ld = clamp_s(s, m); /* row stride of L */
+    memset(g->ws.mask, 0, (size_t)n);
+    int nfull = n / STRIP, ns = (n + STRIP - 1) / STRIP;
     float mx = 0.0f;
     for (int b = 0; b < nfull; b++) {
-        float v = strip_copy(a + (size_t)b * STRIP, ws.c + (size_t)b * STRIP);
-        ws.smax[b] = v;
+        float v = strip_copy(a + (size_t)b * STRIP, g->ws.c + (size_t)b * STRIP);
+        g->ws.smax[b] = v;
         mx = v > mx ? v : mx;
     }
     if (nfull < ns) {
         float v = 0.0f;
         for (int i = nfull * STRIP; i < n; i++) {
-            ws.c[i] = a[i];
+            g->ws.c[i] = a[i];
             float av = fabsf(a[i]);
             v = av > v ? av : v;
         }
-        ws.smax[nfull] = v;
+        g->ws.smax[nfull] = v;
         mx = v > mx ? v : mx;
     }
+    g->mx = mx;
+    g->k = 0;
+    g->zz = 0.0;
+    g->have_max = 1; /* mx and smax are valid for the current c */
+    g->active = 1;
+    omp_select(g);
+}
 
-    int k = 0;
-    double zz = 0.0;
-    float wf[FK_SMAX];
-    int have_max = 1; /* mx and smax are valid for the current c */
-    while (k < s_eff) {
-        int j;
-        float best;
-        if (have_max) {
-            j = argmax_lookup(ws.c, n, ws.smax, mx);
-            best = mx;
-            if (j < 0 || is_banned(ws.mask, d->dead, j))
-                j = argmax_masked(ws.c, n, ws.mask, d->dead, &best);
-        } else {
-            j = argmax_masked(ws.c, n, ws.mask, d->dead, &best);
-        }
-        if (j < 0 || (double)best * best <= 1e-24 * xx) {
-            out->flags |= FK_CODE_PREMATURE;
-            break;
-        }
-        out->iters++;
-        const float *grow = d->gram_row(d->gram_ctx, j, ws.scratch);
-        double gjj = grow[j];
-        for (int l = 0; l < k; l++)
-            ws.w[l] = grow[out->idx[l]]; /* g = G_{S,j}, solved in place below */
-        double ww = fwd_solve(ws.L, ld, k, ws.w, ws.w);
-        double delta2 = gjj - ww;
-        if (!(gjj > 0) || delta2 <= 1e-6 * gjj) {
-            ws.mask[j] = 1;
-            out->flags |= FK_CODE_DEPENDENT;
-            have_max = 0;
-            continue;
-        }
-        double lkk = sqrt(delta2);
-        for (int l = 0; l < k; l++)
-            ws.L[k * ld + l] = ws.w[l];
-        ws.L[k * ld + k] = lkk;
-        double wz = 0.0;
-        for (int l = 0; l < k; l++)
-            wz += ws.w[l] * ws.z[l];
-        double zk = ((double)a[j] - wz) / lkk;
-        ws.z[k] = zk;
-        zz += zk * zk;
-        out->idx[k] = j;
-        ws.mask[j] = 1;
-        k++;
-        if (tol2 >= 0 && xx - zz <= tol2) {
-            out->flags |= FK_CODE_TOL;
-            break;
-        }
-        if (k == s_eff)
-            break;
-        /* c -= z_k q_k^T D with q_k^T D = (G_j - sum_l w_l q_l^T D) / L_kk, fused with max */
-        for (int l = 0; l < k - 1; l++)
-            wf[l] = (float)ws.w[l];
-        float inv = (float)(1.0 / lkk), zf = (float)zk;
-        float *dmk = ws.dm + (size_t)(k - 1) * nn;
-        int keep = k + 1 < s_eff; /* the row of the last update is never read again */
-        float sink[STRIP];
-        mx = 0.0f;
-        for (int b = 0; b < nfull; b++) {
-            size_t o = (size_t)b * STRIP;
-            float v = strip_full(grow + o, ws.dm + o, nn, wf, k - 1, inv, zf, ws.c + o,
-                                 keep ? dmk + o : sink);
-            ws.smax[b] = v;
-            mx = v > mx ? v : mx;
-        }
-        if (nfull < ns) {
-            size_t o = (size_t)nfull * STRIP;
-            float v = strip_tail(n - (int)o, grow + o, ws.dm + o, nn, wf, k - 1, inv, zf,
-                                 ws.c + o, dmk + o);
-            ws.smax[nfull] = v;
-            mx = v > mx ? v : mx;
-        }
-        have_max = 1;
+/* Prefetches one strip (STRIP floats) of a Gram row another vector reads next. */
+static inline void prefetch_strip(const float *p)
+{
+    if (p)
+        for (int i = 0; i < STRIP; i += 16)
+            __builtin_prefetch(p + i, 0, 3);
+}
+
+/* Accepts or excludes the selected candidate; when the code goes on, updates the correlations
+ * (c -= z_k q_k^T D with q_k^T D = (G_j - sum_l w_l q_l^T D) / L_kk, fused with the max) while
+ * prefetching pf (a Gram row, NULL = none), then selects the next candidate. */
+static void omp_step(struct gstate *g, const float *pf)
+{
+    struct omp_ws *ws = &g->ws;
+    struct fk_code *out = g->out;
+    const int ld = g->ld, k0 = g->k, j = g->j;
+    const float *grow = g->grow;
+    out->iters++;
+    double gjj = grow[j];
+    for (int l = 0; l < k0; l++)
+        ws->w[l] = grow[out->idx[l]]; /* g = G_{S,j}, solved in place below */
+    double ww = fwd_solve(ws->L, ld, k0, ws->w, ws->w);
+    double delta2 = gjj - ww;
+    if (!(gjj > 0) || delta2 <= 1e-6 * gjj) {
+        ws->mask[j] = 1;
+        out->flags |= FK_CODE_DEPENDENT;
+        g->have_max = 0;
+        omp_select(g);
+        return;
     }
-    out->k = k;
-    back_solve(ws.L, ld, k, ws.z, ws.gamma);
-    for (int l = 0; l < k; l++)
-        out->coef[l] = ws.gamma[l];
-    out->err2 = resid_energy(d, x, out->idx, ws.gamma, k, ws.rx);
+    double lkk = sqrt(delta2);
+    for (int l = 0; l < k0; l++)
+        ws->L[k0 * ld + l] = ws->w[l];
+    ws->L[k0 * ld + k0] = lkk;
+    double wz = 0.0;
+    for (int l = 0; l < k0; l++)
+        wz += ws->w[l] * ws->z[l];
+    double zk = ((double)g->a[j] - wz) / lkk;
+    ws->z[k0] = zk;
+    g->zz += zk * zk;
+    out->idx[k0] = j;
+    ws->mask[j] = 1;
+    int k = ++g->k;
+    if (g->tol2 >= 0 && g->xx - g->zz <= g->tol2)
+        out->flags |= FK_CODE_TOL;
+    if ((out->flags & FK_CODE_TOL) || k == g->s_eff) {
+        omp_finish(g);
+        return;
+    }
+    float wf[FK_SMAX];
+    for (int l = 0; l < k - 1; l++)
+        wf[l] = (float)ws->w[l];
+    const size_t nn = (size_t)g->n;
+    const int nfull = g->n / STRIP, ns = (g->n + STRIP - 1) / STRIP;
+    float inv = (float)(1.0 / lkk), zf = (float)zk;
+    float *dmk = ws->dm + (size_t)(k - 1) * nn;
+    int keep = k + 1 < g->s_eff; /* the row of the last update is never read again */
+    float sink[STRIP];
+    float mx = 0.0f;
+    for (int b = 0; b < nfull; b++) {
+        size_t o = (size_t)b * STRIP;
+        prefetch_strip(pf ? pf + o : NULL);
+        float v = strip_full(grow + o, ws->dm + o, nn, wf, k - 1, inv, zf, ws->c + o,
+                             keep ? dmk + o : sink);
+        ws->smax[b] = v;
+        mx = v > mx ? v : mx;
+    }
+    if (nfull < ns) {
+        size_t o = (size_t)nfull * STRIP;
+        float v = strip_tail(g->n - (int)o, grow + o, ws->dm + o, nn, wf, k - 1, inv, zf,
+                             ws->c + o, dmk + o);
+        ws->smax[nfull] = v;
+        mx = v > mx ? v : mx;
+    }
+    g->mx = mx;
+    g->have_max = 1;
+    omp_select(g);
+}
+
+static int check_gram_args(const struct fk_dict_view *d, const float *a, const float *work,
+                           const struct fk_code *out, const char *who)
+{
+    if (!d || !d->gram_row || !a || !work || !out)
+        return fk_err(FK_EINVAL, "%s: expected a Gram row function, a, work, out", who);
+    return FK_OK;
+}
+
+int fk_omp_gram(const struct fk_dict_view *d, const float *x, const float *a, int s,
+                double tol_rel, float *work, struct fk_code *out)
+{
+    FK_TRY(check_args(d, x, s, "fk_omp_gram"));
+    FK_TRY(check_gram_args(d, a, work, out, "fk_omp_gram"));
+    struct gstate g;
+    omp_init(&g, d, x, a, s, tol_rel, count_live(d->dead, NULL, d->n_atoms), work, out);
+    while (g.active)
+        omp_step(&g, NULL);
+    return FK_OK;
+}
+
+size_t fk_omp_batch_work_floats(int n_atoms, int m, int s)
+{
+    return FK_OMP_LANES * (fk_omp_work_floats(n_atoms, m, s) + 16);
+}
+
+/* A vector's Gram row is worth prefetching when its next step runs a correlation pass. */
+static const float *row_to_prefetch(const struct gstate *g)
+{
+    return g->active && g->k + 1 < g->s_eff ? g->grow : NULL;
+}
+
+int fk_omp_gram_batch(const struct fk_dict_view *d, int nx, const float *x, const float *a,
+                      size_t lda, int s, double tol_rel, float *work, struct fk_code *out)
+{
+    if (nx <= 0)
+        return FK_OK;
+    FK_TRY(check_gram_args(d, a, work, out, "fk_omp_gram_batch"));
+    for (int i = 0; i < nx; i++)
+        FK_TRY(check_args(d, x + (size_t)i * d->m, s, "fk_omp_gram_batch"));
+    int live = count_live(d->dead, NULL, d->n_atoms);
+    size_t wf = fk_omp_work_floats(d->n_atoms, d->m, s) + 16;
+    struct gstate g[FK_OMP_LANES];
+    int next = 0, busy = 0;
+    /* a lane takes the next vector whose code does not finish at its start */
+    for (int l = 0; l < FK_OMP_LANES; l++) {
+        g[l].active = 0;
+        while (!g[l].active && next < nx) {
+            omp_init(&g[l], d, x + (size_t)next * d->m, a + (size_t)next * lda, s, tol_rel,
+                     live, work + (size_t)l * wf, &out[next]);
+            next++;
+        }
+        busy += g[l].active;
+    }
+    for (int l = 0; busy > 0; l = (l + 1) % FK_OMP_LANES) {
+        if (!g[l].active)
+            continue;
+        const float *pf = NULL;
+        for (int o = 1; o < FK_OMP_LANES; o++) { /* the next lane to step */
+            const struct gstate *h = &g[(l + o) % FK_OMP_LANES];
+            if (h->active) {
+                pf = row_to_prefetch(h);
+                break;
+            }
+        }
+        omp_step(&g[l], pf);
+        while (!g[l].active && next < nx) {
+            omp_init(&g[l], d, x + (size_t)next * d->m, a + (size_t)next * lda, s, tol_rel,
+                     live, work + (size_t)l * wf, &out[next]);
+            next++;
+        }
+        busy -= !g[l].active;
+    }
     return FK_OK;
 }
 

@@ -76,6 +76,20 @@ size_t fk_omp_work_floats(int n_atoms, int m, int s);
 int fk_omp_gram(const struct fk_dict_view *d, const float *x, const float *a, int s,
                 double tol_rel, float *work, struct fk_code *out);
 
+/* Vectors a lane of fk_omp_gram_batch holds in flight. */
+#define FK_OMP_LANES 2
+
+/* Scratch size in floats for fk_omp_gram_batch (FK_OMP_LANES single workspaces). */
+size_t fk_omp_batch_work_floats(int n_atoms, int m, int s);
+
+/* fk_omp_gram on nx vectors x [nx][m] with correlations a (row i at a + i * lda) into
+ * out [nx]. The codes are bit-identical to nx calls of fk_omp_gram; the vectors are coded
+ * FK_OMP_LANES at a time, stepping in turn, so that the Gram row one reads next is
+ * prefetched during another's correlation pass (a row of a large Gram comes from DRAM, and
+ * one vector alone waits for it). work: fk_omp_batch_work_floats. */
+int fk_omp_gram_batch(const struct fk_dict_view *d, int nx, const float *x, const float *a,
+                      size_t lda, int s, double tol_rel, float *work, struct fk_code *out);
+
 /* OMP in naive mode: recomputes c = D_C^T r every iteration. cand: candidate atom ids
  * (NULL = all live atoms), nc their count. a: D^T x over all atoms (nullable: computed).
  * Same selection rule and guards as Gram mode; the reference path for tests and for the

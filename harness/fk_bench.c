@@ -249,7 +249,7 @@ static const float *gram_row_stored(void *ctx, int j, float *scratch)
     return gs->g + (size_t)j * gs->n;
 }
 
-enum job_mode { JOB_E2E, JOB_GEMM };
+enum job_mode { JOB_E2E, JOB_E2E1, JOB_GEMM };
 
 struct job {
     const struct fk_dict_view *view; /* dictionary with Gram rows */
@@ -257,8 +257,10 @@ struct job {
     int n;                           /* signals */
     int s;                           /* sparsity */
     int block;                       /* signals per block */
-    enum job_mode mode;              /* e2e or the SGEMM floor */
+    enum job_mode mode;              /* e2e (batched greedy), e2e one vector at a time, or
+                                      * the SGEMM floor */
     struct fk_code *codes;           /* (n) output of e2e */
+    struct fk_code *codes1;          /* (n) output of e2e one vector at a time */
     atomic_int next;                 /* next block to take */
     atomic_int rc;                   /* first error code (0 = none) */
     char msg[256];                   /* its message (written once, by the failing thread) */
@@ -267,7 +269,7 @@ struct job {
 struct worker {
     struct job *job; /* shared job */
     float *abuf;     /* (block, n_atoms) correlations */
-    float *work;     /* fk_omp_work_floats */
+    float *work;     /* fk_omp_batch_work_floats */
 };
 
 static void *worker_run(void *arg)
@@ -283,11 +285,18 @@ static void *worker_run(void *arg)
             break;
         int cnt = (int)(jb->n - lo < jb->block ? jb->n - lo : jb->block);
         fk_correlate(v, jb->x + (size_t)lo * m, cnt, w->abuf);
-        if (jb->mode != JOB_E2E)
+        if (jb->mode == JOB_GEMM)
             continue;
         for (int i = 0; i < cnt; i++) {
-            int rc = fk_omp_gram(v, jb->x + (size_t)(lo + i) * m, w->abuf + (size_t)i * na,
-                                 jb->s, 0.0, w->work, &jb->codes[lo + i]);
+            int rc;
+            if (jb->mode == JOB_E2E) {
+                rc = fk_omp_gram_batch(v, cnt, jb->x + (size_t)lo * m, w->abuf, na, jb->s, 0.0,
+                                       w->work, &jb->codes[lo]);
+                i = cnt;
+            } else {
+                rc = fk_omp_gram(v, jb->x + (size_t)(lo + i) * m, w->abuf + (size_t)i * na,
+                                 jb->s, 0.0, w->work, &jb->codes1[lo + i]);
+            }
             if (rc != FK_OK) {
                 int zero = 0;
                 if (atomic_compare_exchange_strong(&jb->rc, &zero, rc))
@@ -371,7 +380,8 @@ struct bench_bufs {
     float *work;          /* (threads, wsz) */
     struct fk_code *own;  /* (n) when the caller passed no codes */
     struct fk_code *nv;   /* (naive_n) naive codes */
-    double *times;        /* (2 * repeats) */
+    struct fk_code *one;  /* (n) codes of the one-vector-at-a-time greedy loop */
+    double *times;        /* (3 * repeats) */
 };
 
 static void bufs_free(struct bench_bufs *b)
@@ -381,6 +391,7 @@ static void bufs_free(struct bench_bufs *b)
     free(b->work);
     free(b->own);
     free(b->nv);
+    free(b->one);
     free(b->times);
 }
 
@@ -398,15 +409,17 @@ int fk_bench_omp_run(const struct fk_bench_omp_cfg *cfg, const struct fk_bench_o
     memset(res, 0, sizeof *res);
     int nn = cfg->naive_signals < n ? cfg->naive_signals : n;
     nn = nn < 0 ? 0 : nn;
-    size_t wsz = (fk_omp_work_floats(N, m, s) + 15) & ~(size_t)15;
+    size_t wsz = (fk_omp_batch_work_floats(N, m, s) + 15) & ~(size_t)15;
     struct bench_bufs bb = {0};
     bb.gram = malloc((size_t)N * N * sizeof(float));
     bb.abuf = malloc((size_t)T * B * N * sizeof(float));
     bb.work = malloc((size_t)T * wsz * sizeof(float));
     bb.own = codes ? NULL : malloc((size_t)n * sizeof *bb.own);
     bb.nv = malloc((size_t)(nn > 0 ? nn : 1) * sizeof *bb.nv);
-    bb.times = malloc((size_t)2 * R * sizeof(double));
-    if (!bb.gram || !bb.abuf || !bb.work || (!codes && !bb.own) || !bb.nv || !bb.times) {
+    bb.one = malloc((size_t)n * sizeof *bb.one);
+    bb.times = malloc((size_t)3 * R * sizeof(double));
+    if (!bb.gram || !bb.abuf || !bb.work || (!codes && !bb.own) || !bb.nv || !bb.one ||
+        !bb.times) {
         bufs_free(&bb);
         return fk_err(FK_ENOMEM, "bench omp: cannot allocate buffers (Gram %d x %d)", N, N);
     }
@@ -428,7 +441,7 @@ int fk_bench_omp_run(const struct fk_bench_omp_cfg *cfg, const struct fk_bench_o
         ws[t].work = bb.work + (size_t)t * wsz;
     }
     struct job jb = {.view = &view, .x = data->signals, .n = n, .s = s, .block = B,
-                     .codes = codes};
+                     .codes = codes, .codes1 = bb.one};
     double dt;
     /* warm-up: one pass of each kind (touches the Gram, buffers and BLAS) */
     jb.mode = JOB_E2E;
@@ -437,13 +450,16 @@ int fk_bench_omp_run(const struct fk_bench_omp_cfg *cfg, const struct fk_bench_o
     jb.mode = JOB_GEMM;
     if (rc == FK_OK)
         rc = run_job(&jb, ws, T, &dt);
-    double *te = bb.times, *tg = bb.times + R;
+    double *te = bb.times, *tg = bb.times + R, *t1 = bb.times + 2 * R;
     for (int r = 0; r < R && rc == FK_OK; r++) {
         jb.mode = JOB_E2E;
         rc = run_job(&jb, ws, T, &te[r]);
         jb.mode = JOB_GEMM;
         if (rc == FK_OK)
             rc = run_job(&jb, ws, T, &tg[r]);
+        jb.mode = JOB_E2E1;
+        if (rc == FK_OK)
+            rc = run_job(&jb, ws, T, &t1[r]);
     }
     if (rc == FK_OK) {
         res->e2e_min_s = te[0];
@@ -455,6 +471,16 @@ int fk_bench_omp_run(const struct fk_bench_omp_cfg *cfg, const struct fk_bench_o
         res->e2e_med_s = median(te, R);
         res->gemm_med_s = median(tg, R);
         res->e2e_vps = n / res->e2e_med_s;
+        res->e2e1_vps = n / median(t1, R);
+        res->one_identical = 1;
+        for (int i = 0; i < n; i++) {
+            const struct fk_code *c = &codes[i], *o = &bb.one[i];
+            if (c->k != o->k || c->flags != o->flags || c->iters != o->iters ||
+                memcmp(c->idx, o->idx, (size_t)c->k * sizeof c->idx[0]) ||
+                memcmp(c->coef, o->coef, (size_t)c->k * sizeof c->coef[0]) ||
+                memcmp(&c->err2, &o->err2, sizeof c->err2))
+                res->one_identical = 0;
+        }
         res->gemm_vps = n / res->gemm_med_s;
         res->e2e_gflops = res->e2e_vps * (2.0 * m * N + (double)N * s * s) * 1e-9;
         res->floor_ratio = res->e2e_med_s / res->gemm_med_s;

@@ -59,6 +59,8 @@ struct fk_bench_omp_result {
     double gemm_min_s;      /* minimum of repeats */
     double e2e_vps;         /* vectors per second end to end (median) */
     double gemm_vps;        /* vectors per second of the SGEMM floor (median) */
+    double e2e1_vps;        /* end to end with the greedy loops one vector at a time */
+    int one_identical;      /* 1: those codes are bit-identical to the batched ones */
     double e2e_gflops;      /* effective GFLOP/s: (2 m N + N s^2) per vector */
     double floor_ratio;     /* e2e_med_s / gemm_med_s (>= 1; 1 = the loop is free) */
     double naive_vps;       /* naive mode, single thread, on the subset; 0 if none */

@@ -150,6 +150,10 @@ int fk_cli_bench_omp(int argc, char **argv)
            res.gemm_med_s, res.gemm_min_s, res.gemm_vps, res.gemm_vps * 2.0 * m * N * 1e-9);
     printf("  %-34s %12.4f %12.4f %12.0f %10.1f\n", "end to end (SGEMM + Batch-OMP)",
            res.e2e_med_s, res.e2e_min_s, res.e2e_vps, res.e2e_gflops);
+    printf("  %-34s %12s %12s %12.0f %10s  (codes %s)\n", "  greedy one vector at a time", "-",
+           "-", res.e2e1_vps, "-", res.one_identical ? "bit-identical" : "DIFFER");
+    printf("  %-34s %12.3fx (%d vectors in flight, Gram rows prefetched)\n",
+           "  batched greedy gain", res.e2e_vps / res.e2e1_vps, FK_OMP_LANES);
     printf("  %-34s %12.0f per core\n", "end to end", res.e2e_vps / cfg.threads);
     printf("  %-34s %12.3f (end to end / SGEMM floor)\n", "ratio to floor", res.floor_ratio);
     if (res.naive_n > 0) {

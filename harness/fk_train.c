@@ -63,20 +63,19 @@ static int code_all(const float *atoms, int N, int m, int s, const float *x, lon
     struct fk_dict_view v = {.m = m, .n_atoms = N, .atoms = atoms, .gram_row = gram_row,
                              .gram_ctx = &b};
     float *a = malloc(sizeof(float) * (size_t)BLK * N);
-    float *work = malloc(sizeof(float) * fk_omp_work_floats(N, m, s));
-    int rc = a && work ? FK_OK : fk_err(FK_ENOMEM, "out of memory");
-    struct fk_code tmp;
+    float *work = malloc(sizeof(float) * fk_omp_batch_work_floats(N, m, s));
+    struct fk_code *tmp = codes ? NULL : malloc(sizeof *tmp * BLK);
+    int rc = a && work && (codes || tmp) ? FK_OK : fk_err(FK_ENOMEM, "out of memory");
     for (long b0 = 0; b0 < n && rc == FK_OK; b0 += BLK) {
         int nb = n - b0 < BLK ? (int)(n - b0) : BLK;
         fk_correlate(&v, x + (size_t)b0 * m, nb, a);
-        for (int i = 0; i < nb && rc == FK_OK; i++) {
-            struct fk_code *c = codes ? &codes[b0 + i] : &tmp;
-            rc = fk_omp_gram(&v, x + (size_t)(b0 + i) * m, a + (size_t)i * N, s, 0, work, c);
-            if (errs)
-                errs[b0 + i] = c->xx > 1e-30 ? sqrt(c->err2 / c->xx) : 0;
-        }
+        struct fk_code *c = codes ? codes + b0 : tmp;
+        rc = fk_omp_gram_batch(&v, nb, x + (size_t)b0 * m, a, (size_t)N, s, 0, work, c);
+        for (int i = 0; i < nb && rc == FK_OK && errs; i++)
+            errs[b0 + i] = c[i].xx > 1e-30 ? sqrt(c[i].err2 / c[i].xx) : 0;
     }
     free(a);
+    free(tmp);
     free(work);
     free(gram);
     return rc;

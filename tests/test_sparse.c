@@ -479,6 +479,103 @@ START_TEST(omp_premature_tol_determinism)
 }
 END_TEST
 
+/* The interleaved batch gives, vector by vector, the bits of fk_omp_gram: zero vectors,
+ * vectors done at the start (tolerance), premature stops, excluded dependent candidates, dead
+ * atoms, a tail strip (n not a multiple of 256), a strided correlation matrix and a vector
+ * count that leaves a lane idle at the end. */
+START_TEST(omp_batch_equals_single)
+{
+    gsl_rng *r = gsl_rng_alloc(gsl_rng_mt19937);
+    gsl_rng_set(r, 2027);
+    /* atom 0 = e0, atom 1 = e0 + 1e-4 e1 normalised (the pair of omp_duplicates_guard), the
+     * others random in components 2..30: nothing correlates with e31 */
+    struct tdict t;
+    memset(&t, 0, sizeof t);
+    t.n = 300;
+    t.m = 32;
+    t.atoms = calloc(300 * 32, sizeof(float));
+    t.atoms[0] = 1.0f;
+    t.atoms[32 + 0] = (float)(1.0 / sqrt(1.0 + 1e-8));
+    t.atoms[32 + 1] = (float)(1e-4 / sqrt(1.0 + 1e-8));
+    for (int j = 2; j < 300; j++) {
+        double nn = 0;
+        for (int i = 2; i < 31; i++) {
+            double v = gsl_ran_gaussian(r, 1.0);
+            t.atoms[j * 32 + i] = (float)v;
+            nn += v * v;
+        }
+        for (int i = 2; i < 31; i++)
+            t.atoms[j * 32 + i] = (float)(t.atoms[j * 32 + i] / sqrt(nn));
+    }
+    t.dead = calloc(300, 1);
+    for (int j = 250; j < 300; j += 7)
+        t.dead[j] = 1;
+    tdict_finish(&t);
+    enum { NX = 37, LDA = 311 };
+    float *x = malloc(sizeof(float) * NX * 32), *a = malloc(sizeof(float) * NX * LDA);
+    for (int v = 0; v < NX; v++) {
+        float *xv = x + v * 32;
+        switch (v % 5) {
+        case 0: memset(xv, 0, 32 * sizeof(float)); break;             /* zero */
+        case 1: /* premature: no atom correlates */
+            memset(xv, 0, 32 * sizeof(float));
+            xv[31] = 1.0f + v;
+            break;
+        case 2: /* atom 1, then atom 0 is excluded as dependent */
+            for (int i = 0; i < 32; i++)
+                xv[i] = 1e-4f * t.atoms[(5 + v) * 32 + i];
+            xv[0] = 1.0f;
+            xv[1] = 5.0f;
+            break;
+        default: make_signal(&t, 10, 0.05, r, xv); break;
+        }
+        correlate(&t, xv, a + (size_t)v * LDA);
+        for (int i = 300; i < LDA; i++)
+            a[(size_t)v * LDA + i] = NAN; /* past n_atoms: never read */
+    }
+    size_t wb = fk_omp_batch_work_floats(300, 32, 12);
+    float *wk = malloc(sizeof(float) * wb);
+    for (size_t i = 0; i < wb; i++)
+        wk[i] = NAN;
+    const double tols[2] = {0.0, 0.2};
+    long dependent = 0, premature = 0, tol = 0, zero = 0;
+    for (int it = 0; it < 2; it++) {
+        struct fk_code b[NX], o;
+        ck_assert_int_eq(fk_omp_gram_batch(&t.v, NX, x, a, LDA, 12, tols[it], wk, b), FK_OK);
+        for (int v = 0; v < NX; v++) {
+            ck_assert_int_eq(fk_omp_gram(&t.v, x + v * 32, a + (size_t)v * LDA, 12, tols[it],
+                                         t.work, &o), FK_OK);
+            ck_assert_int_eq(b[v].k, o.k);
+            ck_assert_uint_eq(b[v].flags, o.flags);
+            ck_assert_int_eq(b[v].iters, o.iters);
+            ck_assert(!memcmp(b[v].idx, o.idx, (size_t)o.k * sizeof o.idx[0]));
+            ck_assert(!memcmp(b[v].coef, o.coef, (size_t)o.k * sizeof o.coef[0]));
+            ck_assert(!memcmp(&b[v].err2, &o.err2, sizeof o.err2));
+            ck_assert(!memcmp(&b[v].xx, &o.xx, sizeof o.xx));
+            for (int l = 0; l < o.k; l++)
+                ck_assert(!t.dead[o.idx[l]]);
+            dependent += (o.flags & FK_CODE_DEPENDENT) != 0;
+            premature += (o.flags & FK_CODE_PREMATURE) != 0;
+            tol += (o.flags & FK_CODE_TOL) != 0;
+            zero += (o.flags & FK_CODE_ZERO) != 0;
+        }
+    }
+    /* every path the interleaving must keep apart was taken */
+    ck_assert_msg(dependent > 0 && premature > 0 && tol > 0 && zero > 0,
+                  "dependent %ld premature %ld tol %ld zero %ld", dependent, premature, tol,
+                  zero);
+    x[5 * 32 + 3] = NAN;
+    struct fk_code b[NX];
+    ck_assert_int_eq(fk_omp_gram_batch(&t.v, NX, x, a, LDA, 12, 0, wk, b), FK_EINVAL);
+    ck_assert_ptr_nonnull(strstr(fk_errmsg(), "not finite"));
+    free(x);
+    free(a);
+    free(wk);
+    tdict_free(&t);
+    gsl_rng_free(r);
+}
+END_TEST
+
 /* Naive mode over a candidate pool equals Gram mode on the sub-dictionary of the pool. */
 START_TEST(omp_naive_pool)
 {
@@ -710,6 +807,7 @@ static Suite *sparse_suite(void)
     tcase_add_test(tc, omp_s_exceeds_m_and_live);
     tcase_add_test(tc, omp_duplicates_guard);
     tcase_add_test(tc, omp_premature_tol_determinism);
+    tcase_add_test(tc, omp_batch_equals_single);
     tcase_add_test(tc, omp_naive_pool);
     tcase_add_test(tc, correlate_and_gram);
     tcase_add_test(tc, topn_vs_sort);
