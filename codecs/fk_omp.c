@@ -49,15 +49,20 @@ int fk_gram_compute(const float *atoms, int n_atoms, int m, float *gram)
     openblas_set_num_threads(1);
     cblas_ssyrk(CblasRowMajor, CblasUpper, CblasNoTrans, n_atoms, m, 1.0f, atoms, m, 0.0f,
                 gram, n_atoms);
-    /* mirror the upper triangle in 64 x 64 tiles (a plain column walk misses the cache on
-     * every element: 16 M misses at N = 4096) */
-    const size_t B = 64;
+    /* mirror the upper triangle in 64 x 64 tiles, each copied row by row into a local buffer
+     * first: a column walk of the matrix itself misses the cache on every element, and when
+     * the row stride is a multiple of 4 KiB (N = 4096) the rows of a tile even share their L1
+     * sets */
+    enum { B = 64, BP = B + 1 };
+    float tile[B * BP];
     for (size_t i0 = 0; i0 < n; i0 += B)
         for (size_t j0 = 0; j0 <= i0; j0 += B) {
             size_t i1 = i0 + B < n ? i0 + B : n, j1 = j0 + B < n ? j0 + B : n;
+            for (size_t j = j0; j < j1; j++)
+                memcpy(tile + (j - j0) * BP, gram + j * n + i0, sizeof(float) * (i1 - i0));
             for (size_t i = i0; i < i1; i++)
                 for (size_t j = j0; j < j1 && j < i; j++)
-                    gram[i * n + j] = gram[j * n + i];
+                    gram[i * n + j] = tile[(j - j0) * BP + (i - i0)];
         }
     openblas_set_num_threads(saved);
     return FK_OK;
