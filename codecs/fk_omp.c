@@ -183,17 +183,22 @@ FK_CLONES static float strip_full(const float *restrict g, const float *restrict
                                   float *restrict c, float *restrict out)
 {
     float t[STRIP];
-    for (int i = 0; i < STRIP; i++)
-        t[i] = g[i];
-    for (int l = 0; l < k; l++) {
-        const float *restrict row = dm + (size_t)l * ld;
-        float wl = wf[l];
+    const float *restrict tv = g; /* g itself while nothing is subtracted (no copy) */
+    if (k > 0) {
+        float w0 = wf[0];
         for (int i = 0; i < STRIP; i++)
-            t[i] -= wl * row[i];
+            t[i] = g[i] - w0 * dm[i];
+        for (int l = 1; l < k; l++) {
+            const float *restrict row = dm + (size_t)l * ld;
+            float wl = wf[l];
+            for (int i = 0; i < STRIP; i++)
+                t[i] -= wl * row[i];
+        }
+        tv = t;
     }
     uint32_t mb = 0;
     for (int i = 0; i < STRIP; i++) {
-        float v = t[i] * inv;
+        float v = tv[i] * inv;
         out[i] = v;
         float cv = c[i] - zk * v;
         c[i] = cv;
@@ -433,6 +438,10 @@ static void omp_select(struct gstate *g)
     }
     g->j = j;
     g->grow = d->gram_row(d->gram_ctx, j, g->ws.scratch);
+    /* the atom is read again by omp_finish (the residual), after many Gram rows went by */
+    const float *at = d->atoms + (size_t)j * (size_t)d->m;
+    for (int i = 0; i < d->m; i += 16)
+        __builtin_prefetch(at + i, 0, 3);
 }
 
 /* Starts the code of x (correlations a); live: live atoms of d. Leaves g active with a
