@@ -149,6 +149,23 @@ int fk_dict_load(const char *path, struct fk_dict **out)
     return FK_OK;
 }
 
+int fk_dict_atoms(const char *path, int *n_atoms)
+{
+    *n_atoms = 0;
+    FILE *fp = fopen(path, "rb");
+    if (!fp)
+        return fk_err(FK_EIO, "%s: cannot open dictionary (no such file or not readable)", path);
+    fclose(fp);
+    if (H5Fis_hdf5(path) <= 0)
+        return fk_err(FK_ECORRUPT, "%s: not an HDF5 file (or truncated)", path);
+    hid_t f = H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT);
+    if (f < 0)
+        return fk_err(FK_ECORRUPT, "%s: HDF5 cannot open it (truncated?)", path);
+    int rc = read_int(f, path, "atoms", n_atoms);
+    H5Fclose(f);
+    return rc;
+}
+
 int fk_dict_check_trace(const struct fk_dict *d, const struct fk_trace_info *ti,
                         const char *trace_path)
 {

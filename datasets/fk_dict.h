@@ -31,6 +31,9 @@ struct fk_dict {
 int fk_dict_load(const char *path, struct fk_dict **out);
 void fk_dict_free(struct fk_dict **d);
 
+/* The atom count N of a dictionary file, from its attributes alone (no atom is read). */
+int fk_dict_atoms(const char *path, int *n_atoms);
+
 /* Refuses a dictionary whose head_dim or layer count does not match the trace. */
 int fk_dict_check_trace(const struct fk_dict *d, const struct fk_trace_info *ti,
                         const char *trace_path);
