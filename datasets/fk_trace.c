@@ -38,30 +38,11 @@ void fk_hdf5_quiet(void) { H5Eset_auto2(H5E_DEFAULT, NULL, NULL); }
 
 /* ---- 16-bit conversions ------------------------------------------------------------- */
 
-static inline float f16_to_f32(uint16_t h)
-{
-    uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 31, man = h & 0x3ff;
-    uint32_t bits;
-    if (exp == 0) {
-        if (man == 0) {
-            bits = sign;
-        } else { /* subnormal: renormalise */
-            int e = -1;
-            do {
-                e++;
-                man <<= 1;
-            } while (!(man & 0x400));
-            bits = sign | ((uint32_t)(127 - 15 - e) << 23) | ((man & 0x3ff) << 13);
-        }
-    } else if (exp == 31) {
-        bits = sign | 0x7f800000u | (man << 13);
-    } else {
-        bits = sign | ((exp + 112) << 23) | (man << 13);
-    }
-    float f;
-    memcpy(&f, &bits, 4);
-    return f;
-}
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__)
+#define FK_F16_CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define FK_F16_CLONES
+#endif
 
 static inline uint16_t f32_to_f16(float f)
 {
@@ -88,10 +69,32 @@ static inline uint16_t f32_to_f16(float f)
     return (uint16_t)(sign | q);
 }
 
-void fk_f16_to_f32(const uint16_t *src, float *dst, size_t n)
+/* The same bits as f16_to_f32 without branches: the 15 low bits shifted into a float's
+ * exponent and mantissa and scaled by 2^112 (exact: a subnormal half becomes a normal float),
+ * the all-ones exponent (inf, NaN) forced to the float's, then the sign. Needs no flush of
+ * subnormals to zero (the C default). */
+static inline float f16_to_f32_nb(uint16_t h)
 {
-    for (size_t i = 0; i < n; i++)
-        dst[i] = f16_to_f32(src[i]);
+    uint32_t t = (uint32_t)(h & 0x7fff) << 13, b;
+    float f;
+    memcpy(&f, &t, 4);
+    f *= 0x1p112f;
+    memcpy(&b, &f, 4);
+    b = (h & 0x7c00) == 0x7c00 ? t | 0x70000000u : b;
+    b |= (uint32_t)(h & 0x8000) << 16;
+    memcpy(&f, &b, 4);
+    return f;
+}
+
+/* Blocks of 16 (a constant trip count: gcc -O2 vectorises it), then the tail. */
+FK_F16_CLONES void fk_f16_to_f32(const uint16_t *src, float *dst, size_t n)
+{
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16)
+        for (int j = 0; j < 16; j++)
+            dst[i + j] = f16_to_f32_nb(src[i + j]);
+    for (; i < n; i++)
+        dst[i] = f16_to_f32_nb(src[i]);
 }
 
 void fk_f32_to_f16(const float *src, uint16_t *dst, size_t n)
@@ -441,8 +444,9 @@ static int parse_encoding(struct fk_trace *t, hid_t ds, const char *name, enum f
  * n_sel rows sel[] (strictly increasing) as a [H][n_sel][d] array. 16-bit data are read
  * raw and widened by our own code; non-finite values are refused. */
 static int read_rows(struct fk_trace *t, int layer, enum fk_kind kind, const int32_t *sel,
-                     int n_sel, float *dst)
+                     int n_sel, int raw, void *out)
 {
+    float *dst = out;
     const struct fk_trace_info *in = &t->info;
     if (layer < 0 || layer >= in->n_layers)
         return fk_err(FK_EINVAL, "%s: layer %d out of range", t->path, layer);
@@ -494,8 +498,9 @@ static int read_rows(struct fk_trace *t, int layer, enum fk_kind kind, const int
                             name);
         } else {
             /* 16-bit data: read raw (no HDF5 conversion, which is slow) into the upper half
-             * of dst, then widen in place from the front (the source stays ahead). */
-            uint16_t *raw = (uint16_t *)dst + n;
+             * of dst, then widen in place from the front (the source stays ahead); or, when
+             * the caller keeps the words as stored, into dst itself. */
+            uint16_t *rw = raw ? (uint16_t *)out : (uint16_t *)dst + n;
             hid_t mt;
             if (enc == FK_ENC_F16) {
                 mt = fk_h5_f16_type();
@@ -506,18 +511,21 @@ static int read_rows(struct fk_trace *t, int layer, enum fk_kind kind, const int
             }
             if (enc == FK_ENC_F16)
                 H5Tset_order(mt, H5Tget_order(H5T_NATIVE_FLOAT));
-            if (H5Dread(ds, mt, msp, fsp, H5P_DEFAULT, raw) < 0) {
+            if (H5Dread(ds, mt, msp, fsp, H5P_DEFAULT, rw) < 0) {
                 rc = fk_err(FK_ECORRUPT, "%s: cannot read dataset %s (truncated?)", t->path,
                             name);
-            } else {
-                /* forward widening is safe: raw[j] sits at bytes 2n + 2j, and writing dst[i]
-                 * (bytes 4i .. 4i+3) only reaches raw[j] for j <= i, already read. */
-                for (size_t i = 0; i < n; i++) {
-                    uint16_t h = raw[i];
+            } else if (!raw) {
+                /* forward widening is safe: rw[j] sits at bytes 2n + 2j, and writing dst[i]
+                 * (bytes 4i .. 4i+3) only reaches rw[j] for j <= i, already read; blocks of
+                 * 256 keep that order. */
+                for (size_t i = 0; i < n; i += 256) {
+                    size_t c = n - i < 256 ? n - i : 256;
+                    uint16_t blk[256];
+                    memcpy(blk, rw + i, sizeof(uint16_t) * c);
                     if (enc == FK_ENC_F16)
-                        fk_f16_to_f32(&h, &dst[i], 1);
+                        fk_f16_to_f32(blk, dst + i, c);
                     else
-                        fk_bf16_to_f32(&h, &dst[i], 1);
+                        fk_bf16_to_f32(blk, dst + i, c);
                 }
             }
             H5Tclose(mt);
@@ -530,6 +538,29 @@ static int read_rows(struct fk_trace *t, int layer, enum fk_kind kind, const int
     H5Dclose(ds);
     if (rc != FK_OK)
         return rc;
+    if (raw && enc != FK_ENC_F32) {
+        /* non-finite words: the all-ones exponent */
+        const uint16_t *w = out;
+        uint16_t em = enc == FK_ENC_F16 ? 0x7c00 : 0x7f80;
+        for (size_t i = 0; i < n; i++)
+            if ((w[i] & em) == em) {
+                float v;
+                if (enc == FK_ENC_F16)
+                    fk_f16_to_f32(&w[i], &v, 1);
+                else
+                    fk_bf16_to_f32(&w[i], &v, 1);
+                size_t per_head = (size_t)rows * (size_t)in->head_dim;
+                size_t row = (i % per_head) / (size_t)in->head_dim;
+                rc = fk_err(FK_ECORRUPT,
+                            "%s: dataset %s: non-finite value %g at layer %d, head %zu, %s %zu, "
+                            "channel %zu",
+                            t->path, name, (double)v, layer, i / per_head,
+                            kind == FK_KIND_Q ? "query row" : "token",
+                            sel ? (size_t)sel[row] : row, i % (size_t)in->head_dim);
+                break;
+            }
+        return rc;
+    }
     for (size_t i = 0; i < n; i++) {
         if (!isfinite(dst[i])) {
             size_t per_head = (size_t)rows * (size_t)in->head_dim;
@@ -547,7 +578,26 @@ static int read_rows(struct fk_trace *t, int layer, enum fk_kind kind, const int
 
 int fk_trace_read(struct fk_trace *t, int layer, enum fk_kind kind, float *dst)
 {
-    return read_rows(t, layer, kind, NULL, 0, dst);
+    return read_rows(t, layer, kind, NULL, 0, 0, dst);
+}
+
+int fk_trace_encoding(struct fk_trace *t, int layer, enum fk_kind kind, enum fk_encoding *enc)
+{
+    if (layer < 0 || layer >= t->info.n_layers)
+        return fk_err(FK_EINVAL, "%s: layer %d out of range", t->path, layer);
+    char name[64];
+    snprintf(name, sizeof name, "/layers/L%02d/%s", layer, kind_name(kind));
+    hid_t ds = H5Dopen2(t->file, name, H5P_DEFAULT);
+    if (ds < 0)
+        return fk_err(FK_ECORRUPT, "%s: cannot open dataset %s", t->path, name);
+    int rc = parse_encoding(t, ds, name, enc);
+    H5Dclose(ds);
+    return rc;
+}
+
+int fk_trace_read_stored(struct fk_trace *t, int layer, enum fk_kind kind, void *dst)
+{
+    return read_rows(t, layer, kind, NULL, 0, 1, dst);
 }
 
 int fk_trace_read_query_rows(struct fk_trace *t, int layer, const int32_t *rows, int n_rows,
@@ -559,7 +609,7 @@ int fk_trace_read_query_rows(struct fk_trace *t, int layer, const int32_t *rows,
         return t->info.has_queries ? FK_OK
                                    : fk_err(FK_ECORRUPT, "%s: the trace has no queries "
                                             "(layers/Lxx/queries)", t->path);
-    return read_rows(t, layer, FK_KIND_Q, rows, n_rows, dst);
+    return read_rows(t, layer, FK_KIND_Q, rows, n_rows, 0, dst);
 }
 
 int fk_trace_read_query_idx(struct fk_trace *t, int layer, int32_t *dst)

@@ -52,6 +52,12 @@ const int32_t *fk_trace_ids(const struct fk_trace *t);       /* [T] or NULL if a
 /* Reads keys or values [H_kv, T, d] or queries [H_q, Tq, d] of one layer as float32 into
  * dst (caller-owned, large enough). Refuses non-finite values, naming layer, head, token. */
 int fk_trace_read(struct fk_trace *t, int layer, enum fk_kind kind, float *dst);
+/* Encoding of one layer's keys, values or queries as stored in the file. */
+int fk_trace_encoding(struct fk_trace *t, int layer, enum fk_kind kind, enum fk_encoding *enc);
+/* Reads keys or values [H_kv, T, d] of one layer as stored: float32 values, or the 16-bit
+ * words of a float16 / bfloat16 dataset unconverted (2 bytes per value; fk_trace_encoding
+ * tells which), so that a 16-bit trace takes half the memory. Same checks as fk_trace_read. */
+int fk_trace_read_stored(struct fk_trace *t, int layer, enum fk_kind kind, void *dst);
 /* Reads the query rows rows[0..n_rows-1] (strictly increasing, each in [0, Tq)) of one layer
  * as a float32 [H_q, n_rows, d] array into dst: attention at a stride needs only those, and
  * memory then does not grow with the number of queries. Same checks as fk_trace_read. */
@@ -82,6 +88,27 @@ void fk_f16_to_f32(const uint16_t *src, float *dst, size_t n);
 void fk_f32_to_f16(const float *src, uint16_t *dst, size_t n);
 void fk_bf16_to_f32(const uint16_t *src, float *dst, size_t n);
 void fk_f32_to_bf16(const float *src, uint16_t *dst, size_t n);
+
+/* Bytes per value of an array stored with encoding enc. */
+static inline size_t fk_enc_size(enum fk_encoding enc)
+{
+    return enc == FK_ENC_F32 ? 4 : 2;
+}
+
+/* Row `row` (d values) of an array kept as stored (fk_trace_read_stored) as float32: a
+ * pointer into base for float32 data, else buf (d floats) filled by exact conversion. */
+static inline const float *fk_stored_row(const void *base, enum fk_encoding enc, size_t row,
+                                         int d, float *buf)
+{
+    if (enc == FK_ENC_F32)
+        return (const float *)base + row * (size_t)d;
+    const uint16_t *w = (const uint16_t *)base + row * (size_t)d;
+    if (enc == FK_ENC_F16)
+        fk_f16_to_f32(w, buf, (size_t)d);
+    else
+        fk_bf16_to_f32(w, buf, (size_t)d);
+    return buf;
+}
 
 /* Silences HDF5's automatic error printing (call once at start). */
 void fk_hdf5_quiet(void);

@@ -41,6 +41,7 @@ struct fk_attn_scratch {
     const void *ad_state;         /* the codec state it belongs to */
     uint64_t ad_rep;              /* the codec's replacement count at that time */
     float *row;                   /* [m] one reconstructed row */
+    float *xrow;                  /* [m] one exact row converted from 16-bit storage */
     double *qd;                   /* [n_q_heads][m] the queries in double */
     double *pw;                   /* [n_q_heads] softmax weights of one token, per head */
     double *o, *oh;               /* [n_q_heads][m] exact and compressed outputs */
@@ -348,6 +349,7 @@ void fk_attn_scratch_free(struct fk_attn_scratch **sp)
     free(s->w);
     free(s->ad);
     free(s->row);
+    free(s->xrow);
     free(s->qd);
     free(s->pw);
     free(s->o);
@@ -378,12 +380,13 @@ int fk_attn_scratch_create(int m, int n_tokens, int max_atoms, int n_q_heads,
     s->ph = malloc(sizeof(double) * hq * nt);
     s->lse = malloc(sizeof(double) * 2 * hq);
     s->row = malloc(sizeof(float) * (size_t)m);
+    s->xrow = malloc(sizeof(float) * (size_t)m);
     s->qd = malloc(sizeof(double) * hq * (size_t)m);
     s->pw = malloc(sizeof(double) * hq);
     s->o = malloc(sizeof(double) * hq * (size_t)m);
     s->oh = malloc(sizeof(double) * hq * (size_t)m);
     s->met = malloc(sizeof(struct fk_attn_metrics) * hq);
-    if (!s->z || !s->zh || !s->p || !s->ph || !s->lse || !s->row || !s->qd || !s->pw || !s->o || !s->oh || !s->met) {
+    if (!s->z || !s->zh || !s->p || !s->ph || !s->lse || !s->row || !s->xrow || !s->qd || !s->pw || !s->o || !s->oh || !s->met) {
         fk_attn_scratch_free(&s);
         return fk_err(FK_ENOMEM, "out of memory (attention scratch: %d query heads, %d "
                       "tokens, %d atoms)", n_q_heads, n_tokens, max_atoms);
@@ -523,20 +526,29 @@ static int keys_compressed(const struct fk_attn_in *in, struct fk_attn_scratch *
     return FK_OK;
 }
 
+/* Exact row i of KV head g of K (kind 0) or V (1) as float32 (converted into buf when the
+ * rows are kept as 16-bit words). */
+static const float *exact_row(const struct fk_attn_in *in, int kind, int g, int i, float *buf)
+{
+    return fk_stored_row(kind ? in->v : in->k, kind ? in->v_enc : in->k_enc,
+                         (size_t)g * in->n_tokens + i, in->m, buf);
+}
+
 /* Compressed outputs oh[h] of the r query heads h0.. of KV head g from reconstructed rows
  * (codecs without sparse codes), in token order as for o: a codec that stores rows exactly
  * gives o_hat == o. */
 static int values_dense(const struct fk_attn_in *in, struct fk_attn_scratch *s, int g, int r)
 {
     int m = in->m, T = s->n_tokens, n = in->t + 1, h0 = g * r;
-    const float *vg = in->v + (size_t)g * in->n_tokens * m;
     double *oh = s->oh + (size_t)h0 * m;
     memset(oh, 0, sizeof(double) * (size_t)r * m);
     for (int i = 0; i < n; i++) {
-        const float *x = vg + (size_t)i * m;
+        const float *x;
         if (i < in->n_comp) {
             FK_TRY(in->ops->reconstruct(in->vstate, g, i, s->row));
             x = s->row;
+        } else {
+            x = exact_row(in, 1, g, i, s->xrow);
         }
         for (int hl = 0; hl < r; hl++)
             s->pw[hl] = s->ph[(size_t)(h0 + hl) * T + i];
@@ -597,11 +609,11 @@ static int values_sparse(const struct fk_attn_in *in, struct fk_attn_scratch *s)
     cblas_dgemm(CblasRowMajor, CblasTrans, CblasNoTrans, hq, m, na, 1.0, s->w, hq, s->ad, m,
                 0.0, s->oh, m);
     for (int g = 0; g < in->n_kv_heads; g++) {
-        const float *vg = in->v + (size_t)g * in->n_tokens * m;
         for (int i = in->n_comp; i < n; i++) {
             for (int hl = 0; hl < r; hl++)
                 s->pw[hl] = s->ph[(size_t)(g * r + hl) * T + i];
-            axpy_heads(s->pw, r, vg + (size_t)i * m, s->oh + (size_t)g * r * m, m);
+            axpy_heads(s->pw, r, exact_row(in, 1, g, i, s->xrow), s->oh + (size_t)g * r * m,
+                       m);
         }
     }
     return FK_OK;
@@ -631,12 +643,10 @@ int fk_attn_eval(const struct fk_attn_in *in, struct fk_attn_scratch *s,
         FK_TRY(key_products(in, s, &nak));
     for (int g = 0; g < in->n_kv_heads; g++) {
         int h0 = g * r;
-        const float *kg = in->k + (size_t)g * in->n_tokens * m;
-        const float *vg = in->v + (size_t)g * in->n_tokens * m;
         /* exact logits, token-major: each key row is widened once for the r heads */
         const double *qg = s->qd + (size_t)h0 * m;
         for (int i = 0; i < n; i++) {
-            dot_heads(qg, r, kg + (size_t)i * m, m, s->pw);
+            dot_heads(qg, r, exact_row(in, 0, g, i, s->xrow), m, s->pw);
             for (int hl = 0; hl < r; hl++)
                 s->z[(size_t)(h0 + hl) * T + i] = s->pw[hl] / sqrtm;
         }
@@ -656,7 +666,7 @@ int fk_attn_eval(const struct fk_attn_in *in, struct fk_attn_scratch *s,
         for (int i = 0; i < n; i++) {
             for (int hl = 0; hl < r; hl++)
                 s->pw[hl] = s->p[(size_t)(h0 + hl) * T + i];
-            axpy_heads(s->pw, r, vg + (size_t)i * m, o, m);
+            axpy_heads(s->pw, r, exact_row(in, 1, g, i, s->xrow), o, m);
         }
         if (!sparse)
             FK_TRY(values_dense(in, s, g, r));
@@ -687,23 +697,28 @@ int fk_attn_eval_naive_out(const struct fk_attn_in *in, struct fk_attn_acc *acc,
     double sqrtm = sqrt((double)m);
     size_t rows = (size_t)Hkv * n * m;
     float *kh = malloc(sizeof(float) * rows), *vh = malloc(sizeof(float) * rows);
+    float *xr = malloc(sizeof(float) * (size_t)m); /* an exact row converted from 16 bits */
     double *z = malloc(sizeof(double) * 4 * (size_t)n);
     double *o = malloc(sizeof(double) * 2 * (size_t)m);
     struct fk_attn_metrics *mt = malloc(sizeof *mt * (size_t)Hq);
     int rc = FK_OK;
-    if (!kh || !vh || !z || !o || !mt)
+    if (!kh || !vh || !xr || !z || !o || !mt)
         rc = fk_err(FK_ENOMEM, "out of memory (naive attention)");
     /* dense K_hat, V_hat: codec rows below n_comp, exact rows above */
     for (int g = 0; g < Hkv && rc == FK_OK; g++)
         for (int i = 0; i < n && rc == FK_OK; i++) {
-            size_t src = ((size_t)g * in->n_tokens + i) * m, dst = ((size_t)g * n + i) * m;
+            size_t dst = ((size_t)g * n + i) * m;
             if (i < in->n_comp) {
                 rc = in->ops->reconstruct(in->kstate, g, i, kh + dst);
                 if (rc == FK_OK)
                     rc = in->ops->reconstruct(in->vstate, g, i, vh + dst);
             } else {
-                memcpy(kh + dst, in->k + src, sizeof(float) * (size_t)m);
-                memcpy(vh + dst, in->v + src, sizeof(float) * (size_t)m);
+                const float *kr = exact_row(in, 0, g, i, kh + dst);
+                const float *vr = exact_row(in, 1, g, i, vh + dst);
+                if (kr != kh + dst)
+                    memcpy(kh + dst, kr, sizeof(float) * (size_t)m);
+                if (vr != vh + dst)
+                    memcpy(vh + dst, vr, sizeof(float) * (size_t)m);
             }
         }
     for (int h = 0; h < Hq && rc == FK_OK; h++) {
@@ -711,14 +726,14 @@ int fk_attn_eval_naive_out(const struct fk_attn_in *in, struct fk_attn_acc *acc,
         const float *q = in->q + (size_t)h * m;
         double *zz = z, *zh = z + n, *p = z + 2 * (size_t)n, *ph = z + 3 * (size_t)n;
         for (int i = 0; i < n; i++) {
-            zz[i] = dotd(q, in->k + ((size_t)g * in->n_tokens + i) * m, m) / sqrtm;
+            zz[i] = dotd(q, exact_row(in, 0, g, i, xr), m) / sqrtm;
             zh[i] = dotd(q, kh + ((size_t)g * n + i) * m, m) / sqrtm;
         }
         double lse = softmax(zz, n, p), lseh = softmax(zh, n, ph);
         double *oe = o, *oa = o + m;
         memset(o, 0, sizeof(double) * 2 * (size_t)m);
         for (int i = 0; i < n; i++) {
-            axpyd(p[i], in->v + ((size_t)g * in->n_tokens + i) * m, oe, m);
+            axpyd(p[i], exact_row(in, 1, g, i, xr), oe, m);
             axpyd(ph[i], vh + ((size_t)g * n + i) * m, oa, m);
         }
         head_metrics(zz, zh, p, ph, lse, lseh, n, in->n_comp, oe, oa, m, &mt[h]);
@@ -731,6 +746,7 @@ int fk_attn_eval_naive_out(const struct fk_attn_in *in, struct fk_attn_acc *acc,
         rc = acc_add(acc, mt, Hq);
     }
     free(kh);
+    free(xr);
     free(vh);
     free(z);
     free(o);

@@ -10,6 +10,7 @@
 #include <stdint.h>
 
 #include "fk_codec.h"
+#include "fk_trace.h"
 
 /* One decode step of one layer: the inputs the replay engine hands over. */
 struct fk_attn_in {
@@ -19,7 +20,8 @@ struct fk_attn_in {
     int t;                        /* the query's token index; visible tokens are 0..t */
     int n_comp;                   /* tokens 0..n_comp-1 are compressed (n_comp <= t) */
     const float *q;               /* [n_q_heads][m] post-RoPE queries of token t */
-    const float *k, *v;           /* exact keys and values [n_kv_heads][T][m] */
+    const void *k, *v;            /* exact keys and values [n_kv_heads][T][m] as stored: */
+    enum fk_encoding k_enc, v_enc; /* float32 (the default 0), or float16 / bfloat16 words */
     const struct fk_codec_ops *ops;
     const void *kstate, *vstate;  /* codec states of this layer's K and V streams */
 };

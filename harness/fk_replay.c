@@ -45,7 +45,11 @@ struct worker {
     int *failed;                 /* first error code, 0 if none */
     char *errmsg;                /* first error message */
     /* buffers */
-    float *kv[2];                /* [H_kv][T][m] exact keys, values */
+    void *kv[2];                 /* [H_kv][T][m] exact keys, values as stored in the trace
+                                  * (16-bit words of a float16 / bfloat16 trace: half the
+                                  * memory of float32 and exact) */
+    enum fk_encoding kv_enc[2];
+    float *xrow;                 /* [m] one exact row converted to float32 */
     float *q;                    /* [H_q][n_qsel][m] the query rows of the attention steps */
     int n_qsel;
     int32_t *qidx;               /* [Tq] query_token_idx, then the selected rows */
@@ -61,7 +65,8 @@ struct worker {
                                   * 64 MiB buffer per unit costs more in page faults than the
                                   * SSYRK itself) */
     size_t cap_gram;
-    size_t cap_kv, cap_kv1, cap_q, cap_ev, cap_ev_n; /* capacities in elements */
+    size_t cap_kv, cap_kv1;      /* capacities of kv in bytes */
+    size_t cap_q, cap_ev, cap_ev_n; /* capacities in elements */
     double t_io, t_encode, t_attn, t_metrics, t_gram;
 };
 
@@ -81,6 +86,7 @@ static void worker_free(struct worker *w)
 {
     free(w->kv[0]);
     free(w->kv[1]);
+    free(w->xrow);
     free(w->q);
     free(w->qidx);
     free(w->qrow);
@@ -163,7 +169,8 @@ static int activity(struct fk_stream_result *sr, const struct fk_stream_stats *s
 /* Screened-pool recall of full-OMP supports on the base dictionary (spec 10.4), on every
  * `every`-th prefill token of every head, plus the correlation profile (Fig. 1b). */
 static int pool_recall(struct fk_stream_result *sr, const struct fk_base_dict *b,
-                       const float *X, int H, int T, int P, int every, int s, int n_cell)
+                       const void *X, enum fk_encoding enc, float *xrow, int H, int T, int P,
+                       int every, int s, int n_cell)
 {
     for (int i = 0; i < FK_RECALL_NS; i++)
         sr->recall[i] = NAN;
@@ -193,7 +200,7 @@ static int pool_recall(struct fk_stream_result *sr, const struct fk_base_dict *b
     int rc = FK_OK;
     for (int h = 0; h < H && rc == FK_OK; h++) {
         for (int t = 0; t < P && rc == FK_OK; t += every) {
-            const float *x = X + ((size_t)h * T + t) * m;
+            const float *x = fk_stored_row(X, enc, (size_t)h * T + t, m, xrow);
             struct fk_code full, scr;
             fk_correlate(&v, x, 1, a);
             rc = fk_omp_naive(&v, x, a, NULL, 0, s, 0, work, &full);
@@ -251,7 +258,7 @@ static int pool_recall(struct fk_stream_result *sr, const struct fk_base_dict *b
  * which each token is evicted, for the per-step error series (blocks of a static codec run
  * ahead of their eviction); otherwise every vector belongs to `step`. */
 static int encode_range(struct worker *w, const struct fk_codec_ops *ops, void *state, int kind,
-                        const float *X, int H, int T, int m, int a, int b, int phase, int step,
+                        const void *X, int H, int T, int m, int a, int b, int phase, int step,
                         const int32_t *tok_step, struct fk_stream_result *sr)
 {
     int n = (b - a) * H;
@@ -267,7 +274,10 @@ static int encode_range(struct worker *w, const struct fk_codec_ops *ops, void *
     int i = 0;
     for (int t = a; t < b; t++)
         for (int h = 0; h < H; h++, i++) {
-            memcpy(w->x + (size_t)i * m, X + ((size_t)h * T + t) * m, sizeof(float) * (size_t)m);
+            float *xi = w->x + (size_t)i * m;
+            const float *src = fk_stored_row(X, w->kv_enc[kind], (size_t)h * T + t, m, xi);
+            if (src != xi)
+                memcpy(xi, src, sizeof(float) * (size_t)m);
             w->tok[i] = t;
             w->head[i] = h;
         }
@@ -308,10 +318,18 @@ static int encode_range(struct worker *w, const struct fk_codec_ops *ops, void *
     return FK_OK;
 }
 
-static int read_locked(struct fk_trace *t, int layer, enum fk_kind kind, float *dst)
+/* Reads K or V of one layer as stored into w->kv[k] (grown to fit n values). */
+static int read_kv_locked(struct worker *w, struct fk_trace *t, int layer, int k, size_t n)
 {
+    enum fk_kind kind = k ? FK_KIND_V : FK_KIND_K;
     pthread_mutex_lock(&h5_lock);
-    int rc = fk_trace_read(t, layer, kind, dst);
+    int rc = fk_trace_encoding(t, layer, kind, &w->kv_enc[k]);
+    if (rc == FK_OK) {
+        size_t *cap = k ? &w->cap_kv1 : &w->cap_kv;
+        rc = grow(&w->kv[k], cap, n * fk_enc_size(w->kv_enc[k]), 1);
+    }
+    if (rc == FK_OK)
+        rc = fk_trace_read_stored(t, layer, kind, w->kv[k]);
     pthread_mutex_unlock(&h5_lock);
     return rc;
 }
@@ -337,10 +355,12 @@ static int replay_layer(struct worker *w, int ti, int layer, const struct fk_bas
     int Hq = info->n_q_heads;
     size_t nkv = (size_t)H * T * m;
     double t0 = now_s(CLOCK_MONOTONIC);
-    FK_TRY(grow((void **)&w->kv[0], &w->cap_kv, nkv, sizeof(float)));
-    FK_TRY(grow((void **)&w->kv[1], &w->cap_kv1, nkv, sizeof(float)));
-    FK_TRY(read_locked(tr, layer, FK_KIND_K, w->kv[0]));
-    FK_TRY(read_locked(tr, layer, FK_KIND_V, w->kv[1]));
+    FK_TRY(read_kv_locked(w, tr, layer, 0, nkv));
+    FK_TRY(read_kv_locked(w, tr, layer, 1, nkv));
+    float *xr = realloc(w->xrow, sizeof(float) * (size_t)m);
+    if (!xr)
+        return fk_err(FK_ENOMEM, "out of memory");
+    w->xrow = xr;
     int attn = ro->attention && (!ro->attn_layers || ro->attn_layers[layer]);
     if (attn) {
         if (!info->has_queries)
@@ -460,7 +480,8 @@ static int replay_layer(struct worker *w, int ti, int layer, const struct fk_bas
                        sizeof(float) * (size_t)m);
             struct fk_attn_in ai = {.m = m, .n_q_heads = Hq, .n_kv_heads = H, .n_tokens = T,
                                     .t = t, .n_comp = comp, .q = w->qbuf, .k = w->kv[0],
-                                    .v = w->kv[1], .ops = ops, .kstate = st[0],
+                                    .v = w->kv[1], .k_enc = w->kv_enc[0],
+                                    .v_enc = w->kv_enc[1], .ops = ops, .kstate = st[0],
                                     .vstate = st[1]};
             rc = fk_attn_eval(&ai, w->as, acc);
             w->t_attn += now_s(CLOCK_THREAD_CPUTIME_ID) - a0;
@@ -493,10 +514,10 @@ static int replay_layer(struct worker *w, int ti, int layer, const struct fk_bas
     /* final error with the final dictionary, accounting, activity */
     double m0 = now_s(CLOCK_THREAD_CPUTIME_ID);
     for (int k = 0; k < 2 && rc == FK_OK; k++) {
-        const float *X = w->kv[k];
+        const void *X = w->kv[k];
         for (int h = 0; h < H && rc == FK_OK; h++)
             for (int t = 0; t < comp && rc == FK_OK; t++) {
-                const float *x = X + ((size_t)h * T + t) * m;
+                const float *x = fk_stored_row(X, w->kv_enc[k], (size_t)h * T + t, m, w->xrow);
                 rc = ops->reconstruct(st[k], h, t, w->rec);
                 double xx = 0, e = 0;
                 for (int c = 0; c < m; c++) {
@@ -550,7 +571,8 @@ static int replay_layer(struct worker *w, int ti, int layer, const struct fk_bas
             const struct fk_option *os = fk_codec_option(ops, "s"), *on = fk_codec_option(ops, "n");
             int s = os ? (int)fk_opts_get(in->opts, os) : 8;
             int n = on ? (int)fk_opts_get(in->opts, on) : 256;
-            rc = pool_recall(sr[k], &bases[k], X, H, T, P, ro->recall_every, s, n);
+            rc = pool_recall(sr[k], &bases[k], X, w->kv_enc[k], w->xrow, H, T, P,
+                             ro->recall_every, s, n);
         }
     }
     w->t_metrics += now_s(CLOCK_THREAD_CPUTIME_ID) - m0;

@@ -33,8 +33,19 @@ static float nrand(void)
     return (float)(sqrt(-2 * log(u)) * cos(6.283185307179586 * v));
 }
 
-/* Writes a random trace with queries for every token. */
+/* Writes a random trace with queries for every token, stored with encoding enc; values are
+ * rounded to the precision of `values` first (so that traces of different encodings can
+ * hold the same numbers). */
+static void make_trace_enc(const char *path, int L, int Hq, int H, int d, int T, int P,
+                           enum fk_encoding enc, enum fk_encoding values);
+
 static void make_trace(const char *path, int L, int Hq, int H, int d, int T, int P)
+{
+    make_trace_enc(path, L, Hq, H, d, T, P, FK_ENC_F32, FK_ENC_F32);
+}
+
+static void make_trace_enc(const char *path, int L, int Hq, int H, int d, int T, int P,
+                           enum fk_encoding enc, enum fk_encoding values)
 {
     struct fk_trace_info in = {.n_layers = L, .n_q_heads = Hq, .n_kv_heads = H, .head_dim = d,
                                .n_tokens = T, .prompt_len = P, .keys_post_rope = 1,
@@ -42,7 +53,7 @@ static void make_trace(const char *path, int L, int Hq, int H, int d, int T, int
     snprintf(in.model_id, sizeof in.model_id, "test");
     snprintf(in.source, sizeof in.source, "synthetic");
     struct fk_trace_writer *w;
-    ck_assert_int_eq(fk_trace_create(path, &in, FK_ENC_F32, &w), FK_OK);
+    ck_assert_int_eq(fk_trace_create(path, &in, enc, &w), FK_OK);
     int32_t *pos = malloc(sizeof(int32_t) * (size_t)T), *qi = malloc(sizeof(int32_t) * (size_t)T);
     uint8_t *ph = malloc((size_t)T);
     for (int t = 0; t < T; t++) {
@@ -56,8 +67,17 @@ static void make_trace(const char *path, int L, int Hq, int H, int d, int T, int
     for (int l = 0; l < L; l++)
         for (int k = 0; k < 3; k++) {
             size_t n = k == 2 ? nq : nkv;
-            for (size_t i = 0; i < n; i++)
+            for (size_t i = 0; i < n; i++) {
                 buf[i] = nrand();
+                uint16_t h;
+                if (values == FK_ENC_F16) {
+                    fk_f32_to_f16(&buf[i], &h, 1);
+                    fk_f16_to_f32(&h, &buf[i], 1);
+                } else if (values == FK_ENC_BF16) {
+                    fk_f32_to_bf16(&buf[i], &h, 1);
+                    fk_bf16_to_f32(&h, &buf[i], 1);
+                }
+            }
             ck_assert_int_eq(fk_trace_write_layer(w, l, k, buf, k == 2 ? qi : NULL), FK_OK);
         }
     ck_assert_int_eq(fk_trace_finish(&w), FK_OK);
@@ -310,6 +330,47 @@ START_TEST(test_jobs_determinism)
 }
 END_TEST
 
+/* K and V kept as the trace's 16-bit words give, for every codec, the bits of the same
+ * numbers stored as float32 (encoding, final errors, recall, attention). */
+START_TEST(test_stored_16bit)
+{
+    char pd[512];
+    snprintf(pd, sizeof pd, "%s/enc-dict.h5", tmpdir);
+    make_dict(pd, 2, 48, 16);
+    struct fk_dict *d;
+    ck_assert_int_eq(fk_dict_load(pd, &d), FK_OK);
+    const enum fk_encoding encs[2] = {FK_ENC_F16, FK_ENC_BF16};
+    for (int e = 0; e < 2; e++) {
+        char p32[512], p16[512];
+        snprintf(p32, sizeof p32, "%s/enc%d-f32.h5", tmpdir, e);
+        snprintf(p16, sizeof p16, "%s/enc%d-16.h5", tmpdir, e);
+        uint64_t seed = rng_state;
+        make_trace_enc(p32, 2, 4, 2, 16, 60, 30, FK_ENC_F32, encs[e]);
+        rng_state = seed;
+        make_trace_enc(p16, 2, 4, 2, 16, 60, 30, encs[e], encs[e]);
+        struct fk_trace *t32, *t16;
+        ck_assert_int_eq(fk_trace_open(p32, &t32), FK_OK);
+        ck_assert_int_eq(fk_trace_open(p16, &t16), FK_OK);
+        enum fk_encoding got;
+        ck_assert_int_eq(fk_trace_encoding(t16, 1, FK_KIND_V, &got), FK_OK);
+        ck_assert_int_eq(got, encs[e]);
+        for (int c = 0; fk_codecs[c]; c++) {
+            struct fk_cell_result r1, r2;
+            const struct fk_dict *dd = (fk_codecs[c]->caps & FK_CAP_DICT) ? d : NULL;
+            run_cell(fk_codecs[c]->name, &t32, 1, dd, 1, 1, &r1);
+            run_cell(fk_codecs[c]->name, &t16, 1, dd, 2, 1, &r2);
+            ck_assert_int_gt(r1.attn[0].n, 0);
+            assert_same(&r1, &r2);
+            fk_cell_result_free(&r1);
+            fk_cell_result_free(&r2);
+        }
+        fk_trace_close(&t32);
+        fk_trace_close(&t16);
+    }
+    fk_dict_free(&d);
+}
+END_TEST
+
 START_TEST(test_refusals)
 {
     char p[512], pd[512];
@@ -468,6 +529,7 @@ static Suite *replay_suite(void)
     tcase_add_test(tc, test_schedule);
     tcase_add_test(tc, test_full_exact);
     tcase_add_test(tc, test_jobs_determinism);
+    tcase_add_test(tc, test_stored_16bit);
     tcase_add_test(tc, test_refusals);
     tcase_add_test(tc, test_results_commit);
     tcase_add_test(tc, test_reference_mode);
