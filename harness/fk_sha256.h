@@ -24,6 +24,9 @@ void fk_sha256_final(struct fk_sha256_ctx *c, uint8_t out[32]);
 void fk_sha256(const void *data, size_t n, uint8_t out[32]);
 /* Lower-case hex of a digest, NUL-terminated (65 bytes). */
 void fk_sha256_hex(const uint8_t digest[32], char hex[65]);
+/* Whether the x86 SHA extensions may be used (allow = 1, the default) or the portable code
+ * only (0; for tests). Returns 1 if this CPU has them. Process-wide. */
+int fk_sha256_accel(int allow);
 /* Hex digest of a whole file; FK_EIO naming the file when it cannot be read. */
 int fk_sha256_file(const char *path, char hex[65]);
 
