@@ -85,6 +85,10 @@ void fk_trace_abort(struct fk_trace_writer **w);
 
 /* Bulk 16-bit conversions (exact, round-to-nearest-even on the way down). */
 void fk_f16_to_f32(const uint16_t *src, float *dst, size_t n);
+/* Whether fk_f16_to_f32 may use the x86 F16C instruction (allow = 1, the default; it quiets
+ * a signalling NaN, otherwise the bits are the same) or the portable code only (0; for
+ * tests). Returns 1 if this CPU has F16C. Process-wide. */
+int fk_f16_accel(int allow);
 void fk_f32_to_f16(const float *src, uint16_t *dst, size_t n);
 void fk_bf16_to_f32(const uint16_t *src, float *dst, size_t n);
 void fk_f32_to_bf16(const float *src, uint16_t *dst, size_t n);
