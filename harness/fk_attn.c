@@ -596,13 +596,16 @@ static int values_sparse(const struct fk_attn_in *in, struct fk_attn_scratch *s)
             const int32_t *idx = NULL;
             const float *coef = NULL;
             FK_TRY(ops->sparse_row(in->vstate, g, i, &nnz, &idx, &coef));
+            double *pw = s->pw; /* the r heads' weights of token i, gathered once */
+            for (int hl = 0; hl < r; hl++)
+                pw[hl] = s->ph[(size_t)(h0 + hl) * T + i];
             for (int e = 0; e < nnz; e++) {
                 int j = idx[e];
                 if (j < 0 || j >= na)
                     return bad_atom("value", g, i, j, na);
-                double *wj = s->w + (size_t)j * hq;
+                double *wj = s->w + (size_t)j * hq + h0;
                 for (int hl = 0; hl < r; hl++)
-                    wj[h0 + hl] += s->ph[(size_t)(h0 + hl) * T + i] * coef[e];
+                    wj[hl] += pw[hl] * coef[e];
             }
         }
     }
