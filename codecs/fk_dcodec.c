@@ -87,8 +87,10 @@ struct dc {
     double delta;                /* threshold of this kind */
     float *atoms;                /* [cap][m] owned copy, or NULL while base is used */
     uint8_t *dead;               /* [cap] */
-    float *ga;                   /* [Nt - N][ga_stride]: Gram rows of appended atoms */
-    int ga_stride, ga_rows;      /* row length and allocated rows */
+    float **ga;                  /* [Nt - N] Gram rows of appended atoms, N + ga_cols floats
+                                  * each (rows are allocated one by one and never copied as a
+                                  * block: a doubling block held two copies at its peak) */
+    int ga_cols, ga_slots;       /* appended-atom columns of each row; pointer slots */
     uint32_t *ref_count, *prefill_use, *use_total; /* [cap] */
     int32_t *last_use;           /* [cap] decode step of the last use */
     double *ema;                 /* [cap] activity, lazily decayed */
@@ -209,13 +211,13 @@ static const float *dc_gram_row(void *ctx, int j, float *scratch)
     struct dc *d = ctx;
     int A = d->Nt - d->N;
     if (j >= d->N)
-        return d->ga + (size_t)(j - d->N) * (size_t)d->ga_stride;
+        return d->ga[j - d->N];
     const float *g0 = d->base->gram + (size_t)j * (size_t)d->N;
     if (A == 0)
         return g0;
     memcpy(scratch, g0, sizeof(float) * (size_t)d->N);
     for (int a = 0; a < A; a++)
-        scratch[d->N + a] = d->ga[(size_t)a * (size_t)d->ga_stride + (size_t)j];
+        scratch[d->N + a] = d->ga[a][j];
     return scratch;
 }
 
@@ -254,30 +256,36 @@ static int dc_append_atom(struct dc *d, const float *u)
     struct fk_dict_view v = dc_view(d);
     if (v.gram_row) {
         int a = j - d->N;
-        if (a >= d->ga_rows || d->Nt > d->ga_stride) {
-            int rows = d->ga_rows ? d->ga_rows * 2 : 64;
-            while (rows <= a)
-                rows *= 2;
-            int stride = d->N + rows;
-            if (stride > d->cap)
-                stride = d->cap;
-            if (rows > d->cap - d->N)
-                rows = d->cap - d->N;
-            float *ng = malloc(sizeof(float) * (size_t)rows * (size_t)stride);
-            if (!ng)
-                return fk_err(FK_ENOMEM, "out of memory (Gram rows of appended atoms)");
-            for (int r = 0; r < a; r++)
-                memcpy(ng + (size_t)r * stride, d->ga + (size_t)r * d->ga_stride,
-                       sizeof(float) * (size_t)(j));
-            free(d->ga);
-            d->ga = ng;
-            d->ga_rows = rows;
-            d->ga_stride = stride;
+        if (a + 1 > d->ga_cols) { /* room for one more column in every row */
+            int cols = d->ga_cols ? d->ga_cols * 2 : 64;
+            while (cols < a + 1)
+                cols *= 2;
+            if (cols > d->cap - d->N)
+                cols = d->cap - d->N;
+            for (int r = 0; r < a; r++) {
+                float *nr = realloc(d->ga[r], sizeof(float) * ((size_t)d->N + (size_t)cols));
+                if (!nr)
+                    return fk_err(FK_ENOMEM, "out of memory (Gram rows of appended atoms)");
+                d->ga[r] = nr;
+            }
+            d->ga_cols = cols;
         }
-        float *row = d->ga + (size_t)a * (size_t)d->ga_stride;
+        if (a >= d->ga_slots) {
+            int slots = d->ga_slots ? d->ga_slots * 2 : 64;
+            float **ns = realloc(d->ga, sizeof(float *) * (size_t)slots);
+            if (!ns)
+                return fk_err(FK_ENOMEM, "out of memory (Gram rows of appended atoms)");
+            memset(ns + d->ga_slots, 0, sizeof(float *) * (size_t)(slots - d->ga_slots));
+            d->ga = ns;
+            d->ga_slots = slots;
+        }
+        float *row = malloc(sizeof(float) * ((size_t)d->N + (size_t)d->ga_cols));
+        if (!row)
+            return fk_err(FK_ENOMEM, "out of memory (Gram rows of appended atoms)");
+        d->ga[a] = row;
         fk_correlate(&v, u, 1, row); /* row[i] = d_i . u for i < Nt */
         for (int r = 0; r < a; r++)
-            d->ga[(size_t)r * d->ga_stride + (size_t)j] = row[d->N + r];
+            d->ga[r][j] = row[d->N + r];
         d->st.macs += (double)d->m * d->Nt;
     }
     return FK_OK;
@@ -640,6 +648,8 @@ static void dc_close(void *state)
     free(d->heads);
     free(d->atoms);
     free(d->dead);
+    for (int r = 0; d->ga && r < d->ga_slots; r++)
+        free(d->ga[r]);
     free(d->ga);
     free(d->ref_count);
     free(d->prefill_use);
