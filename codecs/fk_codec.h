@@ -148,10 +148,8 @@ struct fk_codec_ops {
      * coefficients (pointers valid until the next encode). */
     int (*sparse_row)(const void *state, int head, int token, int *nnz, const int32_t **idx,
                       const float **coef);
-    /* (optional, FK_CAP_SPARSE) The current atoms [n_atoms][m], contiguous. Between calls
-     * the array changes only by rows appended at the end (stats.appends) or rows rewritten
-     * in place (stats.replacements), or it moves: the attention fast path keeps a widened
-     * copy on that contract. */
+    /* (optional, FK_CAP_SPARSE) The current atoms [n_atoms][m], contiguous (valid until
+     * the next encode). */
     const float *(*atoms)(const void *state, int *n_atoms);
     void (*stats)(const void *state, struct fk_stream_stats *st);
     void (*close)(void *state); /* accepts NULL and half-opened states */

@@ -63,17 +63,12 @@ int fk_attn_scratch_create(int m, int n_tokens, int max_atoms, int n_q_heads,
                            struct fk_attn_scratch **out);
 void fk_attn_scratch_free(struct fk_attn_scratch **s);
 
-/* The scratch keeps the value dictionary widened to double from step to step, keyed by the
- * codec state, its atoms pointer and its replacement count (see fk_codec_ops.atoms). A
- * closed state's memory can come back at the same address for a new one: call this after
- * opening codec states that follow closed ones. */
-void fk_attn_scratch_invalidate(struct fk_attn_scratch *s);
 
 /* Evaluates every query head at one step and adds to acc. Uses the sparse fast path
  * (q . D_K once per query, s multiply-adds per compressed key, values through the codes)
  * when the codec has FK_CAP_SPARSE, else reconstructs rows. Double precision for logits,
  * softmax and accumulators (q . D_K itself is one float SGEMM for all query heads; the
- * atom-space values go through one DGEMM). If n_comp == 0 it only counts a skipped step.
+ * atom-space values go through one float SGEMM). If n_comp == 0 it only counts a skipped step.
  * Allocates nothing except growing acc->cos_vals when it is full (see
  * fk_attn_acc_reserve) and the scratch's per-atom arrays when a dictionary is larger than
  * any before. Bit-identical run to run with OpenBLAS at one thread.

@@ -437,7 +437,6 @@ static int replay_layer(struct worker *w, int ti, int layer, const struct fk_bas
             goto out;
         }
     }
-    fk_attn_scratch_invalidate(w->as); /* new states may reuse the old ones' addresses */
     int n_b = co->n_b, a_len = co->a_len;
     int comp = 0;
     if (P > n_b) {
