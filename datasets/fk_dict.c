@@ -122,25 +122,29 @@ static int load(struct fk_dict *d, hid_t f)
     return FK_OK;
 }
 
-int fk_dict_load(const char *path, struct fk_dict **out)
+/* Opens a dictionary file read-only, naming what is wrong with it when it cannot. */
+static int open_file(const char *path, hid_t *f)
 {
-    *out = NULL;
     FILE *fp = fopen(path, "rb");
     if (!fp)
         return fk_err(FK_EIO, "%s: cannot open dictionary (no such file or not readable)", path);
     fclose(fp);
     if (H5Fis_hdf5(path) <= 0)
         return fk_err(FK_ECORRUPT, "%s: not an HDF5 file (or truncated)", path);
+    *f = H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT);
+    if (*f < 0)
+        return fk_err(FK_ECORRUPT, "%s: HDF5 cannot open it (truncated?)", path);
+    return FK_OK;
+}
+
+int fk_dict_load(const char *path, struct fk_dict **out)
+{
+    *out = NULL;
+    hid_t f;
+    FK_TRY(open_file(path, &f));
     struct fk_dict *d = calloc(1, sizeof *d);
-    if (!d || !(d->path = strdup(path))) {
-        free(d);
-        return fk_err(FK_ENOMEM, "out of memory");
-    }
-    hid_t f = H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT);
-    int rc = f < 0 ? fk_err(FK_ECORRUPT, "%s: HDF5 cannot open it (truncated?)", path)
-                   : load(d, f);
-    if (f >= 0)
-        H5Fclose(f);
+    int rc = d && (d->path = strdup(path)) ? load(d, f) : fk_err(FK_ENOMEM, "out of memory");
+    H5Fclose(f);
     if (rc < 0) {
         fk_dict_free(&d);
         return rc;
@@ -152,15 +156,8 @@ int fk_dict_load(const char *path, struct fk_dict **out)
 int fk_dict_atoms(const char *path, int *n_atoms)
 {
     *n_atoms = 0;
-    FILE *fp = fopen(path, "rb");
-    if (!fp)
-        return fk_err(FK_EIO, "%s: cannot open dictionary (no such file or not readable)", path);
-    fclose(fp);
-    if (H5Fis_hdf5(path) <= 0)
-        return fk_err(FK_ECORRUPT, "%s: not an HDF5 file (or truncated)", path);
-    hid_t f = H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT);
-    if (f < 0)
-        return fk_err(FK_ECORRUPT, "%s: HDF5 cannot open it (truncated?)", path);
+    hid_t f;
+    FK_TRY(open_file(path, &f));
     int rc = read_int(f, path, "atoms", n_atoms);
     H5Fclose(f);
     return rc;
