@@ -26,7 +26,7 @@ struct fk_attn_scratch {
     int m;                        /* head_dim capacity */
     int n_tokens;                 /* T capacity */
     int max_atoms;                /* bound on the atoms of the K and V dictionaries */
-    int cap_atoms;                /* atoms the four arrays below hold now (grown on demand:
+    int cap_atoms;                /* atoms u, w and wf hold now (grown on demand:
                                    * a growing codec's bound is far above its usual size) */
     int n_q_heads;                /* query head capacity */
     float *u;                     /* [n_q_heads][max_atoms] q_h . d_j of every query head */
