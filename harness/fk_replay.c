@@ -438,21 +438,17 @@ static int replay_layer(struct worker *w, int ti, int layer, const struct fk_bas
         }
     }
     int n_b = co->n_b, a_len = co->a_len;
-    int comp = 0;
-    if (P > n_b) {
-        for (int k = 0; k < 2 && rc == FK_OK; k++)
-            rc = encode_range(w, ops, st[k], k, w->kv[k], H, T, m, 0, P - n_b, 0, -1, NULL,
-                              sr[k]);
-        comp = P - n_b;
-    }
+    int comp = P > n_b ? P - n_b : 0; /* tokens compressed at the end of prefill */
     /* The eviction schedule (spec section 4), simulated once: the step at which each token
-     * leaves the buffer. Static codecs encode decode tokens in blocks of STATIC_BLOCK tokens
-     * ahead of their eviction (one large SGEMM instead of one per step); stored rows are only
-     * ever read up to the current eviction point, so nothing else changes. */
+     * leaves the buffer. A static codec (its codes do not depend on what it coded before)
+     * encodes its decode tokens up front, in blocks of STATIC_BLOCK tokens (one large SGEMM
+     * instead of one per step); stored rows are only ever read up to the current eviction
+     * point, so nothing else changes. */
     int static_blocks = (ops->caps & FK_CAP_STATIC) != 0;
-    int final_comp = comp, encoded = comp;
+    int final_comp = comp;
+    int32_t *es = NULL;
     if (static_blocks) {
-        int32_t *es = realloc(w->evict_step, sizeof(int32_t) * ((size_t)T + 1));
+        es = realloc(w->evict_step, sizeof(int32_t) * ((size_t)T + 1));
         if (!es) {
             rc = fk_err(FK_ENOMEM, "out of memory");
             goto out;
@@ -467,6 +463,17 @@ static int replay_layer(struct worker *w, int ti, int layer, const struct fk_bas
                     es[final_comp + i] = t - P;
                 final_comp += ne;
             }
+    }
+    /* One stream after the other (prefill, then a static codec's decode blocks): each
+     * stream's Gram keeps its hot rows in cache for the whole stream; interleaving K and V
+     * blocks made the two 64 MiB Grams evict each other's rows. */
+    for (int k = 0; k < 2 && rc == FK_OK; k++) {
+        if (comp > 0)
+            rc = encode_range(w, ops, st[k], k, w->kv[k], H, T, m, 0, comp, 0, -1, NULL, sr[k]);
+        for (int a = comp; static_blocks && a < final_comp && rc == FK_OK; a += STATIC_BLOCK) {
+            int b = a + STATIC_BLOCK < final_comp ? a + STATIC_BLOCK : final_comp;
+            rc = encode_range(w, ops, st[k], k, w->kv[k], H, T, m, a, b, 1, -1, es, sr[k]);
+        }
     }
     struct fk_attn_acc *acc = &w->res->attn[(size_t)ti * w->res->n_layers + layer];
     for (int t = P; t < T && rc == FK_OK; t++) {
@@ -493,14 +500,6 @@ static int replay_layer(struct worker *w, int ti, int layer, const struct fk_bas
                 for (int k = 0; k < 2 && rc == FK_OK; k++)
                     rc = encode_range(w, ops, st[k], k, w->kv[k], H, T, m, comp, comp + ne, 1,
                                       step, NULL, sr[k]);
-            } else if (comp + ne > encoded) {
-                int end = encoded + STATIC_BLOCK;
-                end = end < comp + ne ? comp + ne : end;
-                end = end > final_comp ? final_comp : end;
-                for (int k = 0; k < 2 && rc == FK_OK; k++)
-                    rc = encode_range(w, ops, st[k], k, w->kv[k], H, T, m, encoded, end, 1,
-                                      step, w->evict_step, sr[k]);
-                encoded = end;
             }
             comp += ne;
         }
