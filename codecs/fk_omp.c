@@ -10,6 +10,7 @@
  * excluded and dead atoms are never chosen: the fused pass finds the maximum over all
  * atoms (these have |c| ~ 0) and a masked rescan runs when the first maximiser is banned.
  */
+#define _DEFAULT_SOURCE /* madvise, MADV_HUGEPAGE */
 #include "fk_sparse.h"
 
 #include "fk_err.h"
@@ -17,7 +18,9 @@
 #include <cblas.h>
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #define STRIP 256 /* atoms per strip of the fused update (1 KiB of stack) */
 
@@ -35,6 +38,18 @@ void fk_correlate(const struct fk_dict_view *d, const float *x, int nx, float *a
         return;
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nx, d->n_atoms, d->m, 1.0f, x, d->m,
                 d->atoms, d->m, 0.0f, a, d->n_atoms);
+}
+
+float *fk_gram_alloc(size_t n_floats)
+{
+    enum { HUGE = 2 << 20 };
+    size_t bytes = (n_floats * sizeof(float) + HUGE - 1) / HUGE * HUGE;
+    float *g = aligned_alloc(HUGE, bytes ? bytes : HUGE);
+#ifdef MADV_HUGEPAGE
+    if (g)
+        (void)madvise(g, bytes ? bytes : HUGE, MADV_HUGEPAGE); /* advice only: may be refused */
+#endif
+    return g;
 }
 
 int fk_gram_compute(const float *atoms, int n_atoms, int m, float *gram)

@@ -224,7 +224,7 @@ int fk_dict_save(const char *path, int n_layers, int head_dim, int n_atoms, cons
 
 int fk_gram_build(const float *atoms, int n, int m, float **gram)
 {
-    float *g = malloc(sizeof(float) * (size_t)n * (size_t)n);
+    float *g = fk_gram_alloc((size_t)n * (size_t)n);
     if (!g)
         return fk_err(FK_ENOMEM, "out of memory for a %d x %d Gram matrix", n, n);
     int rc = fk_gram_compute(atoms, n, m, g); /* one BLAS thread: bits independent of threads */

@@ -411,7 +411,7 @@ int fk_bench_omp_run(const struct fk_bench_omp_cfg *cfg, const struct fk_bench_o
     nn = nn < 0 ? 0 : nn;
     size_t wsz = (fk_omp_batch_work_floats(N, m, s) + 15) & ~(size_t)15;
     struct bench_bufs bb = {0};
-    bb.gram = malloc((size_t)N * N * sizeof(float));
+    bb.gram = fk_gram_alloc((size_t)N * N);
     bb.abuf = malloc((size_t)T * B * N * sizeof(float));
     bb.work = malloc((size_t)T * wsz * sizeof(float));
     bb.own = codes ? NULL : malloc((size_t)n * sizeof *bb.own);

@@ -591,10 +591,16 @@ static int replay_unit(struct worker *w, int layer)
             fk_dict_base(in->dict, layer, k, &bases[k]);
             if ((in->ops->caps & FK_CAP_GRAM) && !w->ro->reference) {
                 size_t nn = (size_t)bases[k].n_atoms * bases[k].n_atoms;
-                size_t c0 = w->cap_gram, c1 = w->cap_gram;
-                FK_TRY(grow((void **)&w->gram[0], &c0, nn, sizeof(float)));
-                FK_TRY(grow((void **)&w->gram[1], &c1, nn, sizeof(float)));
-                w->cap_gram = c0;
+                if (nn > w->cap_gram) {
+                    for (int g = 0; g < 2; g++) {
+                        free(w->gram[g]);
+                        w->gram[g] = fk_gram_alloc(nn);
+                    }
+                    w->cap_gram = w->gram[0] && w->gram[1] ? nn : 0;
+                    if (!w->cap_gram)
+                        return fk_err(FK_ENOMEM, "out of memory for two %d x %d Gram matrices",
+                                      bases[k].n_atoms, bases[k].n_atoms);
+                }
                 double g0 = now_s(CLOCK_THREAD_CPUTIME_ID);
                 FK_TRY(fk_gram_compute(bases[k].atoms, bases[k].n_atoms, bases[k].m,
                                        w->gram[k]));
