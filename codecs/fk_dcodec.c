@@ -82,28 +82,29 @@ struct dc {
     struct fk_stream_env env;
     const struct fk_base_dict *base;
     int m, N, Nt;                /* head_dim, base atoms, current atoms */
-    int cap;                     /* atom capacity (N + growth) */
+    int cap;                     /* atom limit (N + growth) */
+    int acap;                    /* atoms the per-atom arrays hold now (N <= acap <= cap) */
     int stride;                  /* coefficient slots per row: s + 1 */
     double delta;                /* threshold of this kind */
-    float *atoms;                /* [cap][m] owned copy, or NULL while base is used */
-    uint8_t *dead;               /* [cap] */
+    float *atoms;                /* [acap][m] owned copy, or NULL while base is used */
+    uint8_t *dead;               /* [acap] */
     float **ga;                  /* [Nt - N] Gram rows of appended atoms, N + ga_cols floats
                                   * each (rows are allocated one by one and never copied as a
                                   * block: a doubling block held two copies at its peak) */
     int ga_cols, ga_slots;       /* appended-atom columns of each row; pointer slots */
-    uint32_t *ref_count, *prefill_use, *use_total; /* [cap] */
-    int32_t *last_use;           /* [cap] decode step of the last use */
-    double *ema;                 /* [cap] activity, lazily decayed */
-    uint8_t *is_adapted;         /* [cap] */
-    int32_t *pinned;             /* [cap] event id that pinned the atom */
+    uint32_t *ref_count, *prefill_use, *use_total; /* [acap] */
+    int32_t *last_use;           /* [acap] decode step of the last use */
+    double *ema;                 /* [acap] activity, lazily decayed */
+    uint8_t *is_adapted;         /* [acap] */
+    int32_t *pinned;             /* [acap] event id that pinned the atom */
     int event_id;
     int last_adapt_step;         /* for tauc_mode = period */
     struct row_store *heads;     /* [n_heads] */
     /* scratch */
-    float *corr;                 /* [BLK][cap] correlations */
+    float *corr;                 /* [BLK][acap] correlations */
     float *work;                 /* OMP/topn work */
     size_t work_floats;
-    int32_t *pool;               /* [cap] */
+    int32_t *pool;               /* [acap] */
     float *xbuf;                 /* [m] */
     float *rbuf;                 /* [m] */
     struct fk_code *codes;       /* [codes_cap] codes of the current event */
@@ -238,16 +239,76 @@ static int dc_own_atoms(struct dc *d)
 {
     if (d->atoms)
         return FK_OK;
-    d->atoms = malloc(sizeof(float) * (size_t)d->cap * (size_t)d->m);
+    d->atoms = malloc(sizeof(float) * (size_t)d->acap * (size_t)d->m);
     if (!d->atoms)
         return fk_err(FK_ENOMEM, "out of memory (dictionary copy)");
     memcpy(d->atoms, d->base->atoms, sizeof(float) * (size_t)d->N * (size_t)d->m);
     return FK_OK;
 }
 
+static size_t dc_work_floats(const struct dc *d, size_t n_atoms)
+{
+    size_t w = fk_omp_work_floats((int)n_atoms, d->m, d->o.s + 1) + 2 * n_atoms + 64;
+    if (d->v.coder == CODER_OMP) { /* the lanes of fk_omp_gram_batch */
+        size_t wb = fk_omp_batch_work_floats((int)n_atoms, d->m, d->o.s);
+        w = wb > w ? wb : w;
+    }
+    return w;
+}
+
+#define DC_GROW(p, n, type)                                                                 \
+    do {                                                                                    \
+        type *np_ = realloc((p), sizeof(type) * (n));                                       \
+        if (!np_)                                                                           \
+            return fk_err(FK_ENOMEM, "out of memory (%zu atoms)", (size_t)(n));           \
+        (p) = np_;                                                                          \
+    } while (0)
+
+/* Per-atom arrays for at least `need` atoms (need <= cap), zero-initialised (pinned: -1).
+ * The appended part of the capacity doubles (64, 128, ...): memory follows the atoms a
+ * stream actually appends, not the worst case its length would allow (N + T x heads). */
+static int dc_reserve(struct dc *d, int need)
+{
+    if (need <= d->acap)
+        return FK_OK;
+    long n = (long)d->N + 2L * (d->acap - d->N);
+    n = n < (long)d->N + 64 ? (long)d->N + 64 : n;
+    n = n < need ? need : n;
+    n = n > d->cap ? d->cap : n;
+    size_t o = (size_t)d->acap, c = (size_t)n;
+    if (d->atoms)
+        DC_GROW(d->atoms, c * (size_t)d->m, float);
+    DC_GROW(d->dead, c, uint8_t);
+    DC_GROW(d->ref_count, c, uint32_t);
+    DC_GROW(d->prefill_use, c, uint32_t);
+    DC_GROW(d->use_total, c, uint32_t);
+    DC_GROW(d->last_use, c, int32_t);
+    DC_GROW(d->ema, c, double);
+    DC_GROW(d->is_adapted, c, uint8_t);
+    DC_GROW(d->pinned, c, int32_t);
+    DC_GROW(d->pool, c, int32_t);
+    DC_GROW(d->corr, (size_t)BLK * c, float);
+    size_t wf = dc_work_floats(d, c);
+    DC_GROW(d->work, wf, float);
+    d->work_floats = wf;
+    memset(d->dead + o, 0, c - o);
+    memset(d->ref_count + o, 0, sizeof(uint32_t) * (c - o));
+    memset(d->prefill_use + o, 0, sizeof(uint32_t) * (c - o));
+    memset(d->use_total + o, 0, sizeof(uint32_t) * (c - o));
+    memset(d->last_use + o, 0, sizeof(int32_t) * (c - o));
+    memset(d->is_adapted + o, 0, c - o);
+    for (size_t j = o; j < c; j++) {
+        d->ema[j] = 0;
+        d->pinned[j] = -1;
+    }
+    d->acap = (int)n;
+    return FK_OK;
+}
+
 /* Appends unit atom u; maintains Gram rows when OMP runs in Gram mode. */
 static int dc_append_atom(struct dc *d, const float *u)
 {
+    FK_TRY(dc_reserve(d, d->Nt + 1));
     FK_TRY(dc_own_atoms(d));
     int j = d->Nt;
     memcpy(d->atoms + (size_t)j * (size_t)d->m, u, sizeof(float) * (size_t)d->m);
@@ -723,7 +784,8 @@ static int dc_open(const struct variant *v, const void *opts, const struct fk_st
         dc_close(d);
         return fk_err(FK_EINVAL, "omp_mode = gram needs the dictionary's Gram matrix");
     }
-    size_t cap = (size_t)d->cap, T = (size_t)env->n_tokens + 1;
+    d->acap = d->N; /* grown by dc_reserve as atoms are appended */
+    size_t cap = (size_t)d->acap, T = (size_t)env->n_tokens + 1;
     d->dead = calloc(cap, 1);
     d->ref_count = calloc(cap, sizeof(uint32_t));
     d->prefill_use = calloc(cap, sizeof(uint32_t));
@@ -733,11 +795,7 @@ static int dc_open(const struct variant *v, const void *opts, const struct fk_st
     d->is_adapted = calloc(cap, 1);
     d->pinned = malloc(cap * sizeof(int32_t));
     d->heads = calloc((size_t)env->n_heads, sizeof *d->heads);
-    d->work_floats = fk_omp_work_floats(d->cap, d->m, d->o.s + 1) + 2 * cap + 64;
-    if (d->v.coder == CODER_OMP) { /* the lanes of fk_omp_gram_batch */
-        size_t wb = fk_omp_batch_work_floats(d->cap, d->m, d->o.s);
-        d->work_floats = wb > d->work_floats ? wb : d->work_floats;
-    }
+    d->work_floats = dc_work_floats(d, cap);
     d->work = malloc(sizeof(float) * d->work_floats);
     d->corr = malloc(sizeof(float) * BLK * cap);
     d->pool = malloc(sizeof(int32_t) * cap);
