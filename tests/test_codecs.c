@@ -1264,6 +1264,65 @@ START_TEST(omp_gram_equals_naive)
 }
 END_TEST
 
+/* Growing codecs reserve their per-atom arrays as atoms are appended (the appended part of
+ * the capacity doubles from 64). Hundreds of appends cross several reallocations: stored
+ * rows, atoms and reference counts must come through each one intact, Gram mode must still
+ * give naive mode's codes, and growth_cap must stop the growth inside a step. */
+START_TEST(growth_across_reallocations)
+{
+    struct tdict d;
+    tdict_init(&d, 96, 32, 8, 1, 91);
+    struct tgen g = {.n_use = 96, .k_gen = 3, .noise = 0.01, .p_novel_prefill = 0.2,
+                     .p_novel = 0.9, .n_dirs = 0, .zero_every = 0};
+    struct tstream s;
+    tstream_init(&s, &d, 8, 12, 200, &g, 92);
+    const char *names[] = {"lexico-adp", "gm", "pl"};
+    for (int k = 0; k < 3; k++) {
+        const struct fk_codec_ops *ops = codec(names[k]);
+        for (int capped = 0; capped < 2; capped++) {
+            void *o = opts_small(ops, 4, 16);
+            opt_enum(ops, o, "coef", "fp32");
+            opt_set(ops, o, "delta_k", 0.1);
+            if (capped)
+                opt_set(ops, o, "growth_cap", 100);
+            struct tcheck c = {.what = CK_PAST | CK_ATOMS | CK_REFCOUNT, .N = d.N,
+                               .delta = 0.5};
+            c.snap = malloc(sizeof(float) * (size_t)s.T * s.H * s.m);
+            struct trun r;
+            trun_stream(&r, ops, o, &d, &s, 0, check_hook, &c);
+            struct fk_stream_stats st = stats_of(&r);
+            ck_assert_int_eq(st.n_atoms, d.N + (int)st.appends);
+            if (capped) {
+                REQUIRE(st.appends == 100 && st.growth_capped > 0,
+                        "%s: growth_cap 100: %llu appends, %llu capped", names[k],
+                        (unsigned long long)st.appends, (unsigned long long)st.growth_capped);
+            } else {
+                REQUIRE(st.appends > 64 + 128 + 256, "%s: only %llu appends", names[k],
+                        (unsigned long long)st.appends);
+            }
+            if (k == 0) { /* the same stream in naive mode: no Gram rows at all */
+                void *on = opts_small(ops, 4, 16);
+                opt_enum(ops, on, "coef", "fp32");
+                opt_enum(ops, on, "omp_mode", "naive");
+                opt_set(ops, on, "delta_k", 0.1);
+                if (capped)
+                    opt_set(ops, on, "growth_cap", 100);
+                struct trun rn;
+                trun_stream(&rn, ops, on, &d, &s, 0, NULL, NULL);
+                assert_same_codes(&r, &rn, s.T * s.H);
+                trun_close(&rn);
+                free(on);
+            }
+            trun_close(&r);
+            free(o);
+            tcheck_free(&c);
+        }
+    }
+    free(s.x);
+    tdict_free(&d);
+}
+END_TEST
+
 /* ---- 11. analytical cost model (spec 10.7) -------------------------------------------- */
 
 static double c_omp(int m, int N, int s)
@@ -1496,6 +1555,7 @@ static Suite *codecs_suite(void)
     tcase_add_test(tc, memory_accounting);
     tcase_add_test(tc, fp8_saturation_counted);
     tcase_add_test(tc, omp_gram_equals_naive);
+    tcase_add_test(tc, growth_across_reallocations);
     tcase_add_test(tc, cost_model);
     tcase_add_test(tc, stored_error_is_encoder_error);
     tcase_add_test(tc, fadkv_pending_code_keeps_its_atoms);
