@@ -505,6 +505,9 @@ static int cmd_sweep(int argc, char **argv)
                 s->name, s->n_cells, todo, sh_n > 1 ? " in this shard" : "", s->jobs,
                 s->output);
     rc = 0;
+    struct fk_replay_pool *pool = NULL; /* Gram buffers from cell to cell (optional) */
+    if (fk_replay_pool_new(&pool) < 0)
+        pool = NULL;
     for (int c = 0; c < s->n_cells && !g_stop; c++) {
         struct fk_sweep_cell *cell = &s->cells[c];
         if (c % sh_n != sh_i)
@@ -552,7 +555,8 @@ static int cmd_sweep(int argc, char **argv)
                                     .attn_stride = s->attn_stride,
                                     .attn_layers = s->attn_layers, .recall = s->recall,
                                     .recall_every = s->recall_every, .stop = &g_stop,
-                                    .progress = on_progress, .progress_ctx = &pg};
+                                    .progress = on_progress, .progress_ctx = &pg,
+                                    .pool = pool};
         struct fk_cell_input in = {.ops = cell->ops, .opts = cell->opts,
                                    .traces = L->traces, .n_traces = ds->n_traces,
                                    .dict = (cell->ops->caps & FK_CAP_DICT) ? L->dict : NULL};
@@ -612,6 +616,7 @@ static int cmd_sweep(int argc, char **argv)
     }
     if (fk_results_tables(s->output, ids, s->n_cells) < 0 && !rc)
         rc = fail("writing cells.csv");
+    fk_replay_pool_free(&pool);
     free_loaded(s, ld);
     free(ids);
     if (g_stop) {

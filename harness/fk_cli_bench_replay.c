@@ -61,6 +61,29 @@ static int kernel_trace_data(struct fk_trace *t, const struct fk_dict *dict,
     return rc;
 }
 
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static double median(const double *v, int n)
+{
+    double t[16];
+    memcpy(t, v, sizeof(double) * (size_t)n);
+    qsort(t, (size_t)n, sizeof *t, cmp_double);
+    return n % 2 ? t[n / 2] : 0.5 * (t[n / 2 - 1] + t[n / 2]);
+}
+
+static void print_list(const double *v, int n, const char *fmt)
+{
+    for (int i = 0; i < n; i++) {
+        if (i)
+            printf(", ");
+        printf(fmt, v[i]);
+    }
+}
+
 static double now_s(void)
 {
     struct timespec ts;
@@ -120,12 +143,12 @@ static void rows_agree(const struct fk_cell_result *a, const struct fk_cell_resu
 }
 
 static int run(const struct fk_cell_input *in, int jobs, int attention, int stride,
-               int reference, const uint8_t *layers, struct fk_cell_result *res,
-               struct timing *t)
+               int reference, const uint8_t *layers, struct fk_replay_pool *pool,
+               struct fk_cell_result *res, struct timing *t)
 {
     struct fk_replay_opts ro = {.jobs = jobs, .attention = attention, .attn_stride = stride,
                                 .recall = 0, .recall_every = 8, .reference = reference,
-                                .layers = layers, .row_hashes = layers != NULL};
+                                .layers = layers, .row_hashes = layers != NULL, .pool = pool};
     double t0 = now_s();
     int rc = fk_replay_cell(in, &ro, res);
     if (t)
@@ -139,11 +162,13 @@ static void usage(FILE *f)
 {
     fprintf(f, "usage: fadkv-bench bench replay [--config FILE] [--jobs N] [--ref-layers K]\n"
                "       [--scale-layers K] [--no-kernel] [--no-attention] [--overhead]\n"
-               "       [--only CODEC]\n"
+               "       [--only CODEC] [--rounds R]\n"
                "Runs every cell of FILE (default configs/bench-3b.toml) and prints vectors/s,\n"
                "a time breakdown and peak memory; then lexico optimised vs reference mode on\n"
-               "the first K layers (default 2), lexico at 1 vs 2 threads on the first K layers\n"
-               "(default 8), and the OMP kernel benchmark at the same N, m, s.\n"
+               "the first K layers (default 2); then R interleaved rounds (default 3, at most\n"
+               "15) of lexico at 1 and 2 threads on the first K layers (default 8) and the OMP\n"
+               "kernel benchmark at the same N, m, s (synthetic data and the trace's own\n"
+               "layer 0 keys), with the median of each round's ratios.\n"
                "--overhead also replays each cell without attention right after it and prints\n"
                "the extra time of attention fidelity, per cell and in total.\n");
 }
@@ -152,6 +177,7 @@ int fk_cli_bench_replay(int argc, char **argv)
 {
     const char *config = "configs/bench-3b.toml", *only = NULL;
     int jobs = 0, ref_layers = 2, scale_layers = 8, kernel = 1, no_attn = 0, overhead = 0;
+    int rounds = 3;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--config") && v) {
@@ -165,6 +191,9 @@ int fk_cli_bench_replay(int argc, char **argv)
             i++;
         } else if (!strcmp(a, "--scale-layers") && v) {
             scale_layers = atoi(v);
+            i++;
+        } else if (!strcmp(a, "--rounds") && v) {
+            rounds = atoi(v);
             i++;
         } else if (!strcmp(a, "--only") && v) {
             only = v;
@@ -201,6 +230,9 @@ int fk_cli_bench_replay(int argc, char **argv)
         rc = fk_dict_load(ds->dict, &dict);
     if (rc == FK_OK)
         rc = fk_results_prepare(s->output);
+    struct fk_replay_pool *pool = NULL; /* Gram buffers from run to run, as in a sweep */
+    if (rc == FK_OK)
+        rc = fk_replay_pool_new(&pool);
     if (rc < 0) {
         fprintf(stderr, "fadkv-bench bench replay: %s\n", fk_errmsg());
         fk_sweep_free(&s);
@@ -229,7 +261,7 @@ int fk_cli_bench_replay(int argc, char **argv)
                                    .dict = (cell->ops->caps & FK_CAP_DICT) ? dict : NULL};
         struct fk_cell_result res;
         struct timing t = {0};
-        rc = run(&in, s->jobs, s->attention, s->attn_stride, 0, NULL, &res, &t);
+        rc = run(&in, s->jobs, s->attention, s->attn_stride, 0, NULL, pool, &res, &t);
         if (rc < 0)
             break;
         double w0 = now_s();
@@ -252,7 +284,7 @@ int fk_cli_bench_replay(int argc, char **argv)
             /* the same cell without attention, right away: both halves of the ratio see
              * the machine in the same state */
             struct timing t0 = {0};
-            rc = run(&in, s->jobs, 0, s->attn_stride, 0, NULL, &res, &t0);
+            rc = run(&in, s->jobs, 0, s->attn_stride, 0, NULL, pool, &res, &t0);
             if (rc < 0)
                 break;
             fk_cell_result_free(&res);
@@ -298,9 +330,15 @@ int fk_cli_bench_replay(int argc, char **argv)
                                    .n_traces = ds->n_traces, .dict = dict};
         struct fk_cell_result a, b;
         struct timing ta = {0}, tb = {0};
-        rc = run(&in, 1, 0, 16, 0, mask, &a, &ta);
+        /* untimed: both worker slots of the pool hold their Gram buffers before any timed
+         * run, so no run below pays first-touch page faults the other does not */
+        rc = run(&in, 2, 0, 16, 0, mask, pool, &a, NULL);
+        if (rc == FK_OK) {
+            fk_cell_result_free(&a);
+            rc = run(&in, 1, 0, 16, 0, mask, pool, &a, &ta);
+        }
         if (rc == FK_OK)
-            rc = run(&in, 1, 0, 16, 1, mask, &b, &tb);
+            rc = run(&in, 1, 0, 16, 1, mask, pool, &b, &tb);
         if (rc == FK_OK) {
             long same = 0, rows = 0;
             rows_agree(&a, &b, &same, &rows);
@@ -315,60 +353,76 @@ int fk_cli_bench_replay(int argc, char **argv)
         memset(mask, 0, (size_t)ti->n_layers);
         for (int l = 0; l < ti->n_layers && l < scale_layers; l++)
             mask[l] = 1;
-        struct timing t1 = {0}, t2 = {0};
-        if (rc == FK_OK)
-            rc = run(&in, 1, 0, 16, 0, mask, &a, &t1);
-        if (rc == FK_OK) {
+        /* Interleaved rounds (1 thread, 2 threads, kernel on synthetic data, kernel on the
+         * trace's data): each ratio is taken within a round, from measurements seconds
+         * apart, and the median over rounds is reported; on a shared VM one measurement
+         * of each side minutes apart can be off by 20%. */
+        struct fk_bench_omp_cfg kc;
+        fk_bench_omp_defaults(&kc);
+        kc.n_atoms = dict->n_atoms;
+        kc.dim = dict->head_dim;
+        kc.sparsity = (int)fk_opts_get(lo, fk_codec_option(lx, "s"));
+        kc.threads = 1;
+        kc.repeats = 3;
+        kc.naive_signals = 0;
+        struct fk_bench_omp_data kd[2];
+        memset(kd, 0, sizeof kd);
+        if (rc == FK_OK && kernel)
+            rc = fk_bench_omp_data_make(&kc, &kd[0]);
+        /* layer 0's K dictionary and the K rows of its decode tokens, in replay order */
+        if (rc == FK_OK && kernel)
+            rc = kernel_trace_data(tr[0], dict, &kd[1]);
+        enum { MAXR = 15 };
+        double v1[MAXR], v2[MAXR], sc[MAXR], kv[2][MAXR], kr_[2][MAXR];
+        int R = rounds < 1 ? 1 : rounds > MAXR ? MAXR : rounds;
+        uint64_t h2 = 0;
+        for (int r = 0; r < R && rc == FK_OK; r++) {
+            struct timing t1 = {0}, t2 = {0};
+            rc = run(&in, 1, 0, 16, 0, mask, pool, &a, &t1);
+            if (rc == FK_OK) {
+                fk_cell_result_free(&a);
+                rc = run(&in, 2, 0, 16, 0, mask, pool, &a, &t2);
+            }
+            if (rc < 0)
+                break;
+            h2 = supports_hash(&a, mask);
             fk_cell_result_free(&a);
-            rc = run(&in, 2, 0, 16, 0, mask, &a, &t2);
-        }
-        if (rc == FK_OK) {
-            uint64_t h2 = supports_hash(&a, mask);
-            fk_cell_result_free(&a);
-            printf("lexico, first %d layer(s), no attention: 1 thread %.0f vec/s, 2 threads "
-                   "%.0f vec/s: %.2fx (supports hash %016llx at 2 threads)\n",
-                   scale_layers, t1.vectors / t1.wall, t2.vectors / t2.wall, t1.wall / t2.wall,
-                   (unsigned long long)h2);
-            if (kernel) {
-                struct fk_bench_omp_cfg kc;
-                fk_bench_omp_defaults(&kc);
-                kc.n_atoms = dict->n_atoms;
-                kc.dim = dict->head_dim;
-                const struct fk_option *os = fk_codec_option(lx, "s");
-                kc.sparsity = (int)fk_opts_get(lo, os);
-                kc.threads = 1;
-                kc.naive_signals = 0;
-                struct fk_bench_omp_data kd;
-                struct fk_bench_omp_result kr;
-                rc = fk_bench_omp_data_make(&kc, &kd);
-                if (rc == FK_OK) {
-                    rc = fk_bench_omp_run(&kc, &kd, &kr, NULL);
-                    fk_bench_omp_data_clear(&kd);
-                }
-                if (rc == FK_OK)
-                    printf("OMP kernel benchmark (N %d, m %d, s %d, 1 thread), synthetic data: "
-                           "%.0f vec/s; lexico replay at 1 thread = %.0f%% of it\n",
-                           kc.n_atoms, kc.dim, kc.sparsity, kr.e2e_vps,
-                           100.0 * (t1.vectors / t1.wall) / kr.e2e_vps);
-                /* the same kernel on the replay's own data: layer 0's K dictionary and the K
-                 * rows of its decode tokens, in the replay's (token, head) order */
-                if (rc == FK_OK)
-                    rc = kernel_trace_data(tr[0], dict, &kd);
-                if (rc == FK_OK) {
-                    rc = fk_bench_omp_run(&kc, &kd, &kr, NULL);
-                    int nsig = kd.n_signals;
-                    fk_bench_omp_data_clear(&kd);
-                    if (rc == FK_OK)
-                        printf("OMP kernel benchmark, the trace's layer 0 keys (%d decode vectors) "
-                               "with their dictionary: %.0f vec/s; lexico replay at 1 thread = "
-                               "%.0f%% of it\n", nsig, kr.e2e_vps,
-                               100.0 * (t1.vectors / t1.wall) / kr.e2e_vps);
-                }
+            v1[r] = t1.vectors / t1.wall;
+            v2[r] = t2.vectors / t2.wall;
+            sc[r] = t1.wall / t2.wall;
+            for (int k = 0; k < 2 && kernel && rc == FK_OK; k++) {
+                struct fk_bench_omp_result kres;
+                rc = fk_bench_omp_run(&kc, &kd[k], &kres, NULL);
+                kv[k][r] = kres.e2e_vps;
+                kr_[k][r] = v1[r] / kres.e2e_vps;
             }
         }
+        if (rc == FK_OK) {
+            printf("lexico, first %d layer(s), no attention, %d interleaved round(s) (median; "
+                   "each round):\n  1 thread %.0f vec/s, 2 threads %.0f vec/s: %.2fx (", scale_layers,
+                   R, median(v1, R), median(v2, R), median(sc, R));
+            print_list(sc, R, "%.2f");
+            printf("); supports hash %016llx at 2 threads\n", (unsigned long long)h2);
+            for (int k = 0; k < 2 && kernel; k++) {
+                if (k == 0)
+                    printf("  OMP kernel benchmark (N %d, m %d, s %d, 1 thread), synthetic data: ",
+                           kc.n_atoms, kc.dim, kc.sparsity);
+                else
+                    printf("  OMP kernel benchmark on the trace's layer 0 keys (%d decode vectors) "
+                           "with their dictionary: ", kd[1].n_signals);
+                printf("%.0f vec/s; lexico replay at 1 thread = %.0f%% of it (", median(kv[k], R),
+                       100 * median(kr_[k], R));
+                for (int r = 0; r < R; r++)
+                    printf("%s%.0f%%", r ? ", " : "", 100 * kr_[k][r]);
+                printf(")\n");
+            }
+        }
+        fk_bench_omp_data_clear(&kd[0]);
+        fk_bench_omp_data_clear(&kd[1]);
     }
     free(mask);
     free(lo);
+    fk_replay_pool_free(&pool);
     for (int i = 0; i < ds->n_traces; i++)
         fk_trace_close(&tr[i]);
     free(tr);

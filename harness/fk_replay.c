@@ -31,6 +31,62 @@ struct fk_stream_result *fk_cell_stream(struct fk_cell_result *r, int trace, int
     return &r->streams[((size_t)trace * r->n_layers + layer) * 2 + kind];
 }
 
+/* ---- Gram buffer pool ------------------------------------------------------------------ */
+
+struct fk_replay_pool {
+    int n;             /* worker slots */
+    float *(*gram)[2]; /* [n] the K and V Gram buffers of worker j */
+    size_t *cap;       /* [n] their capacity in floats */
+};
+
+int fk_replay_pool_new(struct fk_replay_pool **out)
+{
+    *out = calloc(1, sizeof **out);
+    return *out ? FK_OK : fk_err(FK_ENOMEM, "out of memory");
+}
+
+static void pool_release(struct fk_replay_pool *p)
+{
+    for (int j = 0; j < p->n; j++) {
+        free(p->gram[j][0]);
+        free(p->gram[j][1]);
+        p->gram[j][0] = p->gram[j][1] = NULL;
+        p->cap[j] = 0;
+    }
+}
+
+void fk_replay_pool_free(struct fk_replay_pool **pool)
+{
+    if (!pool || !*pool)
+        return;
+    pool_release(*pool);
+    free((*pool)->gram);
+    free((*pool)->cap);
+    free(*pool);
+    *pool = NULL;
+}
+
+/* Room for `jobs` worker slots (new slots empty). */
+static int pool_reserve(struct fk_replay_pool *p, int jobs)
+{
+    if (jobs <= p->n)
+        return FK_OK;
+    float *(*g)[2] = realloc(p->gram, sizeof *g * (size_t)jobs);
+    if (g)
+        p->gram = g;
+    size_t *c = realloc(p->cap, sizeof *c * (size_t)jobs);
+    if (c)
+        p->cap = c;
+    if (!g || !c)
+        return fk_err(FK_ENOMEM, "out of memory");
+    for (int j = p->n; j < jobs; j++) {
+        g[j][0] = g[j][1] = NULL;
+        c[j] = 0;
+    }
+    p->n = jobs;
+    return FK_OK;
+}
+
 /* ---- per-worker state ------------------------------------------------------------------ */
 
 struct worker {
@@ -65,6 +121,7 @@ struct worker {
                                   * 64 MiB buffer per unit costs more in page faults than the
                                   * SSYRK itself) */
     size_t cap_gram;
+    int pooled;                  /* gram[] came from (and go back to) the pool's slot */
     size_t cap_kv, cap_kv1;      /* capacities of kv in bytes */
     size_t cap_q, cap_ev, cap_ev_n; /* capacities in elements */
     double t_io, t_encode, t_attn, t_metrics, t_gram;
@@ -733,11 +790,24 @@ int fk_replay_cell(const struct fk_cell_input *in, const struct fk_replay_opts *
     int max_atoms = in->dict ? in->dict->n_atoms : 1;
     if (in->ops->caps & FK_CAP_GROWS)
         max_atoms = 32767;
+    struct fk_replay_pool *pool = ro->pool;
+    if (pool && !(in->ops->caps & FK_CAP_GRAM))
+        pool_release(pool);
+    else if (pool && rc == FK_OK)
+        rc = pool_reserve(pool, jobs);
     for (int j = 0; j < jobs && rc == FK_OK; j++) {
         ws[j] = (struct worker){.in = in, .ro = ro, .res = out, .lock = &lock, .next = &next,
                                 .failed = &failed, .errmsg = errmsg,
                                 .units_done = &units_done, .units_total = units_total,
                                 .vectors_done = &vectors_done};
+        if (pool && (in->ops->caps & FK_CAP_GRAM)) { /* the worker owns them until it ends */
+            ws[j].gram[0] = pool->gram[j][0];
+            ws[j].gram[1] = pool->gram[j][1];
+            ws[j].cap_gram = pool->cap[j];
+            pool->gram[j][0] = pool->gram[j][1] = NULL;
+            pool->cap[j] = 0;
+            ws[j].pooled = 1;
+        }
         ws[j].rec = malloc(sizeof(float) * (size_t)i0->head_dim);
         if (!ws[j].rec)
             rc = fk_err(FK_ENOMEM, "out of memory");
@@ -773,6 +843,12 @@ int fk_replay_cell(const struct fk_cell_input *in, const struct fk_replay_opts *
         out->t_attn += ws[j].t_attn;
         out->t_metrics += ws[j].t_metrics;
         out->t_gram += ws[j].t_gram;
+        if (ws[j].pooled) {
+            pool->gram[j][0] = ws[j].gram[0];
+            pool->gram[j][1] = ws[j].gram[1];
+            pool->cap[j] = ws[j].cap_gram;
+            ws[j].gram[0] = ws[j].gram[1] = NULL;
+        }
         worker_free(&ws[j]);
     }
     for (size_t i = 0; rc == FK_OK && i < 2 * n; i++)

@@ -228,8 +228,19 @@ static void make_dict(const char *path, int L, int N, int d)
     free(a);
 }
 
+static void run_cell_pool(const char *codec, struct fk_trace **tr, int n_tr,
+                          const struct fk_dict *dict, int jobs, int attention,
+                          struct fk_replay_pool *pool, struct fk_cell_result *res);
+
 static void run_cell(const char *codec, struct fk_trace **tr, int n_tr, const struct fk_dict *dict,
                      int jobs, int attention, struct fk_cell_result *res)
+{
+    run_cell_pool(codec, tr, n_tr, dict, jobs, attention, NULL, res);
+}
+
+static void run_cell_pool(const char *codec, struct fk_trace **tr, int n_tr,
+                          const struct fk_dict *dict, int jobs, int attention,
+                          struct fk_replay_pool *pool, struct fk_cell_result *res)
 {
     const struct fk_codec_ops *ops = fk_codec_find(codec);
     ck_assert_ptr_nonnull(ops);
@@ -244,7 +255,7 @@ static void run_cell(const char *codec, struct fk_trace **tr, int n_tr, const st
     struct fk_cell_input in = {.ops = ops, .opts = o, .traces = tr, .n_traces = n_tr,
                                .dict = dict};
     struct fk_replay_opts ro = {.jobs = jobs, .attention = attention, .attn_stride = 3,
-                                .recall = 1, .recall_every = 4};
+                                .recall = 1, .recall_every = 4, .pool = pool};
     int rc = fk_replay_cell(&in, &ro, res);
     ck_assert_msg(rc == FK_OK, "%s: %s", codec, fk_errmsg());
     free(o);
@@ -521,6 +532,50 @@ START_TEST(test_reference_mode)
 }
 END_TEST
 
+/* Gram buffers passed from cell to cell through a pool (dictionaries of two sizes, a growing
+ * codec, a cell without Gram that releases them, different job counts) give the results of
+ * cells that allocate their own. */
+START_TEST(test_pool)
+{
+    char p[512], d1[512], d2[512];
+    snprintf(p, sizeof p, "%s/pool.h5", tmpdir);
+    snprintf(d1, sizeof d1, "%s/pool-d32.h5", tmpdir);
+    snprintf(d2, sizeof d2, "%s/pool-d96.h5", tmpdir);
+    make_trace(p, 3, 4, 2, 16, 60, 30);
+    make_dict(d1, 3, 32, 16);
+    make_dict(d2, 3, 96, 16);
+    struct fk_trace *tr;
+    struct fk_dict *small, *large;
+    ck_assert_int_eq(fk_trace_open(p, &tr), FK_OK);
+    ck_assert_int_eq(fk_dict_load(d1, &small), FK_OK);
+    ck_assert_int_eq(fk_dict_load(d2, &large), FK_OK);
+    struct {
+        const char *codec;
+        const struct fk_dict *dict;
+        int jobs;
+    } seq[] = {{"lexico", small, 2}, {"lexico-adp", large, 2}, {"lexico", small, 1},
+               {"gm", large, 2},     {"lexico", large, 2},     {"lexico-adp", large, 1}};
+    struct fk_replay_pool *pool;
+    ck_assert_int_eq(fk_replay_pool_new(&pool), FK_OK);
+    for (size_t i = 0; i < sizeof seq / sizeof seq[0]; i++) {
+        struct fk_cell_result a, b;
+        run_cell_pool(seq[i].codec, &tr, 1, seq[i].dict, seq[i].jobs, 1, pool, &a);
+        run_cell(seq[i].codec, &tr, 1, seq[i].dict, seq[i].jobs, 1, &b);
+        if (!strcmp(seq[i].codec, "lexico"))
+            ck_assert(a.t_gram > 0);
+        assert_same(&a, &b);
+        fk_cell_result_free(&a);
+        fk_cell_result_free(&b);
+    }
+    fk_replay_pool_free(&pool);
+    ck_assert_ptr_null(pool);
+    fk_replay_pool_free(&pool); /* a freed pool is NULL; freeing it again is a no-op */
+    fk_dict_free(&small);
+    fk_dict_free(&large);
+    fk_trace_close(&tr);
+}
+END_TEST
+
 static Suite *replay_suite(void)
 {
     Suite *s = suite_create("replay");
@@ -533,6 +588,7 @@ static Suite *replay_suite(void)
     tcase_add_test(tc, test_refusals);
     tcase_add_test(tc, test_results_commit);
     tcase_add_test(tc, test_reference_mode);
+    tcase_add_test(tc, test_pool);
     suite_add_tcase(s, tc);
     return s;
 }
