@@ -93,8 +93,8 @@ struct dc {
                                   * block: a doubling block held two copies at its peak) */
     int ga_cols, ga_slots;       /* appended-atom columns of each row; pointer slots */
     uint32_t *ref_count, *prefill_use, *use_total; /* [acap] */
-    int32_t *last_use;           /* [acap] decode step of the last use */
-    double *ema;                 /* [acap] activity, lazily decayed */
+    int32_t *last_use;           /* [acap] decode step of the last use (replace only) */
+    double *ema;                 /* [acap] activity, lazily decayed (replace only) */
     uint8_t *is_adapted;         /* [acap] */
     int32_t *pinned;             /* [acap] event id that pinned the atom */
     int event_id;
@@ -396,6 +396,8 @@ static void use_atom(struct dc *d, int j, int phase, int step, int delta)
         d->prefill_use[j]++;
         return;
     }
+    if (d->v.adapt != ADAPT_REPLACE)
+        return; /* only a replacement reads the activity (a pow per atom use saved) */
     int dt = step - d->last_use[j];
     d->ema[j] = d->ema[j] * pow(d->o.ema_gamma, dt > 0 ? dt : 0) + 1.0;
     d->last_use[j] = step;
