@@ -376,8 +376,10 @@ int fk_cli_bench_replay(int argc, char **argv)
         double v1[MAXR], v2[MAXR], sc[MAXR], kv[2][MAXR], kr_[2][MAXR];
         int R = rounds < 1 ? 1 : rounds > MAXR ? MAXR : rounds;
         uint64_t h2 = 0;
+        struct timing t1 = {0};
         for (int r = 0; r < R && rc == FK_OK; r++) {
-            struct timing t1 = {0}, t2 = {0};
+            struct timing t2 = {0};
+            t1 = (struct timing){0};
             rc = run(&in, 1, 0, 16, 0, mask, pool, &a, &t1);
             if (rc == FK_OK) {
                 fk_cell_result_free(&a);
@@ -403,6 +405,11 @@ int fk_cli_bench_replay(int argc, char **argv)
                    R, median(v1, R), median(v2, R), median(sc, R));
             print_list(sc, R, "%.2f");
             printf("); supports hash %016llx at 2 threads\n", (unsigned long long)h2);
+            double rest = t1.wall - t1.gram - t1.corr - t1.code - t1.io - t1.metrics;
+            printf("  1 thread, last round: %.2f s = Gram %.2f + correlation SGEMMs %.2f + greedy "
+                   "loops %.2f + trace I/O %.2f + metrics %.2f + rest %.2f (%.1f us per vector "
+                   "outside the kernel's two parts)\n", t1.wall, t1.gram, t1.corr, t1.code, t1.io,
+                   t1.metrics, rest, 1e6 * (t1.wall - t1.corr - t1.code) / t1.vectors);
             for (int k = 0; k < 2 && kernel; k++) {
                 if (k == 0)
                     printf("  OMP kernel benchmark (N %d, m %d, s %d, 1 thread), synthetic data: ",
