@@ -220,12 +220,13 @@ static int write_provenance(const struct fk_sweep *s, int jobs)
                      "  \"config\": \"%s\",\n  \"config_hash\": \"%s\",\n"
                      "  \"sweep\": \"%s\",\n  \"cells\": %d,\n  \"jobs\": %d,\n"
                      "  \"hdf5\": \"%u.%u.%u\",\n  \"gsl\": \"%s\",\n  \"openblas\": \"%s\",\n"
+                     "  \"openblas_kernels\": \"%s\",\n"
                      "  \"blas_threads_per_worker\": 1,\n  \"cpu\": \"%s\",\n"
                      "  \"online_cpus\": %ld,\n  \"precision\": \"float32 data, float32 BLAS "
                      "dot products, double triangular solves and energies\"\n}\n",
                      FK_VERSION, FK_GIT_VERSION, s->path, s->config_hash, s->name, s->n_cells,
-                     jobs, maj, min, rel, gsl_version, openblas_get_config(), cpu,
-                     sysconf(_SC_NPROCESSORS_ONLN));
+                     jobs, maj, min, rel, gsl_version, openblas_get_config(),
+                     openblas_get_corename(), cpu, sysconf(_SC_NPROCESSORS_ONLN));
     char p[4200];
     snprintf(p, sizeof p, "%s/provenance.json", s->output);
     FK_TRY(fk_write_atomic(p, buf, (size_t)n));

@@ -8,6 +8,7 @@
  * lexico at 1 and 2 worker threads; and the OMP kernel benchmark at the same N, m, s, so
  * every target is a ratio measured here.
  */
+#include <cblas.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -240,10 +241,10 @@ int fk_cli_bench_replay(int argc, char **argv)
     }
     const struct fk_trace_info *ti = fk_trace_get_info(tr[0]);
     printf("bench replay: %s: %d trace(s), %d layers, %d/%d heads, head_dim %d, %d tokens "
-           "(%d prefill), N = %d, %d job(s), attention %s (stride %d)\n",
+           "(%d prefill), N = %d, %d job(s), attention %s (stride %d), OpenBLAS %s kernels\n",
            config, ds->n_traces, ti->n_layers, ti->n_q_heads, ti->n_kv_heads, ti->head_dim,
            ti->n_tokens, ti->prompt_len, dict ? dict->n_atoms : 0, s->jobs,
-           s->attention ? "on" : "off", s->attn_stride);
+           s->attention ? "on" : "off", s->attn_stride, openblas_get_corename());
     printf("\n%-11s %8s %9s %7s | %6s %6s %6s %6s %6s %6s %6s %6s  (CPU s, summed over threads)\n",
            "codec", "wall s", "vectors", "vec/s", "io", "gram", "corr", "code", "adapt", "attn",
            "metric", "write");
