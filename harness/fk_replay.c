@@ -375,6 +375,32 @@ static int encode_range(struct worker *w, const struct fk_codec_ops *ops, void *
     return FK_OK;
 }
 
+/* A static codec's decode blocks, ahead of time: replays the eviction schedule from comp
+ * and, whenever an eviction reaches past what is encoded, encodes the next block (at least
+ * STATIC_BLOCK tokens and the whole eviction, at most up to final_comp) with that
+ * eviction's step: the blocks and steps it would get if encoded during the decode loop. */
+static int encode_static_blocks(struct worker *w, const struct fk_codec_ops *ops, void *state,
+                                int kind, int H, int T, int m, int P, int n_b, int a_len,
+                                int comp, int final_comp, struct fk_stream_result *sr)
+{
+    int encoded = comp;
+    for (int t = P; t < T; t++) {
+        if (t - comp < n_b)
+            continue;
+        int ne = a_len < t - comp ? a_len : t - comp;
+        if (comp + ne > encoded) {
+            int end = encoded + STATIC_BLOCK;
+            end = end < comp + ne ? comp + ne : end;
+            end = end > final_comp ? final_comp : end;
+            FK_TRY(encode_range(w, ops, state, kind, w->kv[kind], H, T, m, encoded, end, 1,
+                                t - P, w->evict_step, sr));
+            encoded = end;
+        }
+        comp += ne;
+    }
+    return FK_OK;
+}
+
 /* Reads K or V of one layer as stored into w->kv[k] (grown to fit n values). */
 static int read_kv_locked(struct worker *w, struct fk_trace *t, int layer, int k, size_t n)
 {
@@ -503,9 +529,8 @@ static int replay_layer(struct worker *w, int ti, int layer, const struct fk_bas
      * point, so nothing else changes. */
     int static_blocks = (ops->caps & FK_CAP_STATIC) != 0;
     int final_comp = comp;
-    int32_t *es = NULL;
     if (static_blocks) {
-        es = realloc(w->evict_step, sizeof(int32_t) * ((size_t)T + 1));
+        int32_t *es = realloc(w->evict_step, sizeof(int32_t) * ((size_t)T + 1));
         if (!es) {
             rc = fk_err(FK_ENOMEM, "out of memory");
             goto out;
@@ -527,10 +552,9 @@ static int replay_layer(struct worker *w, int ti, int layer, const struct fk_bas
     for (int k = 0; k < 2 && rc == FK_OK; k++) {
         if (comp > 0)
             rc = encode_range(w, ops, st[k], k, w->kv[k], H, T, m, 0, comp, 0, -1, NULL, sr[k]);
-        for (int a = comp; static_blocks && a < final_comp && rc == FK_OK; a += STATIC_BLOCK) {
-            int b = a + STATIC_BLOCK < final_comp ? a + STATIC_BLOCK : final_comp;
-            rc = encode_range(w, ops, st[k], k, w->kv[k], H, T, m, a, b, 1, -1, es, sr[k]);
-        }
+        if (static_blocks && rc == FK_OK)
+            rc = encode_static_blocks(w, ops, st[k], k, H, T, m, P, n_b, a_len, comp,
+                                      final_comp, sr[k]);
     }
     struct fk_attn_acc *acc = &w->res->attn[(size_t)ti * w->res->n_layers + layer];
     for (int t = P; t < T && rc == FK_OK; t++) {
