@@ -66,6 +66,15 @@ void fk_replay_pool_free(struct fk_replay_pool **pool)
     *pool = NULL;
 }
 
+size_t fk_replay_pool_bytes(const struct fk_replay_pool *pool)
+{
+    size_t b = 0;
+    for (int j = 0; pool && j < pool->n; j++)
+        b += (size_t)(pool->gram[j][0] != NULL) * pool->cap[j] * sizeof(float) +
+             (size_t)(pool->gram[j][1] != NULL) * pool->cap[j] * sizeof(float);
+    return b;
+}
+
 /* Room for `jobs` worker slots (new slots empty). */
 static int pool_reserve(struct fk_replay_pool *p, int jobs)
 {

@@ -43,11 +43,15 @@ struct fk_replay_opts {
 
 /* Worker Gram buffers kept from one fk_replay_cell to the next. On the VM we measure on, a
  * fresh 64 MiB buffer costs 0.03 to 0.2 s of page faults (host and guest), paid by every
- * worker of every cell otherwise. A cell whose codec uses no Gram releases them, so idle
- * buffers never add to a cell's memory. One pool serves one fk_replay_cell at a time. */
+ * worker of every cell otherwise. The pool keeps one slot per worker of the largest job
+ * count seen, each with the buffers of the largest dictionary seen; a cell whose codec uses
+ * no Gram releases them all (reference-mode cells keep them). One pool serves one
+ * fk_replay_cell at a time. */
 struct fk_replay_pool;
 int fk_replay_pool_new(struct fk_replay_pool **out);
 void fk_replay_pool_free(struct fk_replay_pool **pool);
+/* Bytes of Gram buffers the pool holds between cells. */
+size_t fk_replay_pool_bytes(const struct fk_replay_pool *pool);
 
 /* Everything measured on one (trace, layer, kind) stream group. */
 struct fk_stream_result {

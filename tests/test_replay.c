@@ -555,8 +555,13 @@ START_TEST(test_pool)
         int jobs;
     } seq[] = {{"lexico", small, 2}, {"lexico-adp", large, 2}, {"lexico", small, 1},
                {"gm", large, 2},     {"lexico", large, 2},     {"lexico-adp", large, 1}};
+    /* bytes the pool holds after each cell: two N x N buffers per worker slot that has
+     * run, of the largest N seen since the last release; none after gm */
+    const size_t g32 = 2 * 32 * 32 * sizeof(float), g96 = 2 * 96 * 96 * sizeof(float);
+    const size_t held[] = {2 * g32, 2 * g96, 2 * g96, 0, 2 * g96, 2 * g96};
     struct fk_replay_pool *pool;
     ck_assert_int_eq(fk_replay_pool_new(&pool), FK_OK);
+    ck_assert_uint_eq(fk_replay_pool_bytes(pool), 0);
     for (size_t i = 0; i < sizeof seq / sizeof seq[0]; i++) {
         struct fk_cell_result a, b;
         run_cell_pool(seq[i].codec, &tr, 1, seq[i].dict, seq[i].jobs, 1, pool, &a);
@@ -564,6 +569,9 @@ START_TEST(test_pool)
         if (!strcmp(seq[i].codec, "lexico"))
             ck_assert(a.t_gram > 0);
         assert_same(&a, &b);
+        ck_assert_msg(fk_replay_pool_bytes(pool) == held[i], "after cell %zu (%s, %d jobs): "
+                      "the pool holds %zu bytes, expected %zu", i, seq[i].codec, seq[i].jobs,
+                      fk_replay_pool_bytes(pool), held[i]);
         fk_cell_result_free(&a);
         fk_cell_result_free(&b);
     }
