@@ -42,12 +42,12 @@ void fk_correlate(const struct fk_dict_view *d, const float *x, int nx, float *a
 
 float *fk_gram_alloc(size_t n_floats)
 {
-    enum { HUGE = 2 << 20 };
-    size_t bytes = (n_floats * sizeof(float) + HUGE - 1) / HUGE * HUGE;
-    float *g = aligned_alloc(HUGE, bytes ? bytes : HUGE);
+    enum { PAGE_2M = 2 << 20 };
+    size_t bytes = (n_floats * sizeof(float) + PAGE_2M - 1) / PAGE_2M * PAGE_2M;
+    float *g = aligned_alloc(PAGE_2M, bytes ? bytes : PAGE_2M);
 #ifdef MADV_HUGEPAGE
     if (g)
-        (void)madvise(g, bytes ? bytes : HUGE, MADV_HUGEPAGE); /* advice only: may be refused */
+        (void)madvise(g, bytes ? bytes : PAGE_2M, MADV_HUGEPAGE); /* advice only: may be refused */
 #endif
     return g;
 }
