@@ -227,6 +227,9 @@ static int write_provenance(const struct fk_sweep *s, int jobs)
                      FK_VERSION, FK_GIT_VERSION, s->path, s->config_hash, s->name, s->n_cells,
                      jobs, maj, min, rel, gsl_version, openblas_get_config(),
                      openblas_get_corename(), cpu, sysconf(_SC_NPROCESSORS_ONLN));
+    if (n < 0 || (size_t)n >= sizeof buf)
+        return fk_err(FK_EINVAL, "%s/provenance.json: %d bytes exceed %zu (config path or sweep "
+                      "name too long?)", s->output, n, sizeof buf - 1);
     char p[4200];
     snprintf(p, sizeof p, "%s/provenance.json", s->output);
     FK_TRY(fk_write_atomic(p, buf, (size_t)n));

@@ -338,8 +338,11 @@ int fk_cli_bench_replay(int argc, char **argv)
             fk_cell_result_free(&a);
             rc = run(&in, 1, 0, 16, 0, mask, pool, &a, &ta);
         }
-        if (rc == FK_OK)
+        if (rc == FK_OK) {
             rc = run(&in, 1, 0, 16, 1, mask, pool, &b, &tb);
+            if (rc < 0)
+                fk_cell_result_free(&a);
+        }
         if (rc == FK_OK) {
             long same = 0, rows = 0;
             rows_agree(&a, &b, &same, &rows);
