@@ -264,16 +264,20 @@ static size_t dc_work_floats(const struct dc *d, size_t n_atoms)
         (p) = np_;                                                                          \
     } while (0)
 
-/* Per-atom arrays for at least `need` atoms (need <= cap), zero-initialised (pinned: -1).
+/* Per-atom arrays for at least `need` atoms (need <= cap), zero-initialised (pinned: -1);
+ * dc_open allocates them with it (acap 0, need N).
  * The appended part of the capacity doubles (64, 128, ...): memory follows the atoms a
  * stream actually appends, not the worst case its length would allow (N + T x heads). */
 static int dc_reserve(struct dc *d, int need)
 {
     if (need <= d->acap)
         return FK_OK;
-    long n = (long)d->N + 2L * (d->acap - d->N);
-    n = n < (long)d->N + 64 ? (long)d->N + 64 : n;
-    n = n < need ? need : n;
+    long n = need; /* at open: exactly the base atoms */
+    if (d->acap > 0) {
+        n = (long)d->N + 2L * (d->acap - d->N);
+        n = n < (long)d->N + 64 ? (long)d->N + 64 : n;
+        n = n < need ? need : n;
+    }
     n = n > d->cap ? d->cap : n;
     size_t o = (size_t)d->acap, c = (size_t)n;
     if (d->atoms)
@@ -786,38 +790,21 @@ static int dc_open(const struct variant *v, const void *opts, const struct fk_st
         dc_close(d);
         return fk_err(FK_EINVAL, "omp_mode = gram needs the dictionary's Gram matrix");
     }
-    d->acap = d->N; /* grown by dc_reserve as atoms are appended */
-    size_t cap = (size_t)d->acap, T = (size_t)env->n_tokens + 1;
-    d->dead = calloc(cap, 1);
-    d->ref_count = calloc(cap, sizeof(uint32_t));
-    d->prefill_use = calloc(cap, sizeof(uint32_t));
-    d->use_total = calloc(cap, sizeof(uint32_t));
-    d->last_use = calloc(cap, sizeof(int32_t));
-    d->ema = calloc(cap, sizeof(double));
-    d->is_adapted = calloc(cap, 1);
-    d->pinned = malloc(cap * sizeof(int32_t));
+    size_t T = (size_t)env->n_tokens + 1;
     d->heads = calloc((size_t)env->n_heads, sizeof *d->heads);
-    d->work_floats = dc_work_floats(d, cap);
-    d->work = malloc(sizeof(float) * d->work_floats);
-    d->corr = malloc(sizeof(float) * BLK * cap);
-    d->pool = malloc(sizeof(int32_t) * cap);
     d->xbuf = malloc(sizeof(float) * (size_t)d->m);
     d->rbuf = malloc(sizeof(float) * (size_t)d->m);
-    int ok = d->dead && d->ref_count && d->prefill_use && d->use_total && d->last_use &&
-             d->ema && d->is_adapted && d->pinned && d->heads && d->work && d->corr &&
-             d->pool && d->xbuf && d->rbuf;
+    int ok = d->heads && d->xbuf && d->rbuf;
     for (int h = 0; ok && h < env->n_heads; h++) {
         d->heads[h].nnz = calloc(T, sizeof(int32_t));
         d->heads[h].idx = malloc(sizeof(int32_t) * T * (size_t)d->stride);
         d->heads[h].coef = malloc(sizeof(float) * T * (size_t)d->stride);
         ok = d->heads[h].nnz && d->heads[h].idx && d->heads[h].coef;
     }
-    if (!ok) {
+    if (!ok || dc_reserve(d, d->N) < 0) { /* per-atom arrays, grown as atoms are appended */
         dc_close(d);
         return fk_err(FK_ENOMEM, "out of memory (codec state)");
     }
-    for (size_t j = 0; j < cap; j++)
-        d->pinned[j] = -1;
     if (env->base->dead)
         memcpy(d->dead, env->base->dead, (size_t)d->N);
     *state = d;
