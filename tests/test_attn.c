@@ -5,10 +5,10 @@
  * cases, causality, skipped steps, and the metrics against an independent brute-force
  * oracle (log-ratio KL, sorted top-k).
  */
-#include "fk_attn.h"
-#include "fk_codec.h"
-#include "fk_dict.h"
-#include "fk_err.h"
+#include "engine/fk_attn.h"
+#include "core/fk_codec.h"
+#include "formats/fk_dict.h"
+#include "common/fk_err.h"
 
 #include <check.h>
 #include <gsl/gsl_randist.h>

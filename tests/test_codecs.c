@@ -10,10 +10,10 @@
  * top-s and of full OMP, bit-exact snapshots of past rows, byte and MAC formulas of the spec.
  * This file includes GSL and never <cblas.h>.
  */
-#include "fk_codec.h"
-#include "fk_dict.h"
-#include "fk_err.h"
-#include "fk_sparse.h"
+#include "core/fk_codec.h"
+#include "formats/fk_dict.h"
+#include "common/fk_err.h"
+#include "kernels/fk_sparse.h"
 
 #include <check.h>
 #include <gsl/gsl_errno.h>

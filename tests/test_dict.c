@@ -18,9 +18,9 @@
 #include <gsl/gsl_rng.h>
 #include <hdf5.h>
 
-#include "fk_dict.h"
-#include "fk_err.h"
-#include "fk_h5.h"
+#include "formats/fk_dict.h"
+#include "common/fk_err.h"
+#include "formats/fk_h5.h"
 
 enum { NL = 2, M = 8, NA = 16 }; /* layers, head_dim, atoms */
 

@@ -4,7 +4,7 @@
  * between consecutive codes rounds to the even code (and its float neighbours to the
  * nearer code), saturation is counted from 464 on, NaN and infinities are handled.
  */
-#include "fk_sparse.h"
+#include "kernels/fk_sparse.h"
 
 #include <check.h>
 #include <math.h>

@@ -12,10 +12,10 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "fk_err.h"
-#include "fk_llama2c.h"
-#include "fk_sha256.h"
-#include "fk_trace.h"
+#include "common/fk_err.h"
+#include "gen/fk_llama2c.h"
+#include "common/fk_sha256.h"
+#include "formats/fk_trace.h"
 
 static char models_dir[4096];
 

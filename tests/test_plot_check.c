@@ -7,9 +7,9 @@
  * handling, --update); the exporter skips figures with a note when the store lacks their data.
  * The end-to-end merge / shard test is tests/test_sweep_tools.sh.
  */
-#include "fk_err.h"
-#include "fk_plotdata.h"
-#include "fk_trace.h"
+#include "common/fk_err.h"
+#include "report/fk_plotdata.h"
+#include "formats/fk_trace.h"
 
 #include <check.h>
 #include <gsl/gsl_randist.h>

@@ -10,12 +10,12 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "fk_codec.h"
-#include "fk_dict.h"
-#include "fk_err.h"
-#include "fk_replay.h"
-#include "fk_results.h"
-#include "fk_trace.h"
+#include "core/fk_codec.h"
+#include "formats/fk_dict.h"
+#include "common/fk_err.h"
+#include "engine/fk_replay.h"
+#include "store/fk_results.h"
+#include "formats/fk_trace.h"
 
 static char tmpdir[256];
 

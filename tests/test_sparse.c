@@ -4,8 +4,8 @@
  * recomputed in double at every step, the naive mode, brute-force sorting for Top-n and a
  * GSL solve for the ridge refinement. This file includes GSL and never <cblas.h>.
  */
-#include "fk_err.h"
-#include "fk_sparse.h"
+#include "common/fk_err.h"
+#include "kernels/fk_sparse.h"
 
 #include <check.h>
 #include <gsl/gsl_linalg.h>

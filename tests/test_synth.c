@@ -16,9 +16,9 @@
 #include <gsl/gsl_matrix.h>
 #include <gsl/gsl_vector.h>
 
-#include "fk_err.h"
-#include "fk_synth.h"
-#include "fk_trace.h"
+#include "common/fk_err.h"
+#include "gen/fk_synth.h"
+#include "formats/fk_trace.h"
 
 struct layer {
     float *k, *v, *q;        /* [Hkv][T][d], [Hkv][T][d], [Hq][Tq][d] */

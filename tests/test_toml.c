@@ -15,8 +15,8 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "fk_err.h"
-#include "fk_toml.h"
+#include "common/fk_err.h"
+#include "common/fk_toml.h"
 
 /* Allocation for test scaffolding: a failure fails the test (never returns NULL). */
 static void *xrealloc(void *p, size_t n)

@@ -6,8 +6,8 @@
  * Invalid cases must be rejected with a "FILE:LINE:COL: " message. Skips when the corpus is
  * absent. The JSON reader below is test-only and minimal.
  */
-#include "fk_err.h"
-#include "fk_toml.h"
+#include "common/fk_err.h"
+#include "common/fk_toml.h"
 
 #include <check.h>
 #include <ctype.h>

@@ -21,8 +21,8 @@
 #include <gsl/gsl_rng.h>
 #include <hdf5.h>
 
-#include "fk_err.h"
-#include "fk_trace.h"
+#include "common/fk_err.h"
+#include "formats/fk_trace.h"
 
 #define MAXL 4
 

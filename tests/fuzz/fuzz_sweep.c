@@ -17,8 +17,8 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "fk_err.h"
-#include "fk_sweep.h"
+#include "common/fk_err.h"
+#include "engine/fk_sweep.h"
 
 int LLVMFuzzerInitialize(int *argc, char ***argv);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);

@@ -11,8 +11,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "fk_err.h"
-#include "fk_toml.h"
+#include "common/fk_err.h"
+#include "common/fk_toml.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

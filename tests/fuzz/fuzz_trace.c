@@ -24,10 +24,10 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "fk_dict.h"
-#include "fk_err.h"
-#include "fk_h5.h"
-#include "fk_trace.h"
+#include "formats/fk_dict.h"
+#include "common/fk_err.h"
+#include "formats/fk_h5.h"
+#include "formats/fk_trace.h"
 
 int LLVMFuzzerInitialize(int *argc, char ***argv);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);

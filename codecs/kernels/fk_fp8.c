@@ -1,0 +1,104 @@
+/* SPDX-License-Identifier: MIT
+ * Coefficient storage formats (spec: algorithms.md 3.7): FP8 E4M3FN (OCP FP8: bias 7,
+ * no infinities, NaN = S.1111.111, max 448, min subnormal 2^-9) and IEEE binary16.
+ * Both encoders round to nearest, ties to even, at every boundary including subnormals.
+ * FP8 saturates to +-448 (the harness policy) and counts |f| >= 464 as saturation.
+ */
+#include "kernels/fk_sparse.h"
+
+#include <math.h>
+#include <string.h>
+
+/* Round half to even of a non-negative double v < 2^52 (exact: floor and v - floor are
+ * exact in that range). */
+static double round_half_even(double v)
+{
+    double fl = floor(v);
+    double d = v - fl;
+    if (d > 0.5 || (d == 0.5 && fmod(fl, 2.0) != 0.0))
+        fl += 1.0;
+    return fl;
+}
+
+uint8_t fk_fp8_encode(double f, uint64_t *saturated)
+{
+    if (isnan(f))
+        return 0x7F;
+    uint8_t sgn = signbit(f) ? 0x80 : 0x00;
+    double a = fabs(f);
+    if (a >= 464.0) {
+        if (saturated)
+            (*saturated)++;
+        return sgn | 0x7E;
+    }
+    if (a < 0x1p-6) {
+        int q = (int)round_half_even(a * 0x1p9); /* 0..8; 8 encodes 2^-6 */
+        return sgn | (uint8_t)q;
+    }
+    int ex;
+    double fr = frexp(a, &ex); /* a = fr * 2^ex, fr in [0.5, 1) */
+    int e = ex - 1;
+    double mant = 2.0 * fr - 1.0; /* a / 2^e - 1, exact */
+    int q = (int)round_half_even(mant * 8.0);
+    if (q == 8) {
+        e += 1;
+        q = 0;
+    }
+    if (e > 8 || (e == 8 && q == 7)) { /* unreachable below 464; kept as the spec's guard */
+        if (saturated)
+            (*saturated)++;
+        return sgn | 0x7E;
+    }
+    return sgn | (uint8_t)(((e + 7) << 3) | q);
+}
+
+float fk_fp8_decode(uint8_t c)
+{
+    int e = (c >> 3) & 15, mt = c & 7;
+    double v;
+    if (e == 15 && mt == 7)
+        return NAN;
+    if (e == 0)
+        v = ldexp((double)mt, -9);
+    else
+        v = ldexp(1.0 + mt / 8.0, e - 7);
+    return (float)((c & 0x80) ? -v : v);
+}
+
+uint16_t fk_fp16_encode(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    uint16_t sign = (uint16_t)((u >> 16) & 0x8000u);
+    uint32_t au = u & 0x7FFFFFFFu;
+    if (au > 0x7F800000u) /* NaN: quiet, keep the top payload bits */
+        return sign | 0x7E00u | (uint16_t)((au >> 13) & 0x1FFu);
+    if (au >= 0x477FF000u) /* >= 65520 rounds to infinity (and +-inf itself) */
+        return sign | 0x7C00u;
+    if (au < 0x38800000u) { /* below 2^-14: subnormal half, unit 2^-24 */
+        float a;
+        memcpy(&a, &au, sizeof a);
+        int q = (int)round_half_even((double)a * 0x1p24); /* 0..1024; 1024 = 2^-14 */
+        return sign | (uint16_t)q;
+    }
+    uint32_t mant = au & 0x7FFFFFu;
+    uint32_t exp = ((au >> 23) & 0xFFu) - 127u + 15u;
+    uint32_t h = (exp << 10) | (mant >> 13);
+    uint32_t rem = mant & 0x1FFFu;
+    if (rem > 0x1000u || (rem == 0x1000u && (h & 1u)))
+        h++; /* a carry into the exponent is the correct rounding */
+    return sign | (uint16_t)h;
+}
+
+float fk_fp16_decode(uint16_t h)
+{
+    int e = (h >> 10) & 31, mt = h & 1023;
+    float v;
+    if (e == 31)
+        v = mt ? NAN : INFINITY;
+    else if (e == 0)
+        v = (float)ldexp((double)mt, -24);
+    else
+        v = (float)ldexp(1.0 + mt / 1024.0, e - 15);
+    return (h & 0x8000u) ? -v : v;
+}

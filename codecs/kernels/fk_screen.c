@@ -1,0 +1,477 @@
+/* SPDX-License-Identifier: MIT
+ * Top-n correlation screening (spec: algorithms.md 3.2) and ridge / damped Gauss-Newton
+ * coefficient refinement on a fixed support (spec 3.6).
+ *
+ * Top-n selects under the total order "larger |a| first, then smaller index", so the result
+ * is unique. |a_j| is ranked by an integer key built from its bit pattern (for non-negative
+ * floats the order of the bits is the numeric order): dead atoms 0, NaN 1, else bits + 2.
+ *   - small n (PL: n = s): one pass keeping the n best in a sorted list; a block of keys
+ *     whose largest key cannot enter the list is skipped after one vectorised max.
+ *   - larger n (GM: the pool), O(n_atoms): one vectorised pass computes every key; the
+ *     threshold t0 of a conservative rank among SAMPLE evenly spaced keys; one branch-free
+ *     pass collects the atoms with key >= t0 (a few more than n, ascending); the exact n-th
+ *     largest key among them comes from a radix select (bits 30..20, 19..9, 8..0), ties go
+ *     to the smaller index. When fewer than n atoms reach t0, every live atom is a
+ *     candidate (same result, slower).
+ * The pool comes out in ascending index order without sorting; only an ordered pool
+ * (sort != 0) is sorted, O(n log n). Integer keys: every clone gives the same result.
+ */
+#include "kernels/fk_sparse.h"
+
+#include "common/fk_err.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define TOPN_SMALL 32 /* n up to this: the sorted-list pass */
+#define TOPN_BLK 32   /* keys per block of the sorted-list pass */
+#define CHUNK 1024    /* atoms per call of the key pass */
+#define SAMPLE 256    /* keys sampled for the threshold estimate */
+#define CAND_SORT 64  /* candidates up to this: resolved by insertion sort */
+#define DL 16         /* double accumulator lanes of the refinement's inner products */
+#define RCHUNK 64     /* residual coordinates per chunk */
+
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__)
+#define FK_CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define FK_CLONES
+#endif
+
+/* Screening key of a live atom: order of keys = order of |a| (NaN lowest); always >= 1. */
+static inline int32_t screen_key(float v)
+{
+    uint32_t u;
+    memcpy(&u, &v, sizeof u);
+    int32_t b = (int32_t)(u & 0x7FFFFFFFu);
+    return b > 0x7F800000 ? 1 : b + 2;
+}
+
+/* Keys of len atoms into key; returns their largest key and adds the live count to *live. */
+FK_CLONES static int32_t keys_block(const float *restrict a, const uint8_t *restrict dead,
+                                    int len, int32_t *restrict key, int *live)
+{
+    int32_t mx = 0;
+    if (dead) {
+        int lv = 0;
+        for (int i = 0; i < len; i++) {
+            int32_t k = dead[i] ? 0 : screen_key(a[i]);
+            key[i] = k;
+            mx = k > mx ? k : mx;
+            lv += dead[i] == 0;
+        }
+        *live += lv;
+    } else {
+        for (int i = 0; i < len; i++) {
+            int32_t k = screen_key(a[i]);
+            key[i] = k;
+            mx = k > mx ? k : mx;
+        }
+        *live += len;
+    }
+    return mx;
+}
+
+/* Pair (ka, ia) precedes pair (kb, ib) in the screening order. */
+static int before(int32_t ka, int32_t ia, int32_t kb, int32_t ib)
+{
+    return ka > kb || (ka == kb && ia < ib);
+}
+
+static void sift_down(const int32_t *key, int32_t *id, int root, int end)
+{
+    for (;;) {
+        int ch = 2 * root + 1;
+        if (ch >= end)
+            return;
+        if (ch + 1 < end && before(key[id[ch]], id[ch], key[id[ch + 1]], id[ch + 1]))
+            ch++;
+        if (!before(key[id[root]], id[root], key[id[ch]], id[ch]))
+            return;
+        int32_t t = id[root];
+        id[root] = id[ch];
+        id[ch] = t;
+        root = ch;
+    }
+}
+
+/* Heapsort of n atom ids into screening order (first = largest key): a max-heap under
+ * "comes later", whose root is the id that belongs last. */
+static void sort_ids(const int32_t *key, int32_t *id, int n)
+{
+    for (int start = n / 2 - 1; start >= 0; start--)
+        sift_down(key, id, start, n);
+    for (int end = n - 1; end > 0; end--) {
+        int32_t t = id[0];
+        id[0] = id[end];
+        id[end] = t;
+        sift_down(key, id, 0, end);
+    }
+}
+
+static void sort_ascending(int32_t *v, int n)
+{
+    for (int i = 1; i < n; i++) {
+        int32_t t = v[i];
+        int p = i;
+        for (; p > 0 && v[p - 1] > t; p--)
+            v[p] = v[p - 1];
+        v[p] = t;
+    }
+}
+
+/* Small n: one pass keeping the best n (key desc, index asc) in a sorted list. Returns
+ * n_eff = min(n, live atoms). */
+static int topn_small(const float *a, const uint8_t *dead, int n_atoms, int n, int sort,
+                      int32_t *out)
+{
+    int32_t kb[TOPN_BLK], lk[TOPN_SMALL], li[TOPN_SMALL];
+    int cnt = 0, live = 0;
+    int32_t thr = 0; /* a key must exceed thr to enter: 0 (not dead) until the list is full */
+    for (int b0 = 0; b0 < n_atoms; b0 += TOPN_BLK) {
+        int len = n_atoms - b0 < TOPN_BLK ? n_atoms - b0 : TOPN_BLK;
+        int32_t mx = keys_block(a + b0, dead ? dead + b0 : NULL, len, kb, &live);
+        if (mx <= thr)
+            continue;
+        for (int i = 0; i < len; i++) {
+            int32_t k = kb[i];
+            if (k <= thr)
+                continue;
+            /* later atoms lose ties, so k goes after every key >= k */
+            int p = cnt < n ? cnt : n - 1;
+            for (; p > 0 && lk[p - 1] < k; p--) {
+                lk[p] = lk[p - 1];
+                li[p] = li[p - 1];
+            }
+            lk[p] = k;
+            li[p] = b0 + i;
+            if (cnt < n)
+                cnt++;
+            if (cnt == n)
+                thr = lk[n - 1];
+        }
+    }
+    memcpy(out, li, sizeof(int32_t) * (size_t)cnt);
+    if (!sort)
+        sort_ascending(out, cnt);
+    return cnt;
+}
+
+/* The bin holding the r-th largest (1-based) of hist[0 .. top]; *above = count above it. */
+static int find_bin(const uint32_t *hist, int top, int r, int *above)
+{
+    int cum = 0;
+    for (int b = top; b > 0; b--) {
+        if (cum + (int)hist[b] >= r) {
+            *above = cum;
+            return b;
+        }
+        cum += (int)hist[b];
+    }
+    *above = cum;
+    return 0;
+}
+
+/* Descending insertion of k into kbuf[0 .. n). */
+static void insert_desc(int32_t *kbuf, int n, int32_t k)
+{
+    int p = n;
+    for (; p > 0 && kbuf[p - 1] < k; p--)
+        kbuf[p] = kbuf[p - 1];
+    kbuf[p] = k;
+}
+
+/* Radix select levels: key bits 30..20, 19..9, 8..0. */
+static const int lev_shift[3] = {20, 9, 0};
+static const int lev_bins[3] = {2048, 2048, 512};
+
+/* The r-th largest (1-based, 1 <= r <= nc) of the keys key[idx[i]], i < nc (idx NULL:
+ * key[i]); radix select, insertion sort once few remain. Reads only; for large nc with
+ * heavy ties at the threshold. */
+static int32_t kth_key_masked(const int32_t *key, const int32_t *idx, int nc, int r)
+{
+    uint32_t hist[2048];
+    int32_t kbuf[CAND_SORT];
+    int32_t prefix = 0, pmask = 0; /* keys still in play: (k & pmask) == prefix */
+    int cnt = nc;
+    for (int lev = 0; lev < 3; lev++) {
+        if (cnt <= CAND_SORT) {
+            int c = 0;
+            for (int i = 0; i < nc; i++) {
+                int32_t k = idx ? key[idx[i]] : key[i];
+                if ((k & pmask) == prefix)
+                    insert_desc(kbuf, c++, k);
+            }
+            return kbuf[r - 1];
+        }
+        int sh = lev_shift[lev], bm = lev_bins[lev] - 1, top = 0;
+        memset(hist, 0, sizeof(uint32_t) * (size_t)lev_bins[lev]);
+        for (int i = 0; i < nc; i++) {
+            int32_t k = idx ? key[idx[i]] : key[i];
+            if ((k & pmask) == prefix) {
+                int b = (k >> sh) & bm;
+                hist[b]++;
+                top = b > top ? b : top;
+            }
+        }
+        int above;
+        int b = find_bin(hist, top, r, &above);
+        r -= above;
+        cnt = (int)hist[b];
+        prefix |= (int32_t)b << sh;
+        pmask |= (int32_t)bm << sh;
+    }
+    return prefix;
+}
+
+/* The r-th largest (1-based, 1 <= r <= nc) of kb[0 .. nc) (overwritten): radix levels
+ * that keep only the chosen bin (branch-free), insertion sort once few remain. */
+static int32_t kth_key_inplace(int32_t *kb, int nc, int r)
+{
+    uint32_t hist[2048];
+    for (int lev = 0; lev < 3 && nc > CAND_SORT; lev++) {
+        int sh = lev_shift[lev], bm = lev_bins[lev] - 1, top = 0;
+        memset(hist, 0, sizeof(uint32_t) * (size_t)lev_bins[lev]);
+        for (int i = 0; i < nc; i++) {
+            int b = (kb[i] >> sh) & bm;
+            hist[b]++;
+            top = b > top ? b : top;
+        }
+        int above;
+        int b = find_bin(hist, top, r, &above);
+        r -= above;
+        int w = 0;
+        for (int i = 0; i < nc; i++) {
+            int32_t k = kb[i];
+            kb[w] = k;
+            w += ((k >> sh) & bm) == b;
+        }
+        nc = w;
+        if (lev == 2)
+            return kb[0]; /* all equal */
+    }
+    int32_t sorted[CAND_SORT];
+    for (int i = 0; i < nc; i++)
+        insert_desc(sorted, i, kb[i]);
+    return sorted[r - 1];
+}
+
+/* Appends to cand every atom of key[0 .. n) whose key is >= t0, in index order (branch-free:
+ * writes one slot past the count, and the count never exceeds the index). */
+static int collect(const int32_t *key, int n, int32_t t0, int32_t *cand)
+{
+    int nc = 0;
+    for (int j = 0; j < n; j++) {
+        cand[nc] = j;
+        nc += key[j] >= t0;
+    }
+    return nc;
+}
+
+#define KTH_STACK 2048 /* candidates whose keys are selected on a stack copy */
+
+/* Larger n (see the file comment). key, cand: n_atoms int32 each. Returns n_eff. */
+static int topn_large(const float *a, const uint8_t *dead, int n_atoms, int n, int32_t *out,
+                      int32_t *key, int32_t *cand)
+{
+    int live = 0;
+    for (int c0 = 0; c0 < n_atoms; c0 += CHUNK) {
+        int len = n_atoms - c0 < CHUNK ? n_atoms - c0 : CHUNK;
+        keys_block(a + c0, dead ? dead + c0 : NULL, len, key + c0, &live);
+    }
+    int n_eff = n < live ? n : live;
+    if (n_eff <= 0)
+        return 0;
+    int32_t t0 = 1; /* live atoms only */
+    if (n_atoms >= 4 * SAMPLE && n_eff < live) {
+        /* a rank q among SAMPLE evenly spaced keys with about 1.3 n + 6 strides of atoms
+         * above it; when fewer than n_eff atoms reach it, every live atom is a candidate */
+        int stride = n_atoms / SAMPLE;
+        int q = (int)(1.3 * n_eff * (double)SAMPLE / n_atoms) + 6;
+        if (q < SAMPLE / 2) {
+            int32_t sk[SAMPLE];
+            for (int i = 0; i < SAMPLE; i++)
+                sk[i] = key[i * stride];
+            t0 = kth_key_inplace(sk, SAMPLE, q);
+            t0 = t0 > 1 ? t0 : 1;
+        }
+    }
+    int nc = collect(key, n_atoms, t0, cand);
+    if (nc < n_eff)
+        nc = collect(key, n_atoms, 1, cand);
+    if (nc == n_eff) {
+        memcpy(out, cand, sizeof(int32_t) * (size_t)n_eff);
+        return n_eff;
+    }
+    int32_t thr;
+    if (nc <= KTH_STACK) {
+        int32_t kb[KTH_STACK];
+        for (int i = 0; i < nc; i++)
+            kb[i] = key[cand[i]];
+        thr = kth_key_inplace(kb, nc, n_eff);
+    } else {
+        thr = kth_key_masked(key, cand, nc, n_eff);
+    }
+    int gt = 0;
+    for (int i = 0; i < nc; i++)
+        gt += key[cand[i]] > thr;
+    int ties = n_eff - gt, w = 0;
+    for (int i = 0; i < nc; i++) { /* in place, branch-free: w <= i */
+        int32_t k = key[cand[i]];
+        int tie = (k == thr) & (ties > 0);
+        ties -= tie;
+        cand[w] = cand[i];
+        w += (k > thr) | tie;
+    }
+    memcpy(out, cand, sizeof(int32_t) * (size_t)n_eff);
+    return n_eff;
+}
+
+int fk_topn(const float *a, const uint8_t *dead, int n_atoms, int n, int sort, int32_t *out,
+            float *work)
+{
+    if (n <= 0 || n_atoms <= 0)
+        return 0;
+    if (n <= TOPN_SMALL)
+        return topn_small(a, dead, n_atoms, n, sort, out);
+    int32_t *key = (int32_t *)(void *)work, *cand = key + n_atoms;
+    int n_eff = topn_large(a, dead, n_atoms, n, out, key, cand);
+    if (sort && n_eff > 1)
+        sort_ids(key, out, n_eff);
+    return n_eff;
+}
+
+/* Sum of DL lanes in a fixed pairwise order. */
+static inline double lanes_sum(double *acc)
+{
+    for (int w = DL / 2; w >= 1; w /= 2)
+        for (int l = 0; l < w; l++)
+            acc[l] += acc[l + w];
+    return acc[0];
+}
+
+/* sum_i a_i b_i in double: exact float products, DL lanes, fixed order (vectorises; the
+ * same bits in every clone since there is no reassociation and no contraction). */
+FK_CLONES static double dot_fd(const float *restrict a, const float *restrict b, int m)
+{
+    double acc[DL] = {0};
+    int i = 0;
+    for (; i + DL <= m; i += DL)
+        for (int l = 0; l < DL; l++)
+            acc[l] += (double)a[i + l] * b[i + l];
+    for (int l = 0; i + l < m; l++)
+        acc[l] += (double)a[i + l] * b[i + l];
+    return lanes_sum(acc);
+}
+
+/* ||x - D_S gam||^2 and ||x||^2 in double (each residual coordinate subtracts the atoms in
+ * support order). */
+FK_CLONES static double resid_refine(const float *restrict atoms, const int32_t *idx,
+                                     const double *gam, int k, int m, const float *restrict x,
+                                     double *xx_out)
+{
+    double acc[DL] = {0}, accx[DL] = {0};
+    double r[RCHUNK];
+    for (int i0 = 0; i0 < m; i0 += RCHUNK) {
+        int len = m - i0 < RCHUNK ? m - i0 : RCHUNK;
+        for (int i = 0; i < len; i++)
+            r[i] = x[i0 + i];
+        for (int p = 0; p < k; p++) {
+            const float *restrict at = atoms + (size_t)idx[p] * m + i0;
+            double g = gam[p];
+            for (int i = 0; i < len; i++)
+                r[i] -= g * at[i];
+        }
+        for (int i = 0; i < len; i++) {
+            acc[i % DL] += r[i] * r[i];
+            accx[i % DL] += (double)x[i0 + i] * x[i0 + i];
+        }
+    }
+    *xx_out = lanes_sum(accx);
+    return lanes_sum(acc);
+}
+
+int fk_refine(const struct fk_dict_view *d, const float *x, double lambda0, double rho,
+              int iters, struct fk_code *code)
+{
+    if (!d || !x || !code || !d->atoms || d->m <= 0)
+        return fk_err(FK_EINVAL, "fk_refine: expected a dictionary view, x and a code");
+    int k = code->k, m = d->m;
+    if (k < 0 || k > FK_SMAX)
+        return fk_err(FK_EINVAL, "fk_refine: support size %d outside 0..%d", k, FK_SMAX);
+    if (iters < 1)
+        return fk_err(FK_EINVAL, "fk_refine: expected iters >= 1, got %d", iters);
+    if (!(lambda0 >= 0) || !(rho >= 0) || !isfinite(lambda0) || !isfinite(rho))
+        return fk_err(FK_EINVAL, "fk_refine: expected finite lambda0, rho >= 0, got %g, %g",
+                      lambda0, rho);
+    for (int l = 0; l < k; l++)
+        if (code->idx[l] < 0 || code->idx[l] >= d->n_atoms)
+            return fk_err(FK_EINVAL, "fk_refine: support entry %d is atom %d, outside 0..%d",
+                          l, (int)code->idx[l], d->n_atoms - 1);
+    for (int i = 0; i < m; i++)
+        if (!isfinite(x[i]))
+            return fk_err(FK_EINVAL, "fk_refine: input vector element %d is not finite", i);
+
+    double g[FK_SMAX * FK_SMAX];  /* (k, k) G_SS, row-major stride k */
+    double ch[FK_SMAX * FK_SMAX]; /* (k, k) lower Cholesky factor of G_SS + Lambda */
+    double as[FK_SMAX], gam[FK_SMAX], res[FK_SMAX];
+    for (int p = 0; p < k; p++) {
+        const float *dp = d->atoms + (size_t)code->idx[p] * m;
+        as[p] = dot_fd(dp, x, m);
+        for (int q = 0; q <= p; q++) {
+            double v = dot_fd(dp, d->atoms + (size_t)code->idx[q] * m, m);
+            g[p * k + q] = v;
+            g[q * k + p] = v;
+        }
+    }
+    for (int p = 0; p < k; p++) {
+        for (int q = 0; q <= p; q++) {
+            double v = g[p * k + q];
+            if (p == q)
+                v += lambda0 + rho * g[p * k + p];
+            for (int l = 0; l < q; l++)
+                v -= ch[p * k + l] * ch[q * k + l];
+            if (p == q) {
+                if (!(v > 0))
+                    return fk_err(FK_EINVAL,
+                                  "fk_refine: G_SS + Lambda not positive definite at row %d "
+                                  "(lambda0 = %g, rho = %g)",
+                                  p, lambda0, rho);
+                ch[p * k + p] = sqrt(v);
+            } else {
+                ch[p * k + q] = v / ch[q * k + q];
+            }
+        }
+    }
+    for (int p = 0; p < k; p++)
+        gam[p] = 0.0;
+    for (int it = 0; it < iters; it++) {
+        for (int p = 0; p < k; p++) {
+            double v = as[p];
+            for (int q = 0; q < k; q++)
+                v -= g[p * k + q] * gam[q];
+            res[p] = v;
+        }
+        for (int p = 0; p < k; p++) { /* M y = res */
+            double v = res[p];
+            for (int l = 0; l < p; l++)
+                v -= ch[p * k + l] * res[l];
+            res[p] = v / ch[p * k + p];
+        }
+        for (int p = k - 1; p >= 0; p--) { /* M^T dy = y */
+            double v = res[p];
+            for (int l = p + 1; l < k; l++)
+                v -= ch[l * k + p] * res[l];
+            res[p] = v / ch[p * k + p];
+        }
+        for (int p = 0; p < k; p++)
+            gam[p] += res[p];
+    }
+    double xx;
+    double e = resid_refine(d->atoms, code->idx, gam, k, m, x, &xx);
+    for (int p = 0; p < k; p++)
+        code->coef[p] = gam[p];
+    code->err2 = e;
+    code->xx = xx;
+    return FK_OK;
+}

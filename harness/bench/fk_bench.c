@@ -1,0 +1,578 @@
+/* SPDX-License-Identifier: MIT
+ * OMP kernel benchmark (see fk_bench.h). The synthetic data come from GSL's mt19937; the
+ * BLAS calls go through fk_sparse.h so that this file never includes <cblas.h> next to
+ * GSL's headers. Work is split into fixed blocks of signals that the worker threads take
+ * from an atomic counter; every signal is coded wholly by one thread with the same
+ * arithmetic, so the codes do not depend on the thread count (codes_hash shows it).
+ */
+#include "bench/fk_bench.h"
+
+#include "common/fk_err.h"
+
+#include <gsl/gsl_randist.h>
+#include <gsl/gsl_rng.h>
+#include <hdf5.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+void fk_bench_omp_defaults(struct fk_bench_omp_cfg *cfg)
+{
+    cfg->n_atoms = 4096;
+    cfg->dim = 128;
+    cfg->sparsity = 8;
+    cfg->n_signals = 16384;
+    cfg->threads = 1;
+    cfg->repeats = 5;
+    cfg->block = 256;
+    cfg->naive_signals = 2048;
+    cfg->noise = 0.05;
+    cfg->seed = 1;
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+void fk_bench_omp_data_clear(struct fk_bench_omp_data *data)
+{
+    if (!data)
+        return;
+    free(data->atoms);
+    free(data->signals);
+    memset(data, 0, sizeof *data);
+}
+
+static int data_alloc(struct fk_bench_omp_data *out, int n_atoms, int dim, int n_signals)
+{
+    memset(out, 0, sizeof *out);
+    out->n_atoms = n_atoms;
+    out->dim = dim;
+    out->n_signals = n_signals;
+    out->atoms = malloc((size_t)n_atoms * dim * sizeof(float));
+    out->signals = malloc((size_t)n_signals * dim * sizeof(float));
+    if (!out->atoms || !out->signals) {
+        fk_bench_omp_data_clear(out);
+        return fk_err(FK_ENOMEM, "bench omp: cannot allocate %d atoms and %d signals of %d",
+                      n_atoms, n_signals, dim);
+    }
+    return FK_OK;
+}
+
+int fk_bench_omp_data_make(const struct fk_bench_omp_cfg *cfg, struct fk_bench_omp_data *out)
+{
+    int n = cfg->n_atoms, m = cfg->dim, s = cfg->sparsity;
+    if (n < 1 || m < 1 || cfg->n_signals < 1 || s < 1 || s > n || s > FK_SMAX)
+        return fk_err(FK_EINVAL, "bench omp: expected atoms >= 1, dim >= 1, signals >= 1, "
+                      "1 <= sparsity <= min(atoms, %d); got %d, %d, %d, %d", FK_SMAX, n, m,
+                      cfg->n_signals, s);
+    FK_TRY(data_alloc(out, n, m, cfg->n_signals));
+    gsl_rng *rng = gsl_rng_alloc(gsl_rng_mt19937);
+    int *pick = malloc((size_t)s * sizeof *pick);
+    if (!rng || !pick) {
+        gsl_rng_free(rng);
+        free(pick);
+        fk_bench_omp_data_clear(out);
+        return fk_err(FK_ENOMEM, "bench omp: cannot allocate the RNG");
+    }
+    gsl_rng_set(rng, (unsigned long)cfg->seed);
+    for (int j = 0; j < n; j++) {
+        float *at = out->atoms + (size_t)j * m;
+        double nrm = 0.0;
+        for (int i = 0; i < m; i++) {
+            double v = gsl_ran_gaussian(rng, 1.0);
+            at[i] = (float)v;
+            nrm += v * v;
+        }
+        nrm = sqrt(nrm);
+        for (int i = 0; i < m; i++)
+            at[i] = (float)(at[i] / nrm);
+    }
+    for (int v = 0; v < cfg->n_signals; v++) {
+        float *x = out->signals + (size_t)v * m;
+        for (int i = 0; i < m; i++)
+            x[i] = (float)gsl_ran_gaussian(rng, cfg->noise);
+        for (int l = 0; l < s; l++) {
+            int j, dup;
+            do {
+                j = (int)gsl_rng_uniform_int(rng, (unsigned long)n);
+                dup = 0;
+                for (int q = 0; q < l; q++)
+                    dup |= pick[q] == j;
+            } while (dup);
+            pick[l] = j;
+            double c = gsl_ran_gaussian(rng, 1.0);
+            const float *at = out->atoms + (size_t)j * m;
+            for (int i = 0; i < m; i++)
+                x[i] = (float)(x[i] + c * at[i]);
+        }
+    }
+    free(pick);
+    gsl_rng_free(rng);
+    return FK_OK;
+}
+
+static int h5_write2(hid_t file, const char *path, const char *name, hid_t type, hsize_t d0,
+                     hsize_t d1, int rank, const void *buf)
+{
+    hsize_t dims[2] = {d0, d1};
+    hid_t sp = H5Screate_simple(rank, dims, NULL);
+    hid_t ds = sp < 0 ? -1 : H5Dcreate2(file, name, type, sp, H5P_DEFAULT, H5P_DEFAULT,
+                                        H5P_DEFAULT);
+    herr_t st = ds < 0 ? -1 : H5Dwrite(ds, type, H5S_ALL, H5S_ALL, H5P_DEFAULT, buf);
+    if (ds >= 0)
+        H5Dclose(ds);
+    if (sp >= 0)
+        H5Sclose(sp);
+    if (st < 0)
+        return fk_err(FK_EIO, "file %s: cannot write dataset /%s", path, name);
+    return FK_OK;
+}
+
+static int h5_attr(hid_t obj, const char *path, const char *name, hid_t type, const void *v)
+{
+    hid_t sp = H5Screate(H5S_SCALAR);
+    hid_t at = sp < 0 ? -1 : H5Acreate2(obj, name, type, sp, H5P_DEFAULT, H5P_DEFAULT);
+    herr_t st = at < 0 ? -1 : H5Awrite(at, type, v);
+    if (at >= 0)
+        H5Aclose(at);
+    if (sp >= 0)
+        H5Sclose(sp);
+    if (st < 0)
+        return fk_err(FK_EIO, "file %s: cannot write attribute %s", path, name);
+    return FK_OK;
+}
+
+int fk_bench_omp_data_write(const char *path, const struct fk_bench_omp_data *data,
+                            const struct fk_bench_omp_cfg *cfg)
+{
+    hid_t f = H5Fcreate(path, H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+    if (f < 0)
+        return fk_err(FK_EIO, "file %s: cannot create", path);
+    int rc = h5_write2(f, path, "dict", H5T_NATIVE_FLOAT, (hsize_t)data->n_atoms,
+                       (hsize_t)data->dim, 2, data->atoms);
+    if (rc == FK_OK)
+        rc = h5_write2(f, path, "signals", H5T_NATIVE_FLOAT, (hsize_t)data->n_signals,
+                       (hsize_t)data->dim, 2, data->signals);
+    int64_t sp = cfg->sparsity, seed = (int64_t)cfg->seed;
+    if (rc == FK_OK)
+        rc = h5_attr(f, path, "sparsity", H5T_NATIVE_INT64, &sp);
+    if (rc == FK_OK)
+        rc = h5_attr(f, path, "seed", H5T_NATIVE_INT64, &seed);
+    if (rc == FK_OK)
+        rc = h5_attr(f, path, "noise", H5T_NATIVE_DOUBLE, &cfg->noise);
+    if (H5Fclose(f) < 0 && rc == FK_OK)
+        rc = fk_err(FK_EIO, "file %s: cannot close", path);
+    return rc;
+}
+
+static int h5_read2(hid_t f, const char *path, const char *name, hsize_t dims[2], float **buf)
+{
+    hid_t ds = H5Dopen2(f, name, H5P_DEFAULT);
+    if (ds < 0)
+        return fk_err(FK_ECORRUPT, "file %s: dataset /%s: missing", path, name);
+    hid_t sp = H5Dget_space(ds);
+    int rank = sp < 0 ? -1 : H5Sget_simple_extent_ndims(sp);
+    if (rank != 2) {
+        if (sp >= 0)
+            H5Sclose(sp);
+        H5Dclose(ds);
+        return fk_err(FK_ECORRUPT, "file %s: dataset /%s: expected rank 2, got %d", path, name,
+                      rank);
+    }
+    H5Sget_simple_extent_dims(sp, dims, NULL);
+    H5Sclose(sp);
+    if (dims[0] < 1 || dims[1] < 1 || dims[0] > (1u << 28) || dims[1] > 65536) {
+        H5Dclose(ds);
+        return fk_err(FK_ECORRUPT, "file %s: dataset /%s: implausible shape (%llu, %llu)",
+                      path, name, (unsigned long long)dims[0], (unsigned long long)dims[1]);
+    }
+    *buf = malloc((size_t)(dims[0] * dims[1]) * sizeof(float));
+    herr_t st = *buf ? H5Dread(ds, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, *buf) : -1;
+    H5Dclose(ds);
+    if (st < 0) {
+        free(*buf);
+        *buf = NULL;
+        return fk_err(FK_EIO, "file %s: dataset /%s: cannot read as float32", path, name);
+    }
+    return FK_OK;
+}
+
+int fk_bench_omp_data_read(const char *path, struct fk_bench_omp_data *out)
+{
+    memset(out, 0, sizeof *out);
+    hid_t f = H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT);
+    if (f < 0)
+        return fk_err(FK_EIO, "file %s: cannot open as HDF5", path);
+    hsize_t dd[2], ds[2];
+    int rc = h5_read2(f, path, "dict", dd, &out->atoms);
+    if (rc == FK_OK)
+        rc = h5_read2(f, path, "signals", ds, &out->signals);
+    H5Fclose(f);
+    if (rc == FK_OK && dd[1] != ds[1])
+        rc = fk_err(FK_ECORRUPT, "file %s: dataset /signals: expected %llu columns like /dict, "
+                    "got %llu", path, (unsigned long long)dd[1], (unsigned long long)ds[1]);
+    if (rc != FK_OK) {
+        fk_bench_omp_data_clear(out);
+        return rc;
+    }
+    out->n_atoms = (int)dd[0];
+    out->dim = (int)dd[1];
+    out->n_signals = (int)ds[0];
+    for (size_t i = 0; i < (size_t)out->n_atoms * out->dim; i++)
+        if (!isfinite(out->atoms[i])) {
+            fk_bench_omp_data_clear(out);
+            return fk_err(FK_ECORRUPT, "file %s: dataset /dict: element %zu is not finite",
+                          path, i);
+        }
+    return FK_OK;
+}
+
+/* ---- timed kernel ---- */
+
+struct gram_store {
+    const float *g; /* (n, n) row-major Gram */
+    size_t n;       /* atoms */
+};
+
+static const float *gram_row_stored(void *ctx, int j, float *scratch)
+{
+    const struct gram_store *gs = ctx;
+    (void)scratch;
+    return gs->g + (size_t)j * gs->n;
+}
+
+enum job_mode { JOB_E2E, JOB_E2E1, JOB_GEMM };
+
+struct job {
+    const struct fk_dict_view *view; /* dictionary with Gram rows */
+    const float *x;                  /* (n, m) signals */
+    int n;                           /* signals */
+    int s;                           /* sparsity */
+    int block;                       /* signals per block */
+    enum job_mode mode;              /* e2e (batched greedy), e2e one vector at a time, or
+                                      * the SGEMM floor */
+    struct fk_code *codes;           /* (n) output of e2e */
+    struct fk_code *codes1;          /* (n) output of e2e one vector at a time */
+    atomic_int next;                 /* next block to take */
+    atomic_int rc;                   /* first error code (0 = none) */
+    char msg[256];                   /* its message (written once, by the failing thread) */
+};
+
+struct worker {
+    struct job *job; /* shared job */
+    float *abuf;     /* (block, n_atoms) correlations */
+    float *work;     /* fk_omp_batch_work_floats */
+};
+
+static void *worker_run(void *arg)
+{
+    struct worker *w = arg;
+    struct job *jb = w->job;
+    const struct fk_dict_view *v = jb->view;
+    size_t m = (size_t)v->m, na = (size_t)v->n_atoms;
+    for (;;) {
+        int b = atomic_fetch_add(&jb->next, 1);
+        long lo = (long)b * jb->block;
+        if (lo >= jb->n || atomic_load(&jb->rc) != 0)
+            break;
+        int cnt = (int)(jb->n - lo < jb->block ? jb->n - lo : jb->block);
+        fk_correlate(v, jb->x + (size_t)lo * m, cnt, w->abuf);
+        if (jb->mode == JOB_GEMM)
+            continue;
+        for (int i = 0; i < cnt; i++) {
+            int rc;
+            if (jb->mode == JOB_E2E) {
+                rc = fk_omp_gram_batch(v, cnt, jb->x + (size_t)lo * m, w->abuf, na, jb->s, 0.0,
+                                       w->work, &jb->codes[lo]);
+                i = cnt;
+            } else {
+                rc = fk_omp_gram(v, jb->x + (size_t)(lo + i) * m, w->abuf + (size_t)i * na,
+                                 jb->s, 0.0, w->work, &jb->codes1[lo + i]);
+            }
+            if (rc != FK_OK) {
+                int zero = 0;
+                if (atomic_compare_exchange_strong(&jb->rc, &zero, rc))
+                    snprintf(jb->msg, sizeof jb->msg, "%s", fk_errmsg());
+                return NULL;
+            }
+        }
+    }
+    return NULL;
+}
+
+static int run_job(struct job *jb, struct worker *ws, int threads, double *secs)
+{
+    pthread_t tid[FK_BENCH_MAX_THREADS];
+    atomic_store(&jb->next, 0);
+    atomic_store(&jb->rc, 0);
+    double t0 = now_s();
+    int started = 0;
+    for (int t = 1; t < threads; t++) {
+        ws[t].job = jb;
+        if (pthread_create(&tid[t], NULL, worker_run, &ws[t]) != 0)
+            break;
+        started = t;
+    }
+    ws[0].job = jb;
+    worker_run(&ws[0]);
+    for (int t = 1; t <= started; t++)
+        pthread_join(tid[t], NULL);
+    *secs = now_s() - t0;
+    if (started != threads - 1)
+        return fk_err(FK_EEXTERNAL, "bench omp: could not start %d threads", threads);
+    int rc = atomic_load(&jb->rc);
+    if (rc != 0)
+        return fk_err(rc, "bench omp: %s", jb->msg);
+    return FK_OK;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static double median(double *v, int n)
+{
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+static int cmp_i32(const void *a, const void *b)
+{
+    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    return (x > y) - (x < y);
+}
+
+static int same_support(const struct fk_code *a, const struct fk_code *b)
+{
+    if (a->k != b->k)
+        return 0;
+    int32_t x[FK_SMAX], y[FK_SMAX];
+    memcpy(x, a->idx, (size_t)a->k * sizeof *x);
+    memcpy(y, b->idx, (size_t)b->k * sizeof *y);
+    qsort(x, (size_t)a->k, sizeof *x, cmp_i32);
+    qsort(y, (size_t)b->k, sizeof *y, cmp_i32);
+    return !memcmp(x, y, (size_t)a->k * sizeof *x);
+}
+
+static uint64_t fnv(uint64_t h, const void *p, size_t n)
+{
+    const unsigned char *c = p;
+    for (size_t i = 0; i < n; i++) {
+        h ^= c[i];
+        h *= 1099511628211ull;
+    }
+    return h;
+}
+
+struct bench_bufs {
+    float *gram;          /* (N, N) */
+    float *abuf;          /* (threads, block, N) */
+    float *work;          /* (threads, wsz) */
+    struct fk_code *own;  /* (n) when the caller passed no codes */
+    struct fk_code *nv;   /* (naive_n) naive codes */
+    struct fk_code *one;  /* (n) codes of the one-vector-at-a-time greedy loop */
+    double *times;        /* (3 * repeats) */
+};
+
+static void bufs_free(struct bench_bufs *b)
+{
+    free(b->gram);
+    free(b->abuf);
+    free(b->work);
+    free(b->own);
+    free(b->nv);
+    free(b->one);
+    free(b->times);
+}
+
+int fk_bench_omp_run(const struct fk_bench_omp_cfg *cfg, const struct fk_bench_omp_data *data,
+                     struct fk_bench_omp_result *res, struct fk_code *codes)
+{
+    int N = data->n_atoms, m = data->dim, n = data->n_signals, s = cfg->sparsity;
+    int T = cfg->threads, R = cfg->repeats, B = cfg->block;
+    if (T < 1 || T > FK_BENCH_MAX_THREADS || R < 1 || B < 1 || s < 1 || s > FK_SMAX || n < 1)
+        return fk_err(FK_EINVAL, "bench omp: expected 1 <= threads <= %d, repeats >= 1, "
+                      "block >= 1, 1 <= sparsity <= %d; got %d, %d, %d, %d",
+                      FK_BENCH_MAX_THREADS, FK_SMAX, T, R, B, s);
+    if (B > n)
+        B = n;
+    memset(res, 0, sizeof *res);
+    int nn = cfg->naive_signals < n ? cfg->naive_signals : n;
+    nn = nn < 0 ? 0 : nn;
+    size_t wsz = (fk_omp_batch_work_floats(N, m, s) + 15) & ~(size_t)15;
+    struct bench_bufs bb = {0};
+    bb.gram = fk_gram_alloc((size_t)N * N);
+    bb.abuf = malloc((size_t)T * B * N * sizeof(float));
+    bb.work = malloc((size_t)T * wsz * sizeof(float));
+    bb.own = codes ? NULL : malloc((size_t)n * sizeof *bb.own);
+    bb.nv = malloc((size_t)(nn > 0 ? nn : 1) * sizeof *bb.nv);
+    bb.one = malloc((size_t)n * sizeof *bb.one);
+    bb.times = malloc((size_t)3 * R * sizeof(double));
+    if (!bb.gram || !bb.abuf || !bb.work || (!codes && !bb.own) || !bb.nv || !bb.one ||
+        !bb.times) {
+        bufs_free(&bb);
+        return fk_err(FK_ENOMEM, "bench omp: cannot allocate buffers (Gram %d x %d)", N, N);
+    }
+    if (!codes)
+        codes = bb.own;
+
+    res->blas_threads_saved = fk_blas_threads_get();
+    double t0 = now_s();
+    int rc = fk_gram_compute(data->atoms, N, m, bb.gram);
+    res->gram_s = now_s() - t0;
+    fk_blas_threads_set(1); /* workers call BLAS single-threaded */
+
+    struct gram_store gs = {bb.gram, (size_t)N};
+    struct fk_dict_view view = {.m = m, .n_atoms = N, .atoms = data->atoms, .dead = NULL,
+                                .gram_row = gram_row_stored, .gram_ctx = &gs};
+    struct worker ws[FK_BENCH_MAX_THREADS];
+    for (int t = 0; t < T; t++) {
+        ws[t].abuf = bb.abuf + (size_t)t * B * N;
+        ws[t].work = bb.work + (size_t)t * wsz;
+    }
+    struct job jb = {.view = &view, .x = data->signals, .n = n, .s = s, .block = B,
+                     .codes = codes, .codes1 = bb.one};
+    double dt;
+    /* warm-up: one pass of each kind (touches the Gram, buffers and BLAS) */
+    jb.mode = JOB_E2E;
+    if (rc == FK_OK)
+        rc = run_job(&jb, ws, T, &dt);
+    jb.mode = JOB_GEMM;
+    if (rc == FK_OK)
+        rc = run_job(&jb, ws, T, &dt);
+    double *te = bb.times, *tg = bb.times + R, *t1 = bb.times + 2 * R;
+    for (int r = 0; r < R && rc == FK_OK; r++) {
+        jb.mode = JOB_E2E;
+        rc = run_job(&jb, ws, T, &te[r]);
+        jb.mode = JOB_GEMM;
+        if (rc == FK_OK)
+            rc = run_job(&jb, ws, T, &tg[r]);
+        jb.mode = JOB_E2E1;
+        if (rc == FK_OK)
+            rc = run_job(&jb, ws, T, &t1[r]);
+    }
+    if (rc == FK_OK) {
+        res->e2e_min_s = te[0];
+        res->gemm_min_s = tg[0];
+        for (int r = 1; r < R; r++) {
+            res->e2e_min_s = te[r] < res->e2e_min_s ? te[r] : res->e2e_min_s;
+            res->gemm_min_s = tg[r] < res->gemm_min_s ? tg[r] : res->gemm_min_s;
+        }
+        res->e2e_med_s = median(te, R);
+        res->gemm_med_s = median(tg, R);
+        res->e2e_vps = n / res->e2e_med_s;
+        res->e2e1_vps = n / median(t1, R);
+        res->one_identical = 1;
+        for (int i = 0; i < n; i++) {
+            const struct fk_code *c = &codes[i], *o = &bb.one[i];
+            if (c->k != o->k || c->flags != o->flags || c->iters != o->iters ||
+                memcmp(c->idx, o->idx, (size_t)c->k * sizeof c->idx[0]) ||
+                memcmp(c->coef, o->coef, (size_t)c->k * sizeof c->coef[0]) ||
+                memcmp(&c->err2, &o->err2, sizeof c->err2))
+                res->one_identical = 0;
+        }
+        res->gemm_vps = n / res->gemm_med_s;
+        res->e2e_gflops = res->e2e_vps * (2.0 * m * N + (double)N * s * s) * 1e-9;
+        res->floor_ratio = res->e2e_med_s / res->gemm_med_s;
+        uint64_t h = 1469598103934665603ull;
+        double ksum = 0.0, esum = 0.0;
+        long ne = 0;
+        for (int i = 0; i < n; i++) {
+            const struct fk_code *c = &codes[i];
+            h = fnv(h, &c->k, sizeof c->k);
+            h = fnv(h, c->idx, (size_t)c->k * sizeof c->idx[0]);
+            h = fnv(h, c->coef, (size_t)c->k * sizeof c->coef[0]);
+            ksum += c->k;
+            if (c->xx > 0) {
+                esum += sqrt(c->err2 / c->xx);
+                ne++;
+            }
+            res->n_premature += (c->flags & FK_CODE_PREMATURE) != 0;
+            res->n_dependent += (c->flags & FK_CODE_DEPENDENT) != 0;
+        }
+        res->codes_hash = h;
+        res->mean_k = ksum / n;
+        res->mean_rel_err = ne ? esum / ne : 0.0;
+    }
+    /* naive reference: single thread, recomputes D^T r every iteration (a = NULL) */
+    if (rc == FK_OK && nn > 0) {
+        struct fk_dict_view nview = view;
+        nview.gram_row = NULL;
+        t0 = now_s();
+        for (int i = 0; i < nn && rc == FK_OK; i++)
+            rc = fk_omp_naive(&nview, data->signals + (size_t)i * m, NULL, NULL, 0, s, 0.0,
+                              bb.work, &bb.nv[i]);
+        double tn = now_s() - t0;
+        res->naive_n = nn;
+        res->naive_vps = nn / tn;
+        for (int i = 0; i < nn; i++)
+            res->agree_n += same_support(&bb.nv[i], &codes[i]);
+    }
+    fk_blas_threads_set(res->blas_threads_saved);
+    bufs_free(&bb);
+    return rc;
+}
+
+int fk_bench_omp_codes_write(const char *path, const struct fk_code *codes, int n, int s,
+                             const struct fk_bench_omp_result *res, int threads)
+{
+    if (n < 1 || s < 1 || s > FK_SMAX)
+        return fk_err(FK_EINVAL, "file %s: expected n >= 1 codes of sparsity 1..%d", path,
+                      FK_SMAX);
+    int32_t *idx = malloc((size_t)n * s * sizeof *idx);
+    double *coef = malloc((size_t)n * s * sizeof *coef);
+    int32_t *k = malloc((size_t)n * sizeof *k);
+    double *e2 = malloc((size_t)n * sizeof *e2);
+    double *xx = malloc((size_t)n * sizeof *xx);
+    int rc = FK_OK;
+    if (!idx || !coef || !k || !e2 || !xx)
+        rc = fk_err(FK_ENOMEM, "file %s: cannot allocate %d codes", path, n);
+    for (int i = 0; rc == FK_OK && i < n; i++) {
+        k[i] = codes[i].k;
+        e2[i] = codes[i].err2;
+        xx[i] = codes[i].xx;
+        for (int l = 0; l < s; l++) {
+            idx[(size_t)i * s + l] = l < codes[i].k ? codes[i].idx[l] : -1;
+            coef[(size_t)i * s + l] = l < codes[i].k ? codes[i].coef[l] : 0.0;
+        }
+    }
+    hid_t f = rc == FK_OK ? H5Fcreate(path, H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT) : -1;
+    if (rc == FK_OK && f < 0)
+        rc = fk_err(FK_EIO, "file %s: cannot create", path);
+    if (rc == FK_OK)
+        rc = h5_write2(f, path, "codes_idx", H5T_NATIVE_INT32, (hsize_t)n, (hsize_t)s, 2, idx);
+    if (rc == FK_OK)
+        rc = h5_write2(f, path, "codes_coef", H5T_NATIVE_DOUBLE, (hsize_t)n, (hsize_t)s, 2,
+                       coef);
+    if (rc == FK_OK)
+        rc = h5_write2(f, path, "codes_k", H5T_NATIVE_INT32, (hsize_t)n, 0, 1, k);
+    if (rc == FK_OK)
+        rc = h5_write2(f, path, "codes_err2", H5T_NATIVE_DOUBLE, (hsize_t)n, 0, 1, e2);
+    if (rc == FK_OK)
+        rc = h5_write2(f, path, "codes_xx", H5T_NATIVE_DOUBLE, (hsize_t)n, 0, 1, xx);
+    int64_t th = threads, sp = s;
+    if (rc == FK_OK && res)
+        rc = h5_attr(f, path, "vectors_per_s", H5T_NATIVE_DOUBLE, &res->e2e_vps);
+    if (rc == FK_OK)
+        rc = h5_attr(f, path, "threads", H5T_NATIVE_INT64, &th);
+    if (rc == FK_OK)
+        rc = h5_attr(f, path, "sparsity", H5T_NATIVE_INT64, &sp);
+    if (f >= 0 && H5Fclose(f) < 0 && rc == FK_OK)
+        rc = fk_err(FK_EIO, "file %s: cannot close", path);
+    free(idx);
+    free(coef);
+    free(k);
+    free(e2);
+    free(xx);
+    return rc;
+}

@@ -1,0 +1,94 @@
+/* SPDX-License-Identifier: MIT
+ * Kernel benchmark of the OMP core (spec: anchors.md B3): Batch-OMP in Gram mode end to end
+ * (block SGEMM correlations + greedy loops on the harness's own threads) against the
+ * correlation SGEMM alone on the same batch (the floor), a naive-mode reference on a
+ * subset, and support agreement Gram vs naive. Warm-up, then the median of repeats.
+ * No printing: the CLI (fk_cli_bench_omp.c) formats the result.
+ */
+#ifndef FK_BENCH_H
+#define FK_BENCH_H
+
+#include "kernels/fk_sparse.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+struct fk_bench_omp_cfg {
+    int n_atoms;       /* N, dictionary atoms */
+    int dim;           /* m, vector length */
+    int sparsity;      /* s, atoms per code (also of the synthetic signals) */
+    int n_signals;     /* signals in the timed batch */
+    int threads;       /* worker threads, 1..FK_BENCH_MAX_THREADS */
+    int repeats;       /* timed repeats after one warm-up, >= 1 */
+    int block;         /* signals per block (one SGEMM + greedy loops), >= 1 */
+    int naive_signals; /* subset coded in naive mode (speed + agreement); 0 = none */
+    double noise;      /* std of the Gaussian noise added per component of a signal */
+    uint64_t seed;     /* GSL mt19937 seed for the dictionary and signals */
+};
+
+#define FK_BENCH_MAX_THREADS 64
+
+/* Sets the defaults: N 4096, m 128, s 8, 16384 signals, 1 thread, 5 repeats, blocks of 256,
+ * 2048 naive signals, noise 0.05, seed 1. */
+void fk_bench_omp_defaults(struct fk_bench_omp_cfg *cfg);
+
+/* A dictionary and a batch of signals (owned; release with fk_bench_omp_data_clear). */
+struct fk_bench_omp_data {
+    int n_atoms;    /* N */
+    int dim;        /* m */
+    int n_signals;  /* rows of signals */
+    float *atoms;   /* (n_atoms, dim) row-major f32, unit-norm rows */
+    float *signals; /* (n_signals, dim) row-major f32 */
+};
+
+/* Random unit-norm Gaussian dictionary and structured signals: each is a combination of
+ * cfg->sparsity distinct atoms with N(0,1) coefficients plus N(0, noise^2) per component. */
+int fk_bench_omp_data_make(const struct fk_bench_omp_cfg *cfg, struct fk_bench_omp_data *out);
+/* HDF5 file with datasets /dict (N, m) and /signals (n, m), float32; attributes sparsity,
+ * seed, noise on the root group. */
+int fk_bench_omp_data_write(const char *path, const struct fk_bench_omp_data *data,
+                            const struct fk_bench_omp_cfg *cfg);
+int fk_bench_omp_data_read(const char *path, struct fk_bench_omp_data *out);
+void fk_bench_omp_data_clear(struct fk_bench_omp_data *data);
+
+struct fk_bench_omp_result {
+    double gram_s;          /* seconds to build G = D^T D (SSYRK + mirror), once */
+    double e2e_med_s;       /* end to end (SGEMM + greedy) seconds, median of repeats */
+    double e2e_min_s;       /* minimum of repeats */
+    double gemm_med_s;      /* correlation SGEMM alone on the same blocks, median */
+    double gemm_min_s;      /* minimum of repeats */
+    double e2e_vps;         /* vectors per second end to end (median) */
+    double gemm_vps;        /* vectors per second of the SGEMM floor (median) */
+    double e2e1_vps;        /* end to end with the greedy loops one vector at a time */
+    int one_identical;      /* 1: those codes are bit-identical to the batched ones */
+    double e2e_gflops;      /* effective GFLOP/s: (2 m N + N s^2) per vector */
+    double floor_ratio;     /* e2e_med_s / gemm_med_s (>= 1; 1 = the loop is free) */
+    double naive_vps;       /* naive mode, single thread, on the subset; 0 if none */
+    int naive_n;            /* signals in the naive subset */
+    int agree_n;            /* of them, supports identical as sets to Gram mode */
+    double mean_k;          /* mean atoms per code (Gram mode) */
+    double mean_rel_err;    /* mean sqrt(err2 / xx) over non-zero signals */
+    long n_premature;       /* codes flagged FK_CODE_PREMATURE */
+    long n_dependent;       /* codes flagged FK_CODE_DEPENDENT */
+    uint64_t codes_hash;    /* FNV-1a over (k, idx, coef bits) of all codes: equal hashes at
+                             * any thread count prove determinism */
+    int blas_threads_saved; /* OpenBLAS thread count restored at the end */
+};
+
+/* Runs the benchmark on data (cfg->n_atoms/dim/n_signals are taken from data). codes
+ * (nullable, data->n_signals entries) receives the Gram-mode codes of the last repeat.
+ * Allocates its buffers before any timed region. */
+int fk_bench_omp_run(const struct fk_bench_omp_cfg *cfg, const struct fk_bench_omp_data *data,
+                     struct fk_bench_omp_result *res, struct fk_code *codes);
+
+/* Writes codes to an HDF5 file (created or truncated): /codes_idx (n, s) int32 padded with
+ * -1, /codes_coef (n, s) float64 padded with 0, /codes_k (n) int32, /codes_err2 and
+ * /codes_xx (n) float64, attribute vectors_per_s (and threads, sparsity). */
+int fk_bench_omp_codes_write(const char *path, const struct fk_code *codes, int n, int s,
+                             const struct fk_bench_omp_result *res, int threads);
+
+/* CLI layer (harness/fk_cli_bench_omp.c): `bench omp` with argv[0] = "omp"; parses its own
+ * options, prints a table. Returns the process exit status (0, 1 on failure, 2 on usage). */
+int fk_cli_bench_omp(int argc, char **argv);
+
+#endif

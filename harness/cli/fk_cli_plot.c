@@ -1,0 +1,224 @@
+/* SPDX-License-Identifier: MIT
+ * `fadkv-bench plot RESULTS_DIR [--out DIR] [--format png|pdf|svg]...`: exports the figure
+ * data files and Table 4 from a results directory (fk_plotdata.c), then runs gnuplot on the
+ * scripts in plots/ (plots/README.md lists the figures).
+ */
+#include <errno.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "common/fk_err.h"
+#include "report/fk_plotdata.h"
+
+int fk_cli_plot(int argc, char **argv);
+
+static void plot_usage(FILE *f)
+{
+    fprintf(f, "usage: fadkv-bench plot RESULTS_DIR [--out DIR] [--format png|pdf|svg]...\n"
+               "  Writes DIR/data/*.dat (figure data), DIR/table4.md and DIR/table4.tex, and\n"
+               "  draws every figure with gnuplot (scripts in plots/, found via FK_SRCDIR,\n"
+               "  next to the executable or in the current directory).\n"
+               "  --out DIR      output directory (default RESULTS_DIR/figures)\n"
+               "  --format F     png, pdf or svg; repeatable (default: png and pdf)\n");
+}
+
+static int is_file(const char *p)
+{
+    struct stat sb;
+    return stat(p, &sb) == 0 && S_ISREG(sb.st_mode);
+}
+
+/* Finds plots/common.gp: $FK_SRCDIR/plots, then up from the executable, then ./plots. */
+static int find_plots(char *out, size_t cap)
+{
+    char p[PATH_MAX + 64];
+    const char *src = getenv("FK_SRCDIR");
+    if (src && *src) {
+        snprintf(p, sizeof p, "%s/plots/common.gp", src);
+        if (is_file(p)) {
+            snprintf(out, cap, "%s/plots", src);
+            return 0;
+        }
+    }
+    char exe[PATH_MAX];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (n > 0) {
+        exe[n] = 0;
+        char *s = strrchr(exe, '/');
+        if (s)
+            *s = 0;
+        static const char *const up[] = {"", "/..", "/../..", NULL};
+        for (int i = 0; up[i]; i++) {
+            snprintf(p, sizeof p, "%s%s/plots/common.gp", exe, up[i]);
+            if (is_file(p)) {
+                snprintf(out, cap, "%s%s/plots", exe, up[i]);
+                return 0;
+            }
+        }
+    }
+    if (is_file("plots/common.gp")) {
+        snprintf(out, cap, "plots");
+        return 0;
+    }
+    return -1;
+}
+
+static int gnuplot_on_path(void)
+{
+    const char *path = getenv("PATH");
+    if (!path)
+        return 0;
+    char *dup = strdup(path);
+    int found = 0;
+    for (char *d = dup ? strtok(dup, ":") : NULL; d && !found; d = strtok(NULL, ":")) {
+        char p[PATH_MAX];
+        snprintf(p, sizeof p, "%s/gnuplot", *d ? d : ".");
+        found = access(p, X_OK) == 0;
+    }
+    free(dup);
+    return found;
+}
+
+/* Appends name='value' (quotes doubled) to buf. */
+static void add_var(char *buf, size_t cap, const char *name, const char *value)
+{
+    size_t n = strlen(buf);
+    n += (size_t)snprintf(buf + n, cap - n, "%s='", name);
+    for (const char *p = value; *p && n + 4 < cap; p++) {
+        if (*p == '\'')
+            buf[n++] = '\'';
+        buf[n++] = *p;
+    }
+    snprintf(buf + n, cap - n, "'; ");
+}
+
+/* Runs gnuplot -e VARS SCRIPT; returns its exit status (or -1). */
+static int run_gnuplot(const char *vars, const char *script)
+{
+    fflush(stdout);
+    fflush(stderr);
+    pid_t pid = fork();
+    if (pid < 0)
+        return -1;
+    if (pid == 0) {
+        char *args[] = {"gnuplot", "-e", (char *)vars, (char *)script, NULL};
+        execvp("gnuplot", args);
+        _exit(127);
+    }
+    int st;
+    while (waitpid(pid, &st, 0) < 0)
+        if (errno != EINTR)
+            return -1;
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+int fk_cli_plot(int argc, char **argv)
+{
+    const char *res = NULL, *out = NULL;
+    const char *fmts[8];
+    int n_fmt = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            plot_usage(stdout);
+            return 0;
+        } else if (!strcmp(a, "--out") && i + 1 < argc) {
+            out = argv[++i];
+        } else if (!strcmp(a, "--format") && i + 1 < argc) {
+            const char *f = argv[++i];
+            if (strcmp(f, "png") && strcmp(f, "pdf") && strcmp(f, "svg")) {
+                fprintf(stderr, "fadkv-bench plot: --format %s: expected png, pdf or svg\n", f);
+                return 2;
+            }
+            if (n_fmt < 8)
+                fmts[n_fmt++] = f;
+        } else if (a[0] == '-' || res) {
+            fprintf(stderr, "fadkv-bench plot: unexpected argument '%s'\n", a);
+            plot_usage(stderr);
+            return 2;
+        } else {
+            res = a;
+        }
+    }
+    if (!res) {
+        plot_usage(stderr);
+        return 2;
+    }
+    if (!n_fmt) {
+        fmts[n_fmt++] = "png";
+        fmts[n_fmt++] = "pdf";
+    }
+    char outbuf[PATH_MAX];
+    if (!out) {
+        snprintf(outbuf, sizeof outbuf, "%s/figures", res);
+        out = outbuf;
+    }
+    char plots[PATH_MAX];
+    if (find_plots(plots, sizeof plots) < 0) {
+        fprintf(stderr, "fadkv-bench plot: cannot find the gnuplot scripts (plots/common.gp): "
+                        "set FK_SRCDIR to the source tree\n");
+        return 1;
+    }
+    double t0 = now_s();
+    struct fk_plot_set set;
+    if (fk_plotdata_export(res, out, &set) < 0) {
+        fprintf(stderr, "fadkv-bench plot: %s\n", fk_errmsg());
+        return 1;
+    }
+    printf("%s: %d finished cell(s), %d dataset(s); data files in %s/data\n", res, set.n_cells,
+           set.n_datasets, out);
+    if (set.table_md[0])
+        printf("Table 4: %s, %s\n", set.table_md, set.table_tex);
+    int have_gp = gnuplot_on_path();
+    if (!have_gp)
+        fprintf(stderr, "fadkv-bench plot: gnuplot not found on PATH (apt-get install "
+                        "gnuplot-nox); the data files and tables are written, no figures "
+                        "drawn\n");
+    int drawn = 0, skipped = 0, failed = 0;
+    for (int i = 0; i < set.n_figs; i++) {
+        const struct fk_plot_fig *f = &set.figs[i];
+        if (f->note[0]) {
+            printf("  skip %-28s %s\n", f->name, f->note);
+            skipped++;
+            continue;
+        }
+        if (!have_gp)
+            continue;
+        char script[PATH_MAX + 80];
+        snprintf(script, sizeof script, "%s/%s", plots, f->script);
+        for (int k = 0; k < n_fmt; k++) {
+            char vars[8192], path[PATH_MAX + 200];
+            snprintf(vars, sizeof vars, "%s", f->vars);
+            snprintf(path, sizeof path, "%s/%s.%s", out, f->name, fmts[k]);
+            add_var(vars, sizeof vars, "plotdir", plots);
+            add_var(vars, sizeof vars, "fmt", fmts[k]);
+            add_var(vars, sizeof vars, "out", path);
+            int rc = run_gnuplot(vars, script);
+            if (rc != 0) {
+                fprintf(stderr, "fadkv-bench plot: gnuplot failed (status %d) on %s for %s\n",
+                        rc, script, path);
+                failed++;
+            } else {
+                printf("  wrote %s\n", path);
+                drawn++;
+            }
+        }
+    }
+    printf("%d figure file(s) written, %d figure(s) skipped, %d failed, %.1f s\n", drawn,
+           skipped, failed, now_s() - t0);
+    fk_plotdata_free(&set);
+    return failed || !have_gp ? 1 : 0;
+}

@@ -1,0 +1,115 @@
+/* SPDX-License-Identifier: MIT
+ * The replay engine: drives a codec through the prefill/decode semantics of spec section 4
+ * for every (trace, layer, kind) of a cell, and observes every committed code.
+ *
+ * Work is split into units of one layer (all traces of the cell), so the layer's Gram
+ * matrices are built once and stay hot; units run on --jobs worker threads, each computing
+ * its unit wholly, and results land in fixed slots: the numbers do not depend on the
+ * thread count. Traces are read one (layer, kind) at a time: peak memory does not grow with
+ * the number of layers.
+ */
+#ifndef FK_REPLAY_H
+#define FK_REPLAY_H
+
+#include <signal.h>
+#include <stdint.h>
+
+#include "engine/fk_attn.h"
+#include "core/fk_codec.h"
+#include "formats/fk_dict.h"
+#include "formats/fk_trace.h"
+
+#define FK_HIST_BINS 24 /* log2 usage bins: 0, 1, 2-3, 4-7, ... */
+#define FK_RECALL_NS 8  /* recall@n for n = 8, 16, ..., 1024 */
+
+struct fk_replay_opts {
+    int jobs;                    /* worker threads (>= 1) */
+    int attention;               /* compute attention fidelity */
+    int attn_stride;             /* every k-th decode step */
+    const uint8_t *attn_layers;  /* [n_layers] 1 = evaluate, or NULL = all */
+    int recall;                  /* screened-pool recall diagnostics (dictionary codecs) */
+    int recall_every;            /* sub-sample prefill tokens for recall (default 8) */
+    volatile sig_atomic_t *stop; /* set by a signal handler: stop at the next unit */
+    int reference;               /* codecs run their straightforward reference algorithms */
+    int row_hashes;              /* keep a hash of every stored row's support (benchmarks) */
+    const uint8_t *layers;       /* [n_layers] 1 = replay this layer, or NULL = all (a layer
+                                  * left out keeps empty results: benchmarks use it) */
+    /* (optional) called after each unit (one layer of every trace), serialised by the
+     * engine: units done and in all, vectors coded so far in this cell */
+    void (*progress)(void *ctx, int units_done, int units_total, long vectors);
+    void *progress_ctx;
+    struct fk_replay_pool *pool; /* (optional) Gram buffers kept from cell to cell */
+};
+
+/* Worker Gram buffers kept from one fk_replay_cell to the next. On the VM we measure on, a
+ * fresh 64 MiB buffer costs 0.03 to 0.2 s of page faults (host and guest), paid by every
+ * worker of every cell otherwise. The pool keeps one slot per worker of the largest job
+ * count seen, each with the buffers of the largest dictionary seen; a cell whose codec uses
+ * no Gram releases them all (reference-mode cells keep them). One pool serves one
+ * fk_replay_cell at a time. */
+struct fk_replay_pool;
+int fk_replay_pool_new(struct fk_replay_pool **out);
+void fk_replay_pool_free(struct fk_replay_pool **pool);
+/* Bytes of Gram buffers the pool holds between cells. */
+size_t fk_replay_pool_bytes(const struct fk_replay_pool *pool);
+
+/* Everything measured on one (trace, layer, kind) stream group. */
+struct fk_stream_result {
+    long n_vectors;              /* coded vectors, zero vectors excluded */
+    long n_zero;                 /* zero vectors (excluded from error means) */
+    long n_prefill_coded;        /* of which coded in prefill */
+    double err_sum;              /* sum of relative errors of the stored rows */
+    double err_enc_sum;          /* sum of unquantised relative errors (what adaptation sees) */
+    double err_final_sum;        /* sum of errors re-measured with the final dictionary */
+    double res2_sum, x2_sum;     /* pooled energies ||x - x_hat||^2 and ||x||^2 */
+    double nnz_sum;              /* stored coefficients */
+    double cpu_s;                /* encoder thread CPU time, seconds */
+    struct fk_stream_stats st;   /* codec counters (pointer members are NULL) */
+    double inactive_after_prefill; /* fraction of base atoms unused by prefill codes (NaN: n/a) */
+    double gini;                 /* Gini coefficient of use_total (NaN: n/a) */
+    double top10_share;          /* share of uses going to the top 10% atoms */
+    double adapted_share;        /* share of uses going to adapted atoms */
+    uint32_t hist_prefill[FK_HIST_BINS], hist_total[FK_HIST_BINS]; /* usage histograms */
+    uint8_t *inactive;           /* [N] 1 = unused after prefill (for cross-prompt overlap) */
+    double bytes_buf, bytes_full;/* buffer and full-precision bytes (fp16 accounting) */
+    int n_tokens;                /* T of the trace */
+    int n_steps;                 /* decode steps */
+    float *dict_norm;            /* [n_steps] N_t / N after each decode step */
+    double *step_err;            /* [n_steps] sum of errors of vectors coded at that step */
+    int32_t *step_n;             /* [n_steps] their count */
+    double recall[FK_RECALL_NS]; /* mean recall@n of full-OMP atoms (NaN: not computed) */
+    double support_agree;        /* mean |S_screened & S_omp| / s at the cell's n */
+    double err_ratio;            /* mean e_screened / mean e_omp at the cell's n */
+    long recall_n;               /* vectors the recall was measured on */
+    double *corr_profile;        /* [256] mean sorted |D^T x| / max, or NULL */
+    uint64_t support_hash;       /* FNV-1a of every stored row's atom ids (sparse codecs) */
+    uint64_t *row_hash;          /* [n_row_hash] per stored row (head-major), when asked */
+    long n_row_hash;
+};
+
+struct fk_cell_result {
+    int n_traces, n_layers;
+    struct fk_stream_result *streams; /* [trace][layer][kind] */
+    struct fk_attn_acc *attn;         /* [trace][layer] */
+    double wall_s;                    /* wall time of the cell */
+    double t_io, t_encode, t_attn, t_metrics, t_gram; /* summed over workers, seconds */
+    long vectors;                     /* coded vectors in total */
+};
+
+struct fk_cell_input {
+    const struct fk_codec_ops *ops;
+    const void *opts;                 /* ops->opts_size bytes */
+    struct fk_trace *const *traces;   /* same head_dim and layer count */
+    int n_traces;
+    const struct fk_dict *dict;       /* required when ops->caps & FK_CAP_DICT */
+};
+
+int fk_replay_cell(const struct fk_cell_input *in, const struct fk_replay_opts *ro,
+                   struct fk_cell_result *out);
+void fk_cell_result_free(struct fk_cell_result *r);
+
+/* Replays one layer of one trace with an already opened pair of bases (tests use it). */
+struct fk_stream_result *fk_cell_stream(struct fk_cell_result *r, int trace, int layer,
+                                        int kind);
+
+#endif

@@ -1,0 +1,838 @@
+/* SPDX-License-Identifier: MIT
+ * Sweep resolution (see fk_sweep.h).
+ */
+#include "engine/fk_sweep.h"
+
+#include <glob.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "formats/fk_dict.h"
+#include "common/fk_err.h"
+#include "common/fk_sha256.h"
+#include "common/fk_toml.h"
+#include "formats/fk_trace.h"
+
+#define FK_HARNESS_VERSION "fadkv-bench-0.1"
+
+static const char *const paper_3b[] = {"s", "8", "n", "256", "lambda0", "1e-4", "rho", "0.2",
+                                       "delta_k", "0.5", "delta_v", "0.7", "n_b", "128",
+                                       "coef", "fp8", NULL};
+static const char *const paper_8b[] = {"s", "16", "n", "512", "lambda0", "1e-4", "rho", "0.2",
+                                       "delta_k", "0.5", "delta_v", "0.7", "n_b", "128",
+                                       "coef", "fp8", NULL};
+static const char *const lexico_cfg[] = {"n_b", "128", "a_len", "32", "coef", "fp8", NULL};
+
+const struct fk_preset fk_presets[] = {
+    {"paper-3b", "FAD-KV Table 5 for Llama-3.2-3B / Qwen3-4B: N=4096, s=8, n=256", paper_3b},
+    {"paper-4b", "FAD-KV Table 5 for Qwen3-4B (same as paper-3b)", paper_3b},
+    {"paper-8b", "FAD-KV Table 5 for Llama-3.1-8B: N=8192, s=16, n=512", paper_8b},
+    {"lexico-config", "Lexico's LexicoCacheConfig defaults: n_b=128, a_len=32", lexico_cfg},
+    {NULL, NULL, NULL},
+};
+
+/* ---- helpers ---------------------------------------------------------------------------- */
+
+static char *xstrdup(const char *s)
+{
+    char *d = s ? strdup(s) : NULL;
+    return d;
+}
+
+static int where(const struct fk_toml_value *v, char *buf, size_t cap)
+{
+    snprintf(buf, cap, "%s:%d:%d", fk_toml_origin(v), fk_toml_line(v), fk_toml_col(v));
+    return 0;
+}
+
+static int cfg_err(const struct fk_toml_value *v, const char *fmt, const char *a,
+                   const char *b)
+{
+    char w[512];
+    where(v, w, sizeof w);
+    char msg[1024];
+    snprintf(msg, sizeof msg, fmt, a ? a : "", b ? b : "");
+    return fk_err(FK_ECONFIG, "%s: %s", w, msg);
+}
+
+static int entry_err(const struct fk_toml_entry *e, const char *msg)
+{
+    return fk_err(FK_ECONFIG, "%s:%d:%d: key '%s': %s", e->origin, e->line, e->col, e->key, msg);
+}
+
+static int get_str(const struct fk_toml_value *v, const char **out)
+{
+    size_t len;
+    return fk_toml_get_string(v, out, &len);
+}
+
+static int get_int_range(const struct fk_toml_entry *e, long lo, long hi, long *out)
+{
+    int64_t v;
+    FK_TRY(fk_toml_get_int(e->value, &v));
+    if (v < lo || v > hi) {
+        char msg[256];
+        snprintf(msg, sizeof msg, "%lld is out of range [%ld, %ld]", (long long)v, lo, hi);
+        return entry_err(e, msg);
+    }
+    *out = (long)v;
+    return FK_OK;
+}
+
+/* Sets one codec option from a TOML scalar, with FILE:LINE:COL context on failure. */
+static int set_option(const struct fk_codec_ops *ops, void *opts, const char *key,
+                      const struct fk_toml_value *v, const char *ctx_origin, int line, int col)
+{
+    const struct fk_option *o = fk_codec_option(ops, key);
+    char w[600];
+    snprintf(w, sizeof w, "%s:%d:%d", ctx_origin, line, col);
+    if (!o) {
+        char allowed[1024] = "";
+        for (const struct fk_option *p = ops->options; p->name; p++) {
+            size_t n = strlen(allowed);
+            snprintf(allowed + n, sizeof allowed - n, "%s%s", n ? ", " : "", p->name);
+        }
+        return fk_err(FK_ECONFIG, "%s: unknown option '%s' for codec '%s' (its options: %s)", w,
+                      key, ops->name, allowed);
+    }
+    int rc;
+    enum fk_toml_type t = fk_toml_type(v);
+    if (o->type == FK_OPT_ENUM) {
+        const char *s;
+        if (t != FK_TOML_STRING)
+            return fk_err(FK_ECONFIG, "%s: option '%s' of codec '%s' takes a string, got %s", w,
+                          key, ops->name, fk_toml_type_name(t));
+        get_str(v, &s);
+        rc = fk_opts_set_enum(ops, opts, o, s);
+    } else if (o->type == FK_OPT_BOOL) {
+        int b;
+        if (t != FK_TOML_BOOL)
+            return fk_err(FK_ECONFIG, "%s: option '%s' of codec '%s' takes true or false, got %s",
+                          w, key, ops->name, fk_toml_type_name(t));
+        fk_toml_get_bool(v, &b);
+        rc = fk_opts_set(ops, opts, o, b);
+    } else {
+        double d;
+        if (o->type == FK_OPT_INT && t != FK_TOML_INT)
+            return fk_err(FK_ECONFIG, "%s: option '%s' of codec '%s' takes an integer, got %s",
+                          w, key, ops->name, fk_toml_type_name(t));
+        if (t != FK_TOML_INT && t != FK_TOML_FLOAT)
+            return fk_err(FK_ECONFIG, "%s: option '%s' of codec '%s' takes a number, got %s", w,
+                          key, ops->name, fk_toml_type_name(t));
+        if (t == FK_TOML_INT) {
+            int64_t i;
+            fk_toml_get_int(v, &i);
+            d = (double)i;
+        } else {
+            fk_toml_get_float(v, &d);
+        }
+        rc = fk_opts_set(ops, opts, o, d);
+    }
+    if (rc < 0)
+        return fk_err_context(rc, "%s", w);
+    return FK_OK;
+}
+
+/* Sets an option from preset text ("8", "0.2", "fp8"). Options the codec lacks are skipped. */
+static int set_text(const struct fk_codec_ops *ops, void *opts, const char *key,
+                    const char *text)
+{
+    const struct fk_option *o = fk_codec_option(ops, key);
+    if (!o)
+        return FK_OK;
+    if (o->type == FK_OPT_ENUM)
+        return fk_opts_set_enum(ops, opts, o, text);
+    return fk_opts_set(ops, opts, o, strtod(text, NULL));
+}
+
+static int is_known_option(const char *key)
+{
+    for (int c = 0; fk_codecs[c]; c++)
+        if (fk_codec_option(fk_codecs[c], key))
+            return 1;
+    return 0;
+}
+
+/* ---- datasets ---------------------------------------------------------------------------- */
+
+static int cmp_str(const void *a, const void *b)
+{
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+static int expand_traces(const struct fk_toml_value *arr, struct fk_dataset *ds)
+{
+    if (fk_toml_type(arr) == FK_TOML_STRING) {
+        const char *p;
+        get_str(arr, &p);
+        glob_t g;
+        int gr = glob(p, 0, NULL, &g);
+        if (gr != 0 || g.gl_pathc == 0) {
+            if (gr == 0)
+                globfree(&g);
+            return cfg_err(arr, "traces: '%s' matches no file%s", p, "");
+        }
+        for (size_t i = 0; i < g.gl_pathc; i++) {
+            char **nt = realloc(ds->traces, sizeof(char *) * (size_t)(ds->n_traces + 1));
+            if (!nt) {
+                globfree(&g);
+                return fk_err(FK_ENOMEM, "out of memory");
+            }
+            ds->traces = nt;
+            ds->traces[ds->n_traces++] = xstrdup(g.gl_pathv[i]);
+        }
+        globfree(&g);
+        return FK_OK;
+    }
+    if (fk_toml_type(arr) != FK_TOML_ARRAY)
+        return cfg_err(arr, "traces: expected a path, a glob or an array of them%s%s", "", "");
+    for (size_t i = 0; i < fk_toml_array_len(arr); i++) {
+        const struct fk_toml_value *e = fk_toml_array_at(arr, i);
+        if (fk_toml_type(e) != FK_TOML_STRING)
+            return cfg_err(e, "traces: expected a string (path or glob)%s%s", "", "");
+        FK_TRY(expand_traces(e, ds));
+    }
+    return FK_OK;
+}
+
+static int load_dataset(const struct fk_toml_value *tab, const char *name, int is_sweep,
+                        struct fk_dataset *ds)
+{
+    ds->name = xstrdup(name);
+    for (size_t i = 0; i < fk_toml_table_len(tab); i++) {
+        const struct fk_toml_entry *e = fk_toml_table_at(tab, i);
+        if (!strcmp(e->key, "traces")) {
+            FK_TRY(expand_traces(e->value, ds));
+        } else if (!strcmp(e->key, "dictionary")) {
+            const char *p;
+            FK_TRY(get_str(e->value, &p));
+            ds->dict = xstrdup(p);
+        } else if (!is_sweep && !strcmp(e->key, "defaults")) {
+            if (fk_toml_type(e->value) != FK_TOML_TABLE)
+                return entry_err(e, "expected a table of codec options, e.g. { s = 4, n = 64 }");
+            for (size_t j = 0; j < fk_toml_table_len(e->value); j++) {
+                const struct fk_toml_entry *o = fk_toml_table_at(e->value, j);
+                if (!is_known_option(o->key))
+                    return entry_err(o, "no codec has this option (see `fadkv-bench codecs`)");
+            }
+            ds->defaults = e->value;
+        } else if (!is_sweep && strcmp(e->key, "name")) {
+            return entry_err(e, "unknown key in [[dataset]] (allowed: name, traces, dictionary, "
+                                "defaults)");
+        }
+    }
+    if (ds->n_traces == 0)
+        return cfg_err(tab, "dataset '%s' has no traces (set traces = [\"...\"])%s", name, "");
+    qsort(ds->traces, (size_t)ds->n_traces, sizeof(char *), cmp_str);
+    /* drop duplicates of overlapping globs */
+    int k = 0;
+    for (int i = 0; i < ds->n_traces; i++) {
+        if (k && !strcmp(ds->traces[k - 1], ds->traces[i])) {
+            free(ds->traces[i]);
+            continue;
+        }
+        ds->traces[k++] = ds->traces[i];
+    }
+    ds->n_traces = k;
+    return FK_OK;
+}
+
+static int hash_dataset(struct fk_dataset *ds)
+{
+    struct fk_sha256_ctx c;
+    fk_sha256_init(&c);
+    char hex[65];
+    for (int i = 0; i < ds->n_traces; i++) {
+        FK_TRY(fk_sha256_file(ds->traces[i], hex));
+        fk_sha256_update(&c, hex, 64);
+    }
+    if (ds->dict) {
+        FK_TRY(fk_sha256_file(ds->dict, hex));
+        fk_sha256_update(&c, hex, 64);
+    }
+    uint8_t d[32];
+    fk_sha256_final(&c, d);
+    fk_sha256_hex(d, hex);
+    ds->content_hash = xstrdup(hex);
+    return FK_OK;
+}
+
+/* ---- cells ------------------------------------------------------------------------------ */
+
+struct cellvec {
+    struct fk_sweep_cell *v;
+    int n, cap;
+};
+
+static int canon_opts(const struct fk_codec_ops *ops, const void *opts, char *buf, size_t cap)
+{
+    size_t n = (size_t)snprintf(buf, cap, "codec=%s", ops->name);
+    for (const struct fk_option *o = ops->options; o->name && n < cap; o++) {
+        char v[64];
+        fk_opts_format(opts, o, v, sizeof v);
+        n += (size_t)snprintf(buf + n, cap - n, ";%s=%s", o->name, v);
+    }
+    return n < cap ? FK_OK : fk_err(FK_ENOMEM, "canonical cell text too long");
+}
+
+static int push_cell(struct fk_sweep *s, struct cellvec *cv, const struct fk_codec_ops *ops,
+                     const void *opts, const struct fk_toml_value *excl, int d,
+                     const struct fk_toml_value *blk)
+{
+    /* combinations impossible at any N (e.g. s > n) are refused now; the checks that need
+     * the dictionary's N run when the cell starts */
+    if (ops->check && ops->check(opts, 0, 0) < 0)
+        return fk_err_context(FK_ECONFIG, "%s:%d:%d: codec '%s' (dataset '%s')",
+                              fk_toml_origin(blk), fk_toml_line(blk), fk_toml_col(blk),
+                              ops->name, s->datasets[d].name);
+    char canon[4096];
+    FK_TRY(canon_opts(ops, opts, canon, sizeof canon));
+    {
+        /* [[exclude]]: drop the cell if every key of one rule matches */
+        int excluded = 0;
+        for (size_t r = 0; excl && r < fk_toml_array_len(excl) && !excluded; r++) {
+            const struct fk_toml_value *rule = fk_toml_array_at(excl, r);
+            int all = 1;
+            for (size_t i = 0; i < fk_toml_table_len(rule) && all; i++) {
+                const struct fk_toml_entry *e = fk_toml_table_at(rule, i);
+                if (!strcmp(e->key, "codec") || !strcmp(e->key, "dataset")) {
+                    const char *v;
+                    get_str(e->value, &v);
+                    all = !strcmp(v, !strcmp(e->key, "codec") ? ops->name : s->datasets[d].name);
+                    continue;
+                }
+                const struct fk_option *o = fk_codec_option(ops, e->key);
+                if (!o) {
+                    all = 0;
+                    continue;
+                }
+                double want;
+                if (o->type == FK_OPT_ENUM) {
+                    const char *v;
+                    get_str(e->value, &v);
+                    all = !strcmp(v, o->choices[(int)fk_opts_get(opts, o)]);
+                    continue;
+                }
+                if (fk_toml_type(e->value) == FK_TOML_BOOL) {
+                    int b;
+                    fk_toml_get_bool(e->value, &b);
+                    want = b;
+                } else if (fk_toml_get_float(e->value, &want) < 0) {
+                    all = 0;
+                    continue;
+                }
+                all = fk_opts_get(opts, o) == want;
+            }
+            excluded = all && fk_toml_table_len(rule) > 0;
+        }
+        if (excluded)
+            return FK_OK;
+        for (int rep = 0; rep < s->repeats; rep++) {
+            char full[4600];
+            snprintf(full, sizeof full, "%s;dataset=%s;repeat=%d", canon, s->datasets[d].name,
+                     rep);
+            int dup = 0;
+            for (int i = 0; i < cv->n && !dup; i++)
+                dup = !strcmp(cv->v[i].canon, full);
+            if (dup)
+                continue;
+            if (cv->n == cv->cap) {
+                int nc = cv->cap ? cv->cap * 2 : 16;
+                struct fk_sweep_cell *nv = realloc(cv->v, sizeof *nv * (size_t)nc);
+                if (!nv)
+                    return fk_err(FK_ENOMEM, "out of memory");
+                cv->v = nv;
+                cv->cap = nc;
+            }
+            struct fk_sweep_cell *c = &cv->v[cv->n];
+            memset(c, 0, sizeof *c);
+            c->ops = ops;
+            c->opts = malloc(ops->opts_size);
+            c->canon = xstrdup(full);
+            if (!c->opts || !c->canon) {
+                free(c->opts);
+                free(c->canon);
+                return fk_err(FK_ENOMEM, "out of memory");
+            }
+            memcpy(c->opts, opts, ops->opts_size);
+            c->dataset = d;
+            c->repeat = rep;
+            cv->n++;
+        }
+    }
+    return FK_OK;
+}
+
+/* Expands grid dimensions recursively (first key outermost, values in order). */
+struct dim {
+    const struct fk_toml_entry *e[16]; /* keys advanced together (one for grid, many for zip) */
+    int n_keys;
+    size_t len;
+};
+
+static int expand(struct fk_sweep *s, struct cellvec *cv, const struct fk_codec_ops *ops,
+                  void *opts, const struct dim *dims, int n_dims, int at,
+                  const struct fk_toml_value *excl, int ds, const struct fk_toml_value *blk)
+{
+    if (at == n_dims)
+        return push_cell(s, cv, ops, opts, excl, ds, blk);
+    const struct dim *d = &dims[at];
+    void *saved = malloc(ops->opts_size);
+    if (!saved)
+        return fk_err(FK_ENOMEM, "out of memory");
+    memcpy(saved, opts, ops->opts_size);
+    int rc = FK_OK;
+    for (size_t i = 0; i < d->len && rc == FK_OK; i++) {
+        memcpy(opts, saved, ops->opts_size);
+        for (int k = 0; k < d->n_keys && rc == FK_OK; k++) {
+            const struct fk_toml_value *v = fk_toml_array_at(d->e[k]->value, i);
+            rc = set_option(ops, opts, d->e[k]->key, v, fk_toml_origin(v), fk_toml_line(v),
+                            fk_toml_col(v));
+        }
+        if (rc == FK_OK && ops->check) {
+            /* cross-option checks are done per cell at run time with the real N; here only
+             * the combinations impossible at any N (s > n) are refused early */
+            rc = ops->check(opts, 0, 0);
+            if (rc < 0)
+                rc = fk_err_context(rc, "%s:%d:%d: codec '%s'", d->e[0]->origin, d->e[0]->line,
+                                    d->e[0]->col, ops->name);
+        }
+        if (rc == FK_OK)
+            rc = expand(s, cv, ops, opts, dims, n_dims, at + 1, excl, ds, blk);
+    }
+    memcpy(opts, saved, ops->opts_size);
+    free(saved);
+    return rc;
+}
+
+static int add_dims(const struct fk_toml_value *tab, int zip, struct dim *dims, int *n_dims,
+                    const char *what)
+{
+    if (fk_toml_type(tab) != FK_TOML_TABLE)
+        return cfg_err(tab, "%s: expected a table of lists, e.g. %s = { s = [4, 8] }", what,
+                       what);
+    struct dim *z = zip ? &dims[*n_dims] : NULL;
+    if (zip) {
+        memset(z, 0, sizeof *z);
+        if (fk_toml_table_len(tab) == 0)
+            return FK_OK;
+    }
+    for (size_t i = 0; i < fk_toml_table_len(tab); i++) {
+        const struct fk_toml_entry *e = fk_toml_table_at(tab, i);
+        if (fk_toml_type(e->value) != FK_TOML_ARRAY || fk_toml_array_len(e->value) == 0)
+            return entry_err(e, zip ? "zip values must be non-empty lists"
+                                    : "grid values must be non-empty lists");
+        if (!is_known_option(e->key))
+            return entry_err(e, "no codec has this option (see `fadkv-bench codecs`)");
+        if (zip) {
+            if (z->n_keys == 16)
+                return entry_err(e, "at most 16 keys can be zipped");
+            if (z->n_keys && fk_toml_array_len(e->value) != z->len) {
+                char msg[160];
+                snprintf(msg, sizeof msg, "zip lists must have equal lengths (%zu vs %zu)",
+                         fk_toml_array_len(e->value), z->len);
+                return entry_err(e, msg);
+            }
+            z->len = fk_toml_array_len(e->value);
+            z->e[z->n_keys++] = e;
+        } else {
+            if (*n_dims == 63)
+                return entry_err(e, "too many grid dimensions (63 at most)");
+            struct dim *d = &dims[(*n_dims)++];
+            memset(d, 0, sizeof *d);
+            d->e[0] = e;
+            d->n_keys = 1;
+            d->len = fk_toml_array_len(e->value);
+        }
+    }
+    if (zip)
+        (*n_dims)++;
+    return FK_OK;
+}
+
+static int resolve_codec(struct fk_sweep *s, struct cellvec *cv, const struct fk_toml_value *blk,
+                         const struct fk_toml_value *defaults, const struct fk_toml_value *excl)
+{
+    if (fk_toml_type(blk) != FK_TOML_TABLE)
+        return cfg_err(blk, "[[codec]] entries must be tables%s%s", "", "");
+    const struct fk_toml_value *nv = fk_toml_table_get(blk, "name");
+    if (!nv)
+        return cfg_err(blk, "[[codec]] needs a name (one of the codecs listed by `fadkv-bench "
+                            "codecs`)%s%s", "", "");
+    const char *name;
+    FK_TRY(get_str(nv, &name));
+    const struct fk_codec_ops *ops = fk_codec_find(name);
+    if (!ops) {
+        char allowed[512] = "";
+        for (int i = 0; fk_codecs[i]; i++) {
+            size_t n = strlen(allowed);
+            snprintf(allowed + n, sizeof allowed - n, "%s%s", i ? ", " : "", fk_codecs[i]->name);
+        }
+        return cfg_err(nv, "unknown codec '%s' (registered: %s)", name, allowed);
+    }
+    /* datasets = ["a", "b"] restricts the block to those datasets */
+    const struct fk_toml_value *only = fk_toml_table_get(blk, "datasets");
+    if (only && fk_toml_type(only) != FK_TOML_ARRAY)
+        return cfg_err(only, "datasets: expected a list of dataset names%s%s", "", "");
+    for (size_t i = 0; only && i < fk_toml_array_len(only); i++) {
+        const char *dn;
+        FK_TRY(get_str(fk_toml_array_at(only, i), &dn));
+        int found = 0;
+        for (int d = 0; d < s->n_datasets; d++)
+            found |= !strcmp(s->datasets[d].name, dn);
+        if (!found)
+            return cfg_err(fk_toml_array_at(only, i), "unknown dataset '%s'%s", dn, "");
+    }
+    void *opts = calloc(1, ops->opts_size);
+    if (!opts)
+        return fk_err(FK_ENOMEM, "out of memory");
+    int rc = FK_OK;
+    for (int d = 0; d < s->n_datasets && rc == FK_OK; d++) {
+        int take = !only;
+        for (size_t i = 0; only && i < fk_toml_array_len(only); i++) {
+            const char *dn = NULL;
+            get_str(fk_toml_array_at(only, i), &dn);
+            take |= !strcmp(dn, s->datasets[d].name);
+        }
+        if (!take)
+            continue;
+        fk_opts_defaults(ops, opts);
+        /* [defaults], then the dataset's defaults: keys the codec lacks are skipped (each key
+         * was checked once to belong to some codec) */
+        const struct fk_toml_value *layers[2] = {defaults, s->datasets[d].defaults};
+        for (int li = 0; li < 2 && rc == FK_OK; li++)
+            for (size_t i = 0; layers[li] && i < fk_toml_table_len(layers[li]) && rc == FK_OK;
+                 i++) {
+                const struct fk_toml_entry *e = fk_toml_table_at(layers[li], i);
+                if (fk_codec_option(ops, e->key))
+                    rc = set_option(ops, opts, e->key, e->value, e->origin, e->line, e->col);
+            }
+        const struct fk_toml_value *pv = fk_toml_table_get(blk, "preset");
+        if (rc == FK_OK && pv) {
+            const char *pname;
+            rc = get_str(pv, &pname);
+            const struct fk_preset *p = NULL;
+            for (int i = 0; rc == FK_OK && fk_presets[i].name; i++)
+                if (!strcmp(fk_presets[i].name, pname))
+                    p = &fk_presets[i];
+            if (rc == FK_OK && !p)
+                rc = cfg_err(pv, "unknown preset '%s' (presets: paper-3b, paper-4b, paper-8b, "
+                                 "lexico-config)%s", pname, "");
+            for (int i = 0; rc == FK_OK && p->kv[i]; i += 2)
+                rc = set_text(ops, opts, p->kv[i], p->kv[i + 1]);
+        }
+        struct dim dims[64];
+        int n_dims = 0;
+        for (size_t i = 0; i < fk_toml_table_len(blk) && rc == FK_OK; i++) {
+            const struct fk_toml_entry *e = fk_toml_table_at(blk, i);
+            if (!strcmp(e->key, "name") || !strcmp(e->key, "preset") ||
+                !strcmp(e->key, "datasets"))
+                continue;
+            if (!strcmp(e->key, "grid"))
+                rc = add_dims(e->value, 0, dims, &n_dims, "grid");
+            else if (!strcmp(e->key, "zip"))
+                rc = add_dims(e->value, 1, dims, &n_dims, "zip");
+            else
+                rc = set_option(ops, opts, e->key, e->value, e->origin, e->line, e->col);
+        }
+        if (rc == FK_OK)
+            rc = expand(s, cv, ops, opts, dims, n_dims, 0, excl, d, blk);
+    }
+    free(opts);
+    return rc;
+}
+
+/* ---- the [sweep] table ------------------------------------------------------------------ */
+
+static int load_sweep_table(struct fk_sweep *s, const struct fk_toml_value *tab)
+{
+    for (size_t i = 0; i < fk_toml_table_len(tab); i++) {
+        const struct fk_toml_entry *e = fk_toml_table_at(tab, i);
+        const char *k = e->key;
+        long v = 0;
+        int b = 0;
+        const char *str = NULL;
+        if (!strcmp(k, "name")) {
+            FK_TRY(get_str(e->value, &str));
+            free(s->name);
+            s->name = xstrdup(str);
+        } else if (!strcmp(k, "output")) {
+            FK_TRY(get_str(e->value, &str));
+            free(s->output);
+            s->output = xstrdup(str);
+        } else if (!strcmp(k, "jobs")) {
+            FK_TRY(get_int_range(e, 1, 256, &v));
+            s->jobs = (int)v;
+        } else if (!strcmp(k, "attention")) {
+            FK_TRY(fk_toml_get_bool(e->value, &b));
+            s->attention = b;
+        } else if (!strcmp(k, "attn_stride")) {
+            FK_TRY(get_int_range(e, 1, 1 << 20, &v));
+            s->attn_stride = (int)v;
+        } else if (!strcmp(k, "attn_layers")) {
+            if (fk_toml_type(e->value) != FK_TOML_ARRAY)
+                return entry_err(e, "expected a list of layer indices, e.g. [0, 13, 27]");
+            free(s->attn_layers);
+            s->n_attn_layers = 4096;
+            s->attn_layers = calloc(4096, 1);
+            if (!s->attn_layers)
+                return fk_err(FK_ENOMEM, "out of memory");
+            for (size_t j = 0; j < fk_toml_array_len(e->value); j++) {
+                int64_t l;
+                FK_TRY(fk_toml_get_int(fk_toml_array_at(e->value, j), &l));
+                if (l < 0 || l >= 4096)
+                    return entry_err(e, "layer index out of range [0, 4095]");
+                s->attn_layers[l] = 1;
+            }
+        } else if (!strcmp(k, "recall")) {
+            FK_TRY(fk_toml_get_bool(e->value, &b));
+            s->recall = b;
+        } else if (!strcmp(k, "recall_every")) {
+            FK_TRY(get_int_range(e, 1, 1 << 20, &v));
+            s->recall_every = (int)v;
+        } else if (!strcmp(k, "repeats")) {
+            FK_TRY(get_int_range(e, 1, 1000, &v));
+            s->repeats = (int)v;
+        } else if (!strcmp(k, "base_seed")) {
+            int64_t x;
+            FK_TRY(fk_toml_get_int(e->value, &x));
+            s->base_seed = (uint64_t)x;
+        } else if (strcmp(k, "traces") && strcmp(k, "dictionary")) {
+            return entry_err(e, "unknown key in [sweep] (allowed: name, traces, dictionary, "
+                                "output, jobs, attention, attn_stride, attn_layers, recall, "
+                                "recall_every, repeats, base_seed)");
+        }
+    }
+    return FK_OK;
+}
+
+void fk_sweep_free(struct fk_sweep **sp)
+{
+    struct fk_sweep *s = sp ? *sp : NULL;
+    if (!s)
+        return;
+    for (int d = 0; d < s->n_datasets; d++) {
+        struct fk_dataset *ds = &s->datasets[d];
+        for (int i = 0; i < ds->n_traces; i++)
+            free(ds->traces[i]);
+        free(ds->traces);
+        free(ds->name);
+        free(ds->dict);
+        free(ds->content_hash);
+    }
+    for (int c = 0; c < s->n_cells; c++) {
+        free(s->cells[c].opts);
+        free(s->cells[c].canon);
+    }
+    free(s->datasets);
+    free(s->cells);
+    free(s->attn_layers);
+    free(s->path);
+    free(s->name);
+    free(s->output);
+    free(s->resolved);
+    free(s);
+    *sp = NULL;
+}
+
+static int resolve(struct fk_sweep *s, const struct fk_toml_value *root, int hash_content)
+{
+    static const char *const top_keys[] = {"sweep", "dataset", "defaults", "codec", "exclude",
+                                           NULL};
+    for (size_t i = 0; i < fk_toml_table_len(root); i++) {
+        const struct fk_toml_entry *e = fk_toml_table_at(root, i);
+        int ok = 0;
+        for (int k = 0; top_keys[k]; k++)
+            ok |= !strcmp(e->key, top_keys[k]);
+        if (!ok)
+            return entry_err(e, "unknown top-level key (allowed: [sweep], [[dataset]], "
+                                "[defaults], [[codec]], [[exclude]])");
+    }
+    const struct fk_toml_value *sw = fk_toml_table_get(root, "sweep");
+    if (!sw || fk_toml_type(sw) != FK_TOML_TABLE)
+        return fk_err(FK_ECONFIG, "%s: missing [sweep] table (name, traces, output, ...)",
+                      s->path);
+    FK_TRY(load_sweep_table(s, sw));
+    if (!s->output)
+        return cfg_err(sw, "[sweep] needs output = \"results/NAME\"%s%s", "", "");
+    /* datasets: [sweep].traces/dictionary, and/or [[dataset]] blocks */
+    const struct fk_toml_value *dsa = fk_toml_table_get(root, "dataset");
+    int n_ds = (fk_toml_table_get(sw, "traces") ? 1 : 0) + (int)fk_toml_array_len(dsa);
+    if (n_ds == 0)
+        return cfg_err(sw, "no traces: set [sweep] traces = [\"...\"] or add [[dataset]] "
+                           "blocks%s%s", "", "");
+    s->datasets = calloc((size_t)n_ds, sizeof *s->datasets);
+    if (!s->datasets)
+        return fk_err(FK_ENOMEM, "out of memory");
+    if (fk_toml_table_get(sw, "traces"))
+        FK_TRY(load_dataset(sw, "default", 1, &s->datasets[s->n_datasets++]));
+    for (size_t i = 0; i < fk_toml_array_len(dsa); i++) {
+        const struct fk_toml_value *t = fk_toml_array_at(dsa, i);
+        const struct fk_toml_value *nm = fk_toml_table_get(t, "name");
+        const char *name = NULL;
+        if (!nm)
+            return cfg_err(t, "[[dataset]] needs a name%s%s", "", "");
+        FK_TRY(get_str(nm, &name));
+        for (int d = 0; d < s->n_datasets; d++)
+            if (!strcmp(s->datasets[d].name, name))
+                return cfg_err(nm, "dataset name '%s' is used twice%s", name, "");
+        FK_TRY(load_dataset(t, name, 0, &s->datasets[s->n_datasets++]));
+    }
+    if (hash_content)
+        for (int d = 0; d < s->n_datasets; d++)
+            FK_TRY(hash_dataset(&s->datasets[d]));
+    const struct fk_toml_value *defs = fk_toml_table_get(root, "defaults");
+    for (size_t i = 0; defs && i < fk_toml_table_len(defs); i++) {
+        const struct fk_toml_entry *e = fk_toml_table_at(defs, i);
+        if (!is_known_option(e->key))
+            return entry_err(e, "no codec has this option (see `fadkv-bench codecs`)");
+    }
+    const struct fk_toml_value *excl = fk_toml_table_get(root, "exclude");
+    for (size_t r = 0; excl && r < fk_toml_array_len(excl); r++) {
+        const struct fk_toml_value *rule = fk_toml_array_at(excl, r);
+        for (size_t i = 0; i < fk_toml_table_len(rule); i++) {
+            const struct fk_toml_entry *e = fk_toml_table_at(rule, i);
+            if (strcmp(e->key, "codec") && strcmp(e->key, "dataset") && !is_known_option(e->key))
+                return entry_err(e, "[[exclude]] keys are codec, dataset or codec options");
+            int want_str = !strcmp(e->key, "codec") || !strcmp(e->key, "dataset");
+            for (int c = 0; fk_codecs[c] && !want_str; c++) {
+                const struct fk_option *o = fk_codec_option(fk_codecs[c], e->key);
+                want_str = o && o->type == FK_OPT_ENUM;
+            }
+            if (want_str && fk_toml_type(e->value) != FK_TOML_STRING)
+                return entry_err(e, "expected a string (a codec, dataset or option value name)");
+        }
+    }
+    const struct fk_toml_value *codecs = fk_toml_table_get(root, "codec");
+    if (!codecs || fk_toml_array_len(codecs) == 0)
+        return fk_err(FK_ECONFIG, "%s: no [[codec]] blocks: nothing to run", s->path);
+    struct cellvec cv = {0};
+    int rc = FK_OK;
+    for (size_t i = 0; i < fk_toml_array_len(codecs) && rc == FK_OK; i++)
+        rc = resolve_codec(s, &cv, fk_toml_array_at(codecs, i), defs, excl);
+    s->cells = cv.v;
+    s->n_cells = cv.n;
+    FK_TRY(rc);
+    if (s->n_cells == 0)
+        return fk_err(FK_ECONFIG, "%s: no cells left to run ([[exclude]] rules drop every cell)",
+                      s->path);
+    /* ids and seeds: hash of the canonical cell, its data and the harness version */
+    size_t tot = 256;
+    for (int c = 0; c < s->n_cells; c++)
+        tot += strlen(s->cells[c].canon) + 128;
+    s->resolved = malloc(tot);
+    if (!s->resolved)
+        return fk_err(FK_ENOMEM, "out of memory");
+    size_t n = (size_t)snprintf(s->resolved, tot,
+                                "sweep=%s;attention=%d;attn_stride=%d;recall=%d;recall_every=%d\n",
+                                s->name, s->attention, s->attn_stride, s->recall,
+                                s->recall_every);
+    for (int c = 0; c < s->n_cells; c++) {
+        struct fk_sweep_cell *cell = &s->cells[c];
+        const struct fk_dataset *ds = &s->datasets[cell->dataset];
+        struct fk_sha256_ctx h;
+        fk_sha256_init(&h);
+        fk_sha256_update(&h, cell->canon, strlen(cell->canon));
+        fk_sha256_update(&h, FK_HARNESS_VERSION, strlen(FK_HARNESS_VERSION));
+        if (ds->content_hash)
+            fk_sha256_update(&h, ds->content_hash, 64);
+        char extra[128];
+        snprintf(extra, sizeof extra, ";attention=%d;stride=%d;recall=%d/%d;seed=%llu",
+                 s->attention, s->attn_stride, s->recall, s->recall_every,
+                 (unsigned long long)s->base_seed);
+        fk_sha256_update(&h, extra, strlen(extra));
+        uint8_t dg[32];
+        fk_sha256_final(&h, dg);
+        char hex[65];
+        fk_sha256_hex(dg, hex);
+        memcpy(cell->id, hex, 16);
+        cell->id[16] = 0;
+        uint64_t seed = 0;
+        for (int b = 0; b < 8; b++)
+            seed = seed << 8 | dg[8 + b];
+        cell->seed = seed ^ s->base_seed;
+        n += (size_t)snprintf(s->resolved + n, tot - n, "%s %s\n", cell->id, cell->canon);
+    }
+    uint8_t dg[32];
+    fk_sha256(s->resolved, n, dg);
+    fk_sha256_hex(dg, s->config_hash);
+    return FK_OK;
+}
+
+int fk_sweep_load(const char *path, const char *const *sets, int n_sets, int hash_content,
+                  struct fk_sweep **out)
+{
+    *out = NULL;
+    struct fk_toml_value *root = NULL;
+    FK_TRY(fk_toml_parse_file(path, &root));
+    int rc = FK_OK;
+    for (int i = 0; i < n_sets && rc == FK_OK; i++) {
+        const char *eq = strchr(sets[i], '=');
+        if (!eq || eq == sets[i]) {
+            rc = fk_err(FK_ECONFIG, "--set %s: expected KEY=VALUE (e.g. sweep.jobs=1)", sets[i]);
+            break;
+        }
+        char key[512];
+        snprintf(key, sizeof key, "%.*s", (int)(eq - sets[i]), sets[i]);
+        struct fk_toml_value *v = NULL;
+        rc = fk_toml_parse_value(eq + 1, "--set", &v);
+        if (rc == FK_OK)
+            rc = fk_toml_set_path(root, key, "--set", &v);
+        fk_toml_free(&v);
+        if (rc < 0)
+            rc = fk_err_context(rc, "--set %s", sets[i]);
+    }
+    struct fk_sweep *s = calloc(1, sizeof *s);
+    if (rc == FK_OK && !s)
+        rc = fk_err(FK_ENOMEM, "out of memory");
+    if (rc == FK_OK) {
+        s->path = xstrdup(path);
+        s->name = xstrdup("sweep");
+        s->jobs = 1;
+        s->attn_stride = 16;
+        s->recall = 1;
+        s->recall_every = 8;
+        s->repeats = 1;
+        rc = resolve(s, root, hash_content);
+    }
+    fk_toml_free(&root);
+    if (rc < 0) {
+        fk_sweep_free(&s);
+        return rc;
+    }
+    *out = s;
+    return FK_OK;
+}
+
+double fk_sweep_cell_macs(const struct fk_sweep *s, const struct fk_sweep_cell *c,
+                          double *vectors)
+{
+    const struct fk_dataset *ds = &s->datasets[c->dataset];
+    double vec = 0, m = 0, N = 0;
+    for (int i = 0; i < ds->n_traces; i++) {
+        struct fk_trace *t;
+        if (fk_trace_open(ds->traces[i], &t) < 0)
+            return NAN;
+        const struct fk_trace_info *in = fk_trace_get_info(t);
+        vec += 2.0 * in->n_layers * in->n_kv_heads * in->n_tokens;
+        m = in->head_dim;
+        fk_trace_close(&t);
+    }
+    if (vectors)
+        *vectors = vec;
+    N = 4096;
+    int na;
+    if (ds->dict && fk_dict_atoms(ds->dict, &na) == FK_OK)
+        N = na; /* attributes only: loading the atoms here cost 0.5 s per call at paper scale */
+    const struct fk_option *os = fk_codec_option(c->ops, "s"), *on = fk_codec_option(c->ops, "n");
+    double sp = os ? fk_opts_get(c->opts, os) : 0, n = on ? fk_opts_get(c->opts, on) : 256;
+    if (!strcmp(c->ops->name, "full"))
+        return vec * m;
+    if (!strcmp(c->ops->name, "lexico") || !strcmp(c->ops->name, "lexico-adp"))
+        return vec * (m * N + N * sp * (sp + 1) / 2 + sp * N); /* Batch-OMP (Gram mode) */
+    if (!strcmp(c->ops->name, "pl"))
+        return vec * (m * N + N + m * sp * (sp + 1) / 2);
+    return vec * (m * N + N + sp * (m * n + n));
+}

@@ -1,0 +1,82 @@
+/* SPDX-License-Identifier: MIT
+ * The sweep language (configs/README.md): a TOML file naming datasets (traces and their
+ * dictionary), codecs with options, grids, zips, presets and exclusions, resolved into a
+ * deterministic list of cells, each with a stable id.
+ *
+ * Resolution of one [[codec]] block: codec defaults, then [defaults], then the preset, then
+ * the block's own keys, then `grid` (cartesian product, first key outermost) and `zip`
+ * (equal-length lists advanced together); times datasets, times repeats; [[exclude]] rules
+ * drop matching cells; identical resolved cells are kept once. Every key is checked against
+ * the codec's option table; errors name FILE:LINE:COL, the key and what is allowed.
+ */
+#ifndef FK_SWEEP_H
+#define FK_SWEEP_H
+
+#include <stdint.h>
+
+#include "core/fk_codec.h"
+
+struct fk_toml_value;
+
+struct fk_dataset {
+    char *name;                  /* [[dataset]] name, or "default" */
+    char **traces;               /* expanded paths, sorted */
+    int n_traces;
+    char *dict;                  /* dictionary path or NULL */
+    char *content_hash;          /* sha256 over the traces' and dictionary's hashes */
+    const struct fk_toml_value *defaults; /* dataset's option defaults (resolution only) */
+};
+
+struct fk_sweep_cell {
+    char id[17];                 /* 16 hex digits of the cell hash */
+    const struct fk_codec_ops *ops;
+    void *opts;                  /* ops->opts_size bytes */
+    int dataset;                 /* index into datasets */
+    int repeat;                  /* 0 .. repeats-1 */
+    uint64_t seed;               /* derived from base_seed and the cell */
+    char *canon;                 /* canonical text of the resolved cell */
+};
+
+struct fk_sweep {
+    char *path;                  /* config file */
+    char *name;                  /* [sweep] name */
+    char *output;                /* results directory */
+    int jobs;                    /* worker threads */
+    int attention;               /* attention fidelity on/off */
+    int attn_stride;             /* every k-th decode step */
+    uint8_t *attn_layers;        /* [max layer + 1] or NULL = all */
+    int n_attn_layers;
+    int recall;                  /* pool recall diagnostics */
+    int recall_every;            /* prefill sub-sampling for recall */
+    int repeats;
+    uint64_t base_seed;
+    struct fk_dataset *datasets;
+    int n_datasets;
+    struct fk_sweep_cell *cells;
+    int n_cells;
+    char config_hash[65];        /* sha256 of the canonical resolved sweep */
+    char *resolved;              /* canonical text of the whole resolved sweep */
+};
+
+/* Presets (paper Table 5). */
+struct fk_preset {
+    const char *name;
+    const char *help;
+    const char *const *kv;       /* name, value text pairs, NULL-terminated */
+};
+extern const struct fk_preset fk_presets[];
+
+/* Loads and resolves a sweep. sets: "key=value" overrides applied to the TOML tree
+ * (dotted keys, e.g. "sweep.jobs=1", "defaults.s=4"). hash_content: hash the traces and
+ * dictionaries (cell ids depend on the data); 0 for a quick parse (dry runs may still
+ * want it). */
+int fk_sweep_load(const char *path, const char *const *sets, int n_sets, int hash_content,
+                  struct fk_sweep **out);
+void fk_sweep_free(struct fk_sweep **s);
+
+/* Estimated multiply-adds of a cell from the vector counts of its traces (cost model);
+ * *vectors (nullable) receives the number of key and value vectors. */
+double fk_sweep_cell_macs(const struct fk_sweep *s, const struct fk_sweep_cell *c,
+                          double *vectors);
+
+#endif

@@ -1,0 +1,1829 @@
+/* SPDX-License-Identifier: MIT
+ * Figure data export (see fk_plotdata.h and plots/README.md).
+ *
+ * Cell choice. A figure that shows "one line per codec" uses, for each (dataset, codec), the
+ * representative cell: the finished cell with the fewest options off the most common value
+ * of that option among the dataset's cells, then the fewest off the codec's defaults, then
+ * the first in sweep order. The Fig. 1 diagnostics (pool recall,
+ * correlation profile, inactive atoms) use the representative cell of the first codec
+ * present in the order lexico, lexico-adp, gm, fadkv, pl. Several datasets give one file
+ * per dataset (suffix ".<dataset>").
+ *
+ * Aggregation. Per-sequence values come from summary.csv (one row per cell x trace x layer
+ * x kind) or from cells/<id>.h5; a sequence's value is the mean over its layers (and kinds
+ * where stated); the figure shows the mean over sequences with a 95% percentile bootstrap
+ * interval over sequences (FK_BOOT_RESAMPLES resamples, gsl_rng_mt19937, FK_BOOT_SEED).
+ */
+#include "report/fk_plotdata.h"
+
+#include <errno.h>
+#include <gsl/gsl_rng.h>
+#include <gsl/gsl_sort.h>
+#include <gsl/gsl_statistics_double.h>
+#include <hdf5.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "core/fk_codec.h"
+#include "common/fk_err.h"
+#include "formats/fk_h5.h"
+#include "common/fk_str.h"
+
+/* ---- CSV ------------------------------------------------------------------------------- */
+
+struct strvec {
+    char **v;                    /* [n] owned strings */
+    int n;                       /* strings held */
+    int cap;                     /* allocated entries */
+};
+
+static int sv_push(struct strvec *a, char *s)
+{
+    if (!s)
+        return fk_err(FK_ENOMEM, "out of memory");
+    if (a->n == a->cap) {
+        int nc = a->cap ? a->cap * 2 : 32;
+        char **nv = realloc(a->v, sizeof(char *) * (size_t)nc);
+        if (!nv) {
+            free(s);
+            return fk_err(FK_ENOMEM, "out of memory");
+        }
+        a->v = nv;
+        a->cap = nc;
+    }
+    a->v[a->n++] = s;
+    return FK_OK;
+}
+
+static void sv_free(struct strvec *a)
+{
+    for (int i = 0; i < a->n; i++)
+        free(a->v[i]);
+    free(a->v);
+    memset(a, 0, sizeof *a);
+}
+
+/* Parses one record starting at *p; fields go to out; *p moves past the record's newline. */
+static int csv_record(const char *path, int line, const char **p, struct strvec *out)
+{
+    const char *s = *p;
+    for (;;) {
+        size_t cap = 64, n = 0;
+        char *f = malloc(cap);
+        if (!f)
+            return fk_err(FK_ENOMEM, "out of memory");
+        if (*s == '"') {
+            s++;
+            for (;;) {
+                if (!*s) {
+                    free(f);
+                    return fk_err(FK_ECORRUPT, "%s:%d: unterminated quoted field", path, line);
+                }
+                if (*s == '"' && s[1] == '"') {
+                    s++;
+                } else if (*s == '"') {
+                    s++;
+                    break;
+                }
+                if (n + 2 > cap) {
+                    char *nf = realloc(f, cap *= 2);
+                    if (!nf) {
+                        free(f);
+                        return fk_err(FK_ENOMEM, "out of memory");
+                    }
+                    f = nf;
+                }
+                f[n++] = *s++;
+            }
+            if (*s && *s != ',' && *s != '\n' && *s != '\r') {
+                free(f);
+                return fk_err(FK_ECORRUPT, "%s:%d: expected ',' after a quoted field", path,
+                              line);
+            }
+        } else {
+            while (*s && *s != ',' && *s != '\n' && *s != '\r') {
+                if (n + 2 > cap) {
+                    char *nf = realloc(f, cap *= 2);
+                    if (!nf) {
+                        free(f);
+                        return fk_err(FK_ENOMEM, "out of memory");
+                    }
+                    f = nf;
+                }
+                f[n++] = *s++;
+            }
+        }
+        f[n] = 0;
+        FK_TRY(sv_push(out, f));
+        if (*s == ',') {
+            s++;
+            continue;
+        }
+        if (*s == '\r')
+            s++;
+        if (*s == '\n')
+            s++;
+        break;
+    }
+    *p = s;
+    return FK_OK;
+}
+
+void fk_csv_free(struct fk_csv *c)
+{
+    for (int j = 0; j < c->n_cols; j++)
+        free(c->head[j]);
+    free(c->head);
+    for (int i = 0; i < c->n_rows; i++) {
+        for (int j = 0; j < c->n_cols; j++)
+            free(c->rows[i][j]);
+        free(c->rows[i]);
+    }
+    free(c->rows);
+    memset(c, 0, sizeof *c);
+}
+
+int fk_csv_load(const char *path, struct fk_csv *out)
+{
+    memset(out, 0, sizeof *out);
+    char *text = fk_slurp(path, NULL);
+    if (!text)
+        return fk_err(FK_EIO, "%s: cannot read (%s)", path, strerror(errno));
+    const char *p = text;
+    struct strvec rec = {0};
+    int rc = csv_record(path, 1, &p, &rec);
+    if (rc == FK_OK && (rec.n == 0 || (rec.n == 1 && !rec.v[0][0])))
+        rc = fk_err(FK_ECORRUPT, "%s:1: expected a header line", path);
+    if (rc < 0) {
+        sv_free(&rec);
+        free(text);
+        return rc;
+    }
+    out->head = rec.v;
+    out->n_cols = rec.n;
+    int cap = 0, line = 1;
+    while (*p && rc == FK_OK) {
+        line++;
+        if (*p == '\n' || *p == '\r') {
+            p += *p == '\r' && p[1] == '\n' ? 2 : 1;
+            continue;
+        }
+        struct strvec r = {0};
+        rc = csv_record(path, line, &p, &r);
+        if (rc == FK_OK && r.n > out->n_cols)
+            rc = fk_err(FK_ECORRUPT, "%s:%d: %d fields, the header has %d", path, line, r.n,
+                        out->n_cols);
+        while (rc == FK_OK && r.n < out->n_cols)
+            rc = sv_push(&r, strdup(""));
+        if (rc == FK_OK && out->n_rows == cap) {
+            cap = cap ? cap * 2 : 256;
+            char ***nr = realloc(out->rows, sizeof(char **) * (size_t)cap);
+            if (!nr)
+                rc = fk_err(FK_ENOMEM, "out of memory");
+            else
+                out->rows = nr;
+        }
+        if (rc < 0) {
+            sv_free(&r);
+            break;
+        }
+        out->rows[out->n_rows++] = r.v;
+    }
+    free(text);
+    if (rc < 0)
+        fk_csv_free(out);
+    return rc;
+}
+
+int fk_csv_col(const struct fk_csv *c, const char *name)
+{
+    for (int j = 0; j < c->n_cols; j++)
+        if (!strcmp(c->head[j], name))
+            return j;
+    return -1;
+}
+
+double fk_csv_num(const struct fk_csv *c, int row, int col)
+{
+    if (col < 0 || row < 0 || row >= c->n_rows)
+        return NAN;
+    const char *s = c->rows[row][col];
+    char *end;
+    double v = strtod(s, &end);
+    return end == s ? NAN : v;
+}
+
+static const char *csv_str(const struct fk_csv *c, int row, int col)
+{
+    return col < 0 ? "" : c->rows[row][col];
+}
+
+/* ---- bootstrap ------------------------------------------------------------------------- */
+
+int fk_boot_mean_ci(const double *x, int n, int resamples, unsigned long seed, double *mean,
+                    double *lo, double *hi)
+{
+    double *v = malloc(sizeof(double) * (size_t)(n > 0 ? n : 1));
+    if (!v)
+        return fk_err(FK_ENOMEM, "out of memory");
+    int k = 0;
+    double s = 0;
+    for (int i = 0; i < n; i++)
+        if (isfinite(x[i])) {
+            v[k++] = x[i];
+            s += x[i];
+        }
+    *mean = k ? s / k : NAN;
+    *lo = *hi = *mean;
+    if (k < 2 || resamples < 2) {
+        free(v);
+        return FK_OK;
+    }
+    double *means = malloc(sizeof(double) * (size_t)resamples);
+    gsl_rng *r = gsl_rng_alloc(gsl_rng_mt19937);
+    if (!means || !r) {
+        free(v);
+        free(means);
+        if (r)
+            gsl_rng_free(r);
+        return fk_err(FK_ENOMEM, "out of memory");
+    }
+    gsl_rng_set(r, seed);
+    for (int b = 0; b < resamples; b++) {
+        double t = 0;
+        for (int i = 0; i < k; i++)
+            t += v[gsl_rng_uniform_int(r, (unsigned long)k)];
+        means[b] = t / k;
+    }
+    gsl_sort(means, 1, (size_t)resamples);
+    *lo = gsl_stats_quantile_from_sorted_data(means, 1, (size_t)resamples, 0.025);
+    *hi = gsl_stats_quantile_from_sorted_data(means, 1, (size_t)resamples, 0.975);
+    gsl_rng_free(r);
+    free(means);
+    free(v);
+    return FK_OK;
+}
+
+/* ---- a growable text buffer, written to a file at the end --------------------------------- */
+
+static int buf_write(struct fk_sb *b, const char *path)
+{
+    if (b->oom) {
+        free(b->s);
+        memset(b, 0, sizeof *b);
+        return fk_err(FK_ENOMEM, "out of memory");
+    }
+    FILE *f = fopen(path, "w");
+    if (!f) {
+        free(b->s);
+        memset(b, 0, sizeof *b);
+        return fk_err(FK_EIO, "%s: cannot create (%s)", path, strerror(errno));
+    }
+    size_t w = b->n ? fwrite(b->s, 1, b->n, f) : 0;
+    int bad = fclose(f) != 0 || w != b->n;
+    free(b->s);
+    memset(b, 0, sizeof *b);
+    return bad ? fk_err(FK_EIO, "%s: write failed", path) : FK_OK;
+}
+
+/* A number for a data file: gnuplot reads "NaN" as missing. */
+static void bnum(struct fk_sb *b, double v)
+{
+    if (isfinite(v))
+        fk_sb_printf(b, " %.9g", v);
+    else
+        fk_sb_printf(b, " NaN");
+}
+
+/* ---- the store ------------------------------------------------------------------------- */
+
+#define MAX_TRACES 1024
+
+static const char *const codec_order[] = {"full", "lexico", "lexico-adp", "gm", "pl", "fadkv",
+                                          NULL};
+static const char *const codec_title[] = {"Full KV", "Lexico", "Lexico-ADP", "GM", "PL",
+                                          "FAD-KV"};
+
+int fk_plot_codec_style(const char *codec)
+{
+    for (int i = 0; codec_order[i]; i++)
+        if (!strcmp(codec_order[i], codec))
+            return i + 1;
+    return 7;
+}
+
+static const char *codec_display(const char *codec)
+{
+    int s = fk_plot_codec_style(codec);
+    return s <= 6 ? codec_title[s - 1] : codec;
+}
+
+/* Per-sequence aggregates of one cell (from summary.csv). */
+struct seqv {
+    char trace[256];             /* trace file name */
+    double err_sum[2];           /* sum over layers of rel_err_mean, K and V */
+    int err_n[2];                /* layers counted */
+    double kl_sum;               /* sum over layers of attn_kl (K rows) */
+    int kl_n;                    /* layers counted in kl_sum */
+    double dsn_sum;              /* sum of dict_size_norm_final over streams */
+    int dsn_n;                   /* streams counted in dsn_sum */
+    double bytes, bytes_full;    /* bytes of the sequence (sum over streams), full KV bytes */
+    double macs, vec, cpu;       /* sums: MACs, encoded + zero vectors, CPU seconds */
+};
+
+struct cell {
+    int row;                     /* row in cells.csv */
+    const char *id;              /* cell id */
+    const char *codec;
+    const char *dataset;
+    int n_diff;                  /* rank: 1000 x options off the dataset's common values
+                                  * + options off the codec's defaults */
+    struct seqv *seq;            /* [n_seq] per-sequence values, summary.csv order */
+    int n_seq;                   /* sequences (traces) of the cell */
+};
+
+struct store {
+    const char *dir;             /* results directory */
+    const char *data_dir;        /* output directory of data files */
+    struct fk_csv cells;         /* cells.csv */
+    struct fk_csv sum;           /* summary.csv */
+    struct cell *c;              /* [n] finished cells, sweep order */
+    int n;                       /* finished cells */
+    char **datasets;             /* [n_ds] dataset names, first-seen order (not owned) */
+    int n_ds;                    /* datasets */
+    int col_first_opt, col_end_opt; /* option columns [first, end) of cells.csv */
+};
+
+static double cnum(const struct store *st, const struct cell *c, const char *col)
+{
+    return fk_csv_num(&st->cells, c->row, fk_csv_col(&st->cells, col));
+}
+
+static const char *cstr(const struct store *st, const struct cell *c, const char *col)
+{
+    return csv_str(&st->cells, c->row, fk_csv_col(&st->cells, col));
+}
+
+static const struct fk_codec_ops *find_ops(const char *name)
+{
+    for (int i = 0; fk_codecs[i]; i++)
+        if (!strcmp(fk_codecs[i]->name, name))
+            return fk_codecs[i];
+    return NULL;
+}
+
+static int count_nondefault(const struct store *st, const struct cell *c)
+{
+    const struct fk_codec_ops *ops = find_ops(c->codec);
+    if (!ops)
+        return 0;
+    void *def = calloc(1, ops->opts_size);
+    if (!def)
+        return 0;
+    fk_opts_defaults(ops, def);
+    int n = 0;
+    for (const struct fk_option *o = ops->options; o->name; o++) {
+        char v[64];
+        fk_opts_format(def, o, v, sizeof v);
+        int col = fk_csv_col(&st->cells, o->name);
+        if (col >= 0 && strcmp(csv_str(&st->cells, c->row, col), v))
+            n++;
+    }
+    free(def);
+    return n;
+}
+
+/* Options of a cell that differ from the most common value of that option among the
+ * finished cells of its dataset (first such value in sweep order on ties). */
+static int count_offmode(const struct store *st, const struct cell *c)
+{
+    const struct fk_csv *t = &st->cells;
+    int n = 0;
+    for (int j = st->col_first_opt; j < st->col_end_opt; j++) {
+        const char *v = t->rows[c->row][j];
+        if (!v[0])
+            continue;
+        const char *mode = NULL;
+        int best = 0;
+        for (int a = 0; a < st->n; a++) {
+            const char *u = t->rows[st->c[a].row][j];
+            if (!u[0] || strcmp(st->c[a].dataset, c->dataset))
+                continue;
+            int k = 0;
+            for (int b = 0; b < st->n; b++)
+                k += !strcmp(st->c[b].dataset, c->dataset) &&
+                     !strcmp(t->rows[st->c[b].row][j], u);
+            if (k > best) {
+                best = k;
+                mode = u;
+            }
+        }
+        n += mode && strcmp(mode, v);
+    }
+    return n;
+}
+
+static int load_seqs(struct store *st)
+{
+    const struct fk_csv *s = &st->sum;
+    int ci = fk_csv_col(s, "cell_id"), ct = fk_csv_col(s, "trace"), ck = fk_csv_col(s, "kind");
+    int ce = fk_csv_col(s, "rel_err_mean"), ckl = fk_csv_col(s, "attn_kl");
+    int cd = fk_csv_col(s, "dict_size_norm_final"), cb = fk_csv_col(s, "bytes");
+    int cbf = fk_csv_col(s, "bytes_full"), cm = fk_csv_col(s, "macs");
+    int cv = fk_csv_col(s, "n_vectors"), cz = fk_csv_col(s, "n_zero");
+    int cc = fk_csv_col(s, "cpu_s");
+    if (ci < 0 || ct < 0 || ck < 0)
+        return fk_err(FK_ECORRUPT, "%s/summary.csv: expected columns cell_id, trace, kind",
+                      st->dir);
+    for (int i = 0; i < s->n_rows; i++) {
+        struct cell *c = NULL;
+        for (int j = 0; j < st->n && !c; j++)
+            if (!strcmp(st->c[j].id, s->rows[i][ci]))
+                c = &st->c[j];
+        if (!c)
+            continue;
+        struct seqv *q = NULL;
+        for (int j = 0; j < c->n_seq && !q; j++)
+            if (!strcmp(c->seq[j].trace, s->rows[i][ct]))
+                q = &c->seq[j];
+        if (!q) {
+            if (c->n_seq >= MAX_TRACES)
+                continue;
+            if (!c->seq) {
+                c->seq = calloc(MAX_TRACES, sizeof *c->seq);
+                if (!c->seq)
+                    return fk_err(FK_ENOMEM, "out of memory");
+            }
+            q = &c->seq[c->n_seq++];
+            snprintf(q->trace, sizeof q->trace, "%s", s->rows[i][ct]);
+        }
+        int k = !strcmp(s->rows[i][ck], "V");
+        double e = fk_csv_num(s, i, ce), kl = fk_csv_num(s, i, ckl);
+        double d = fk_csv_num(s, i, cd);
+        if (isfinite(e)) {
+            q->err_sum[k] += e;
+            q->err_n[k]++;
+        }
+        if (!k && isfinite(kl)) {
+            q->kl_sum += kl;
+            q->kl_n++;
+        }
+        if (isfinite(d)) {
+            q->dsn_sum += d;
+            q->dsn_n++;
+        }
+        double b = fk_csv_num(s, i, cb), bf = fk_csv_num(s, i, cbf);
+        double m = fk_csv_num(s, i, cm), cpu = fk_csv_num(s, i, cc);
+        double v = fk_csv_num(s, i, cv) + fk_csv_num(s, i, cz);
+        q->bytes += isfinite(b) ? b : 0;
+        q->bytes_full += isfinite(bf) ? bf : 0;
+        q->macs += isfinite(m) ? m : 0;
+        q->cpu += isfinite(cpu) ? cpu : 0;
+        q->vec += isfinite(v) ? v : 0;
+    }
+    return FK_OK;
+}
+
+static int store_load(struct store *st, const char *dir, const char *data_dir)
+{
+    memset(st, 0, sizeof *st);
+    st->dir = dir;
+    st->data_dir = data_dir;
+    char p[4200];
+    snprintf(p, sizeof p, "%s/cells.csv", dir);
+    FK_TRY(fk_csv_load(p, &st->cells));
+    snprintf(p, sizeof p, "%s/summary.csv", dir);
+    FK_TRY(fk_csv_load(p, &st->sum));
+    const struct fk_csv *t = &st->cells;
+    int ci = fk_csv_col(t, "cell_id"), cc = fk_csv_col(t, "codec");
+    int cd = fk_csv_col(t, "dataset"), cs = fk_csv_col(t, "status");
+    if (ci < 0 || cc < 0 || cd < 0 || cs < 0)
+        return fk_err(FK_ECORRUPT, "%s/cells.csv: expected columns cell_id, codec, dataset, "
+                      "status", dir);
+    st->col_first_opt = cs + 1;
+    st->col_end_opt = fk_csv_col(t, "n_traces");
+    if (st->col_end_opt < 0)
+        st->col_end_opt = st->col_first_opt;
+    st->c = calloc((size_t)t->n_rows + 1, sizeof *st->c);
+    st->datasets = calloc((size_t)t->n_rows + 1, sizeof(char *));
+    if (!st->c || !st->datasets)
+        return fk_err(FK_ENOMEM, "out of memory");
+    for (int i = 0; i < t->n_rows; i++) {
+        if (strcmp(t->rows[i][cs], "ok"))
+            continue;
+        struct cell *c = &st->c[st->n++];
+        c->row = i;
+        c->id = t->rows[i][ci];
+        c->codec = t->rows[i][cc];
+        c->dataset = t->rows[i][cd];
+        int seen = 0;
+        for (int d = 0; d < st->n_ds; d++)
+            seen |= !strcmp(st->datasets[d], c->dataset);
+        if (!seen)
+            st->datasets[st->n_ds++] = t->rows[i][cd];
+    }
+    /* representative-cell rank: options off the dataset's common values, then off the
+     * codec's defaults */
+    for (int i = 0; i < st->n; i++)
+        st->c[i].n_diff = count_offmode(st, &st->c[i]) * 1000 + count_nondefault(st, &st->c[i]);
+    return load_seqs(st);
+}
+
+static void store_free(struct store *st)
+{
+    for (int i = 0; i < st->n; i++)
+        free(st->c[i].seq);
+    free(st->c);
+    free(st->datasets);
+    fk_csv_free(&st->cells);
+    fk_csv_free(&st->sum);
+}
+
+/* The representative cell of (dataset, codec): lowest n_diff, then first. */
+static struct cell *representative(struct store *st, const char *ds, const char *codec)
+{
+    struct cell *best = NULL;
+    for (int i = 0; i < st->n; i++) {
+        struct cell *c = &st->c[i];
+        if (strcmp(c->dataset, ds) || strcmp(c->codec, codec))
+            continue;
+        if (!best || c->n_diff < best->n_diff)
+            best = c;
+    }
+    return best;
+}
+
+/* Codecs present in a dataset, fixed order first, then others in sweep order. */
+static int codecs_in(struct store *st, const char *ds, const char **out, int cap)
+{
+    int n = 0;
+    for (int k = 0; codec_order[k]; k++)
+        if (representative(st, ds, codec_order[k]) && n < cap)
+            out[n++] = codec_order[k];
+    for (int i = 0; i < st->n; i++) {
+        struct cell *c = &st->c[i];
+        if (strcmp(c->dataset, ds) || fk_plot_codec_style(c->codec) <= 6)
+            continue;
+        int seen = 0;
+        for (int j = 0; j < n; j++)
+            seen |= !strcmp(out[j], c->codec);
+        if (!seen && n < cap)
+            out[n++] = c->codec;
+    }
+    return n;
+}
+
+/* ---- figure bookkeeping ----------------------------------------------------------------- */
+
+static struct fk_plot_fig *fig_add(struct fk_plot_set *set, const char *stem, const char *ds,
+                                   int n_ds, const char *script)
+{
+    if (set->n_figs == set->cap) {
+        int nc = set->cap ? set->cap * 2 : 32;
+        struct fk_plot_fig *nf = realloc(set->figs, sizeof *nf * (size_t)nc);
+        if (!nf)
+            return NULL;
+        set->figs = nf;
+        set->cap = nc;
+    }
+    struct fk_plot_fig *f = &set->figs[set->n_figs++];
+    memset(f, 0, sizeof *f);
+    if (n_ds > 1)
+        snprintf(f->name, sizeof f->name, "%s.%s", stem, ds);
+    else
+        snprintf(f->name, sizeof f->name, "%s", stem);
+    for (char *p = f->name; *p; p++)
+        if (*p == '/' || *p == ' ' || *p == '\'')
+            *p = '_';
+    snprintf(f->script, sizeof f->script, "%s.gp", stem);
+    return f;
+}
+
+/* Appends name='value' to the figure's -e assignments (gnuplot doubles a quote). */
+static void fig_var(struct fk_plot_fig *f, const char *name, const char *value)
+{
+    size_t n = strlen(f->vars);
+    n += (size_t)snprintf(f->vars + n, sizeof f->vars - n, "%s='", name);
+    for (const char *p = value; *p && n + 4 < sizeof f->vars; p++) {
+        if (*p == '\'')
+            f->vars[n++] = '\'';
+        f->vars[n++] = *p;
+    }
+    snprintf(f->vars + n, sizeof f->vars - n, "'; ");
+}
+
+/* Appends name=value (a number) to the figure's -e assignments. */
+static void fig_num(struct fk_plot_fig *f, const char *name, int value)
+{
+    size_t n = strlen(f->vars);
+    snprintf(f->vars + n, sizeof f->vars - n, "%s=%d; ", name, value);
+}
+
+/* Like fig_var for text shown in a title: escapes gnuplot's enhanced-text characters. */
+static void fig_text(struct fk_plot_fig *f, const char *name, const char *value)
+{
+    char e[1024];
+    size_t n = 0;
+    for (const char *p = value; *p && n + 3 < sizeof e; p++) {
+        if (strchr("_^{}@&~\\", *p))
+            e[n++] = '\\';
+        e[n++] = *p;
+    }
+    e[n] = 0;
+    fig_var(f, name, e);
+}
+
+#if defined(__GNUC__)
+__attribute__((format(printf, 2, 3)))
+#endif
+static void fig_skip(struct fk_plot_fig *f, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(f->note, sizeof f->note, fmt, ap);
+    va_end(ap);
+    if (!f->note[0])
+        snprintf(f->note, sizeof f->note, "no data");
+}
+
+static void data_path(const struct store *st, const struct fk_plot_fig *f, const char *ext,
+                      char *out, size_t cap)
+{
+    snprintf(out, cap, "%s/%s.%s", st->data_dir, f->name, ext);
+}
+
+/* ---- HDF5 cell files -------------------------------------------------------------------- */
+
+struct h5cell {
+    hid_t f;                     /* open cells/<id>.h5, or -1 */
+    char path[4200];             /* its path */
+    int n_tr, n_layers;          /* groups T00.. and L00.. present */
+};
+
+static int h5_exists(hid_t loc, const char *name)
+{
+    return H5Lexists(loc, name, H5P_DEFAULT) > 0;
+}
+
+static int h5cell_open(const struct store *st, const struct cell *c, struct h5cell *h)
+{
+    memset(h, 0, sizeof *h);
+    snprintf(h->path, sizeof h->path, "%s/cells/%s.h5", st->dir, c->id);
+    h->f = H5Fopen(h->path, H5F_ACC_RDONLY, H5P_DEFAULT);
+    if (h->f < 0)
+        return fk_err(FK_EIO, "%s: cannot open", h->path);
+    char g[64];
+    for (;;) {
+        snprintf(g, sizeof g, "T%02d", h->n_tr);
+        if (!h5_exists(h->f, g))
+            break;
+        h->n_tr++;
+    }
+    for (;;) {
+        snprintf(g, sizeof g, "T00/L%02d", h->n_layers);
+        if (h->n_tr == 0 || !h5_exists(h->f, g))
+            break;
+        h->n_layers++;
+    }
+    return FK_OK;
+}
+
+static void h5cell_close(struct h5cell *h)
+{
+    if (h->f >= 0)
+        H5Fclose(h->f);
+    h->f = -1;
+}
+
+/* Reads T<t>/L<l>/<K|V>/<name> as doubles (malloc'd, *n values); *out NULL when absent. */
+static int h5_series(struct h5cell *h, int t, int l, int k, const char *name, double **out,
+                     int *n)
+{
+    char p[128];
+    snprintf(p, sizeof p, "T%02d/L%02d/%s/%s", t, l, k ? "V" : "K", name);
+    *out = NULL;
+    *n = 0;
+    if (!h5_exists(h->f, p))
+        return FK_OK;
+    char g[64];
+    snprintf(g, sizeof g, "T%02d/L%02d/%s", t, l, k ? "V" : "K");
+    if (!h5_exists(h->f, g))
+        return FK_OK;
+    hid_t ds = H5Dopen2(h->f, p, H5P_DEFAULT);
+    if (ds < 0)
+        return fk_err(FK_ECORRUPT, "%s: dataset %s: cannot open", h->path, p);
+    int rank;
+    hsize_t dims[8];
+    int rc = fk_h5_shape(ds, h->path, p, &rank, dims);
+    if (rc == FK_OK && rank != 1)
+        rc = fk_err(FK_ECORRUPT, "%s: dataset %s: expected 1 dimension, found %d", h->path, p,
+                    rank);
+    double *v = NULL;
+    if (rc == FK_OK) {
+        v = malloc(sizeof(double) * (size_t)(dims[0] ? dims[0] : 1));
+        if (!v)
+            rc = fk_err(FK_ENOMEM, "out of memory");
+    }
+    if (rc == FK_OK && dims[0] &&
+        H5Dread(ds, H5T_NATIVE_DOUBLE, H5S_ALL, H5S_ALL, H5P_DEFAULT, v) < 0)
+        rc = fk_err(FK_ECORRUPT, "%s: dataset %s: read failed", h->path, p);
+    H5Dclose(ds);
+    if (rc < 0) {
+        free(v);
+        return rc;
+    }
+    *out = v;
+    *n = (int)dims[0];
+    return FK_OK;
+}
+
+static long dict_atoms(const char *path);
+
+/* ---- Fig. 1 ----------------------------------------------------------------------------- */
+
+static struct cell *diag_cell(struct store *st, const char *ds)
+{
+    static const char *const pri[] = {"lexico", "lexico-adp", "gm", "fadkv", "pl", NULL};
+    for (int i = 0; pri[i]; i++) {
+        struct cell *c = representative(st, ds, pri[i]);
+        if (c)
+            return c;
+    }
+    return NULL;
+}
+
+static const int recall_ns[8] = {8, 16, 32, 64, 128, 256, 512, 1024};
+
+/* Fig. 1a: recall@n, per sequence the mean over layers, K and V. */
+static int fig1a(struct store *st, struct fk_plot_set *set, const char *ds, struct cell *c)
+{
+    struct fk_plot_fig *f = fig_add(set, "fig1a_recall", ds, st->n_ds, "fig1a_recall");
+    if (!f)
+        return fk_err(FK_ENOMEM, "out of memory");
+    if (!c) {
+        fig_skip(f, "dataset %s has no dictionary codec cell", ds);
+        return FK_OK;
+    }
+    struct h5cell h;
+    if (h5cell_open(st, c, &h) < 0) {
+        fig_skip(f, "%s", fk_errmsg());
+        return FK_OK;
+    }
+    int T = h.n_tr, rc = FK_OK, any = 0;
+    double *seq = calloc((size_t)(T ? T : 1) * 16, sizeof(double));
+    if (!seq) {
+        h5cell_close(&h);
+        return fk_err(FK_ENOMEM, "out of memory");
+    }
+    for (int t = 0; t < T && rc == FK_OK; t++)
+        for (int k = 0; k < 2 && rc == FK_OK; k++)
+            for (int q = 0; q < 8; q++) {
+                double s = 0;
+                int n = 0;
+                for (int l = 0; l < h.n_layers && rc == FK_OK; l++) {
+                    double *v;
+                    int nv;
+                    rc = h5_series(&h, t, l, k, "pool_recall", &v, &nv);
+                    if (rc == FK_OK && v && q < nv && isfinite(v[q])) {
+                        s += v[q];
+                        n++;
+                    }
+                    free(v);
+                }
+                seq[((size_t)k * 8 + q) * (size_t)T + t] = n ? s / n : NAN;
+                any |= n > 0;
+            }
+    h5cell_close(&h);
+    struct fk_sb b = {0};
+    fk_sb_printf(&b, "# Fig. 1a: recall of full-OMP atoms in the top-n screened pool\n"
+                "# cell %s (%s, dataset %s), %d sequence(s); mean over layers, then over "
+                "sequences, 95%% bootstrap interval\n# n K_mean K_lo K_hi V_mean V_lo V_hi\n",
+            c->id, c->codec, ds, T);
+    long N = dict_atoms(cstr(st, c, "dictionary"));
+    for (int q = 0; q < 8 && rc == FK_OK; q++) {
+        if (N > 0 && recall_ns[q] > N)
+            break;    /* a pool of all N atoms holds every atom: recall 1 by definition */
+        fk_sb_printf(&b, "%d", recall_ns[q]);
+        for (int k = 0; k < 2 && rc == FK_OK; k++) {
+            double m, lo, hi;
+            rc = fk_boot_mean_ci(seq + ((size_t)k * 8 + q) * (size_t)T, T, FK_BOOT_RESAMPLES,
+                                 FK_BOOT_SEED, &m, &lo, &hi);
+            bnum(&b, m);
+            bnum(&b, lo);
+            bnum(&b, hi);
+        }
+        fk_sb_printf(&b, "\n");
+    }
+    free(seq);
+    if (rc < 0 || !any) {
+        free(b.s);
+        if (!any)
+            fig_skip(f, "no pool recall in cell %s (sweep recall = false?)", c->id);
+        return rc;
+    }
+    char p[4400];
+    data_path(st, f, "dat", p, sizeof p);
+    FK_TRY(buf_write(&b, p));
+    fig_var(f, "data", p);
+    char t[512];
+    if (N > 0)
+        snprintf(t, sizeof t, "%s, %s, N = %ld, s = %s", ds, codec_display(c->codec), N,
+                 cstr(st, c, "s"));
+    else
+        snprintf(t, sizeof t, "%s, %s, s = %s", ds, codec_display(c->codec), cstr(st, c, "s"));
+    fig_text(f, "subtitle", t);
+    return FK_OK;
+}
+
+static int cmp_dbl(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* Fig. 1b: correlation profile, mean over streams with a 10-90% band over streams. */
+static int fig1b(struct store *st, struct fk_plot_set *set, const char *ds, struct cell *c)
+{
+    struct fk_plot_fig *f = fig_add(set, "fig1b_corr", ds, st->n_ds, "fig1b_corr");
+    if (!f)
+        return fk_err(FK_ENOMEM, "out of memory");
+    if (!c) {
+        fig_skip(f, "dataset %s has no dictionary codec cell", ds);
+        return FK_OK;
+    }
+    struct h5cell h;
+    if (h5cell_open(st, c, &h) < 0) {
+        fig_skip(f, "%s", fk_errmsg());
+        return FK_OK;
+    }
+    int S = h.n_tr * h.n_layers, rc = FK_OK, R = 256;
+    double *prof = calloc((size_t)2 * (S ? S : 1) * R, sizeof(double));
+    int cnt[2] = {0, 0};
+    if (!prof) {
+        h5cell_close(&h);
+        return fk_err(FK_ENOMEM, "out of memory");
+    }
+    for (int t = 0; t < h.n_tr && rc == FK_OK; t++)
+        for (int l = 0; l < h.n_layers && rc == FK_OK; l++)
+            for (int k = 0; k < 2 && rc == FK_OK; k++) {
+                double *v;
+                int nv;
+                rc = h5_series(&h, t, l, k, "corr_profile", &v, &nv);
+                if (rc == FK_OK && v && nv >= R && isfinite(v[0])) {
+                    memcpy(prof + ((size_t)k * S + cnt[k]) * R, v, sizeof(double) * R);
+                    cnt[k]++;
+                }
+                free(v);
+            }
+    h5cell_close(&h);
+    if (rc < 0 || !cnt[0] || !cnt[1]) {
+        free(prof);
+        if (rc == FK_OK)
+            fig_skip(f, "no correlation profile in cell %s", c->id);
+        return rc;
+    }
+    double *col = malloc(sizeof(double) * (size_t)S);
+    struct fk_sb b = {0};
+    fk_sb_printf(&b, "# Fig. 1b: sorted |D^T x| / max, mean over %d K and %d V streams "
+                "(layers x sequences) of cell %s (%s, dataset %s); band: 10%% and 90%% "
+                "quantiles over streams\n# rank K_mean K_p10 K_p90 V_mean V_p10 V_p90\n",
+            cnt[0], cnt[1], c->id, c->codec, ds);
+    for (int r = 0; col && r < R; r++) {
+        fk_sb_printf(&b, "%d", r + 1);
+        for (int k = 0; k < 2; k++) {
+            double s = 0;
+            for (int i = 0; i < cnt[k]; i++) {
+                col[i] = prof[((size_t)k * S + i) * R + r];
+                s += col[i];
+            }
+            qsort(col, (size_t)cnt[k], sizeof(double), cmp_dbl);
+            bnum(&b, s / cnt[k]);
+            bnum(&b, gsl_stats_quantile_from_sorted_data(col, 1, (size_t)cnt[k], 0.1));
+            bnum(&b, gsl_stats_quantile_from_sorted_data(col, 1, (size_t)cnt[k], 0.9));
+        }
+        fk_sb_printf(&b, "\n");
+    }
+    free(prof);
+    if (!col) {
+        free(b.s);
+        return fk_err(FK_ENOMEM, "out of memory");
+    }
+    free(col);
+    char p[4400];
+    data_path(st, f, "dat", p, sizeof p);
+    FK_TRY(buf_write(&b, p));
+    fig_var(f, "data", p);
+    char t[512];
+    snprintf(t, sizeof t, "%s, %s", ds, codec_display(c->codec));
+    fig_text(f, "subtitle", t);
+    return FK_OK;
+}
+
+/* Per-layer summary.csv values of one cell: vals[(k * L + l) * T + t]. */
+static int layer_values(struct store *st, const struct cell *c, const char *metric, int *n_l,
+                        int *n_t, double **out)
+{
+    const struct fk_csv *s = &st->sum;
+    int ci = fk_csv_col(s, "cell_id"), ct = fk_csv_col(s, "trace");
+    int cl = fk_csv_col(s, "layer"), ck = fk_csv_col(s, "kind"), cm = fk_csv_col(s, metric);
+    int L = 0, T = c->n_seq;
+    *out = NULL;
+    *n_l = *n_t = 0;
+    if (cm < 0 || cl < 0 || T == 0)
+        return FK_OK;
+    for (int i = 0; i < s->n_rows; i++)
+        if (!strcmp(s->rows[i][ci], c->id)) {
+            int l = atoi(s->rows[i][cl]);
+            L = l + 1 > L ? l + 1 : L;
+        }
+    if (L == 0 || L > 100000)
+        return FK_OK;
+    double *v = malloc(sizeof(double) * (size_t)2 * L * T);
+    if (!v)
+        return fk_err(FK_ENOMEM, "out of memory");
+    for (size_t i = 0; i < (size_t)2 * L * T; i++)
+        v[i] = NAN;
+    for (int i = 0; i < s->n_rows; i++) {
+        if (strcmp(s->rows[i][ci], c->id))
+            continue;
+        int t = 0;
+        while (t < T && strcmp(c->seq[t].trace, s->rows[i][ct]))
+            t++;
+        int l = atoi(s->rows[i][cl]), k = !strcmp(s->rows[i][ck], "V");
+        if (t < T && l >= 0 && l < L)
+            v[((size_t)k * L + l) * T + t] = fk_csv_num(s, i, cm);
+    }
+    *out = v;
+    *n_l = L;
+    *n_t = T;
+    return FK_OK;
+}
+
+/* Fig. 1c: inactive fraction after prefill per layer, K and V. */
+static int fig1c(struct store *st, struct fk_plot_set *set, const char *ds, struct cell *c)
+{
+    struct fk_plot_fig *f = fig_add(set, "fig1c_inactive", ds, st->n_ds, "fig1c_inactive");
+    if (!f)
+        return fk_err(FK_ENOMEM, "out of memory");
+    if (!c) {
+        fig_skip(f, "dataset %s has no dictionary codec cell", ds);
+        return FK_OK;
+    }
+    double *v;
+    int L, T, any = 0;
+    FK_TRY(layer_values(st, c, "inactive_after_prefill", &L, &T, &v));
+    struct fk_sb b = {0};
+    fk_sb_printf(&b, "# Fig. 1c: fraction of atoms unused after prefill, cell %s (%s, dataset %s), "
+                "%d sequence(s); mean and 95%% bootstrap interval over sequences\n"
+                "# layer K_mean K_lo K_hi V_mean V_lo V_hi\n", c->id, c->codec, ds, T);
+    int rc = FK_OK;
+    for (int l = 0; l < L && rc == FK_OK; l++) {
+        fk_sb_printf(&b, "%d", l);
+        for (int k = 0; k < 2 && rc == FK_OK; k++) {
+            double m, lo, hi;
+            rc = fk_boot_mean_ci(v + ((size_t)k * L + l) * T, T, FK_BOOT_RESAMPLES,
+                                 FK_BOOT_SEED, &m, &lo, &hi);
+            any |= isfinite(m);
+            bnum(&b, m);
+            bnum(&b, lo);
+            bnum(&b, hi);
+        }
+        fk_sb_printf(&b, "\n");
+    }
+    free(v);
+    if (rc < 0 || !any) {
+        free(b.s);
+        if (rc == FK_OK)
+            fig_skip(f, "no inactive-atom counts in cell %s", c->id);
+        return rc;
+    }
+    char p[4400];
+    data_path(st, f, "dat", p, sizeof p);
+    FK_TRY(buf_write(&b, p));
+    fig_var(f, "data", p);
+    char t[512];
+    snprintf(t, sizeof t, "%s, %s", ds, codec_display(c->codec));
+    fig_text(f, "subtitle", t);
+    return FK_OK;
+}
+
+/* Fig. 1d: inactive-set overlap (Jaccard) across prompts, per codec (cells.csv). */
+static int fig1d(struct store *st, struct fk_plot_set *set, const char *ds)
+{
+    struct fk_plot_fig *f = fig_add(set, "fig1d_overlap", ds, st->n_ds, "fig1d_overlap");
+    if (!f)
+        return fk_err(FK_ENOMEM, "out of memory");
+    const char *cod[64];
+    int nc = codecs_in(st, ds, cod, 64), rows = 0;
+    struct fk_sb b = {0};
+    fk_sb_printf(&b, "# Fig. 1d: Jaccard overlap of the after-prefill inactive atom sets between "
+                "prompts (mean over prompt pairs, layers and K/V; cells.csv "
+                "inactive_overlap)\n# codec_index style overlap inactive_k inactive_v label "
+                "cell\n");
+    for (int i = 0; i < nc; i++) {
+        struct cell *c = representative(st, ds, cod[i]);
+        double o = cnum(st, c, "inactive_overlap");
+        if (!isfinite(o))
+            continue;
+        fk_sb_printf(&b, "%d %d", rows, fk_plot_codec_style(c->codec));
+        bnum(&b, o);
+        bnum(&b, cnum(st, c, "inactive_k"));
+        bnum(&b, cnum(st, c, "inactive_v"));
+        fk_sb_printf(&b, " \"%s\" %s\n", codec_display(c->codec), c->id);
+        rows++;
+    }
+    if (!rows) {
+        free(b.s);
+        fig_skip(f, "inactive_overlap is NaN in dataset %s (needs 2+ prompts whose prefill "
+                 "is longer than the buffer n_b, and a dictionary codec)", ds);
+        return FK_OK;
+    }
+    char p[4400];
+    data_path(st, f, "dat", p, sizeof p);
+    FK_TRY(buf_write(&b, p));
+    fig_var(f, "data", p);
+    fig_text(f, "subtitle", ds);
+    return FK_OK;
+}
+
+/* ---- Fig. 3a / 3b: time series per codec ------------------------------------------------ */
+
+#define BIN 64
+
+/* Per-sequence series of a cell: out[t * n + i], n = common length. mode 0: dict_size_norm
+ * per step (mean over streams); mode 1: rel. error per bin of *bin decode steps (per stream
+ * sum err / sum n in the bin, then mean over streams). *bin is BIN, halved while that gives
+ * fewer than 8 bins (short traces); *steps is the common number of decode steps. */
+static int cell_series(struct store *st, const struct cell *c, int mode, double **out, int *n,
+                       int *n_t, int *bin, int *steps)
+{
+    struct h5cell h;
+    *out = NULL;
+    *n = *n_t = 0;
+    if (h5cell_open(st, c, &h) < 0)
+        return FK_OK;    /* no series: the figure is skipped with a note */
+    int T = h.n_tr, len = -1, rc = FK_OK;
+    for (int t = 0; t < T && rc == FK_OK; t++) {
+        double *v;
+        int nv;
+        rc = h5_series(&h, t, 0, 0, mode ? "step_n" : "dict_size_norm", &v, &nv);
+        free(v);
+        if (rc == FK_OK && v && (len < 0 || nv < len))
+            len = nv;
+    }
+    if (rc < 0 || len <= 0) {
+        h5cell_close(&h);
+        return rc;
+    }
+    int B = BIN;
+    while (B > 1 && (len + B - 1) / B < 8)
+        B /= 2;
+    *bin = B;
+    *steps = len;
+    int N = mode ? (len + B - 1) / B : len;
+    double *acc = calloc((size_t)T * N, sizeof(double));
+    int *cnt = calloc((size_t)T * N, sizeof(int));
+    if (!acc || !cnt) {
+        free(acc);
+        free(cnt);
+        h5cell_close(&h);
+        return fk_err(FK_ENOMEM, "out of memory");
+    }
+    for (int t = 0; t < T && rc == FK_OK; t++)
+        for (int l = 0; l < h.n_layers && rc == FK_OK; l++)
+            for (int k = 0; k < 2 && rc == FK_OK; k++) {
+                double *a = NULL, *w = NULL;
+                int na = 0, nw = 0;
+                rc = h5_series(&h, t, l, k, mode ? "step_err_sum" : "dict_size_norm", &a, &na);
+                if (rc == FK_OK && mode)
+                    rc = h5_series(&h, t, l, k, "step_n", &w, &nw);
+                if (rc == FK_OK && a && na >= len && (!mode || (w && nw >= len))) {
+                    for (int i = 0; i < N; i++) {
+                        double s = 0, sn = 0;
+                        if (!mode) {
+                            s = a[i];
+                            sn = 1;
+                        }
+                        for (int j = i * B; mode && j < (i + 1) * B && j < len; j++) {
+                            s += a[j];
+                            sn += w[j];
+                        }
+                        if (sn > 0 && isfinite(s)) {
+                            acc[(size_t)t * N + i] += s / sn;
+                            cnt[(size_t)t * N + i]++;
+                        }
+                    }
+                }
+                free(a);
+                free(w);
+            }
+    h5cell_close(&h);
+    for (size_t i = 0; i < (size_t)T * N; i++)
+        acc[i] = cnt[i] ? acc[i] / cnt[i] : NAN;
+    free(cnt);
+    if (rc < 0) {
+        free(acc);
+        return rc;
+    }
+    *out = acc;
+    *n = N;
+    *n_t = T;
+    return FK_OK;
+}
+
+static int fig3_series(struct store *st, struct fk_plot_set *set, const char *ds, int mode)
+{
+    struct fk_plot_fig *f = fig_add(set, mode ? "fig3b_err_steps" : "fig3a_dict_size", ds,
+                                    st->n_ds, "");
+    if (!f)
+        return fk_err(FK_ENOMEM, "out of memory");
+    const char *cod[64];
+    int nc = codecs_in(st, ds, cod, 64), blocks = 0, rc = FK_OK, bin = BIN, steps = 0;
+    char names[1024] = "";
+    struct fk_sb b = {0};
+    fk_sb_printf(&b, "# Fig. 3%c: %s vs decode step, one block per codec (representative cell), "
+                "mean over layers and K/V per sequence, then mean and 95%% bootstrap interval "
+                "over sequences\n# %s mean lo hi\n", mode ? 'b' : 'a',
+            mode ? "relative reconstruction error (bins of decode steps)"
+                 : "normalised dictionary size N_t/N",
+            mode ? "bin_start bin_centre" : "step");
+    for (int i = 0; i < nc && rc == FK_OK; i++) {
+        if (!strcmp(cod[i], "full"))
+            continue;
+        struct cell *c = representative(st, ds, cod[i]);
+        double *v;
+        int N, T, B = BIN, L = 0;
+        rc = cell_series(st, c, mode, &v, &N, &T, &B, &L);
+        if (rc == FK_OK && v && !blocks) {
+            bin = B;
+            steps = L;
+        }
+        if (rc < 0 || !v)
+            continue;
+        double *col = malloc(sizeof(double) * (size_t)T);
+        if (!col) {
+            free(v);
+            rc = fk_err(FK_ENOMEM, "out of memory");
+            break;
+        }
+        fk_sb_printf(&b, "%s# codec %s cell %s, %d sequence(s)\n", blocks ? "\n\n" : "", c->codec,
+                c->id, T);
+        for (int j = 0; j < N && rc == FK_OK; j++) {
+            for (int t = 0; t < T; t++)
+                col[t] = v[(size_t)t * N + j];
+            double m, lo, hi;
+            rc = fk_boot_mean_ci(col, T, FK_BOOT_RESAMPLES, FK_BOOT_SEED, &m, &lo, &hi);
+            if (!isfinite(m))
+                continue;
+            if (mode)
+                fk_sb_printf(&b, "%d %g", j * B, j * B + B / 2.0);
+            else
+                fk_sb_printf(&b, "%d", j + 1);
+            bnum(&b, m);
+            bnum(&b, lo);
+            bnum(&b, hi);
+            fk_sb_printf(&b, "\n");
+        }
+        free(col);
+        free(v);
+        size_t n = strlen(names);
+        snprintf(names + n, sizeof names - n, "%s%s", blocks ? " " : "", c->codec);
+        blocks++;
+    }
+    snprintf(f->script, sizeof f->script, "%s.gp", mode ? "fig3b_err_steps" : "fig3a_dict_size");
+    if (rc < 0 || !blocks) {
+        free(b.s);
+        if (rc == FK_OK)
+            fig_skip(f, "no per-step series for a dictionary codec in dataset %s", ds);
+        return rc;
+    }
+    char p[4400];
+    data_path(st, f, "dat", p, sizeof p);
+    FK_TRY(buf_write(&b, p));
+    fig_var(f, "data", p);
+    fig_var(f, "codecs", names);
+    fig_text(f, "subtitle", ds);
+    fig_num(f, "bin", bin);
+    fig_num(f, "nsteps", steps);
+    return FK_OK;
+}
+
+/* ---- Fig. 3c / 3d: heatmaps -------------------------------------------------------------- */
+
+struct axis {
+    char lab[64][48];            /* distinct labels */
+    double key[64][2];           /* their sort keys */
+    int n;                       /* labels held */
+};
+
+static int axis_add(struct axis *a, const char *lab, double k0, double k1)
+{
+    for (int i = 0; i < a->n; i++)
+        if (!strcmp(a->lab[i], lab))
+            return i;
+    if (a->n == 64)
+        return -1;
+    snprintf(a->lab[a->n], sizeof a->lab[0], "%s", lab);
+    a->key[a->n][0] = k0;
+    a->key[a->n][1] = k1;
+    return a->n++;
+}
+
+/* Rank of entry i in key order. */
+static int axis_rank(const struct axis *a, int i)
+{
+    int r = 0;
+    for (int j = 0; j < a->n; j++)
+        r += a->key[j][0] < a->key[i][0] ||
+             (a->key[j][0] == a->key[i][0] && a->key[j][1] < a->key[i][1]) ||
+             (a->key[j][0] == a->key[i][0] && a->key[j][1] == a->key[i][1] && j < i);
+    return r;
+}
+
+/* The options of a cell other than `skip` (comma list), as one string. */
+static void other_opts(const struct store *st, const struct cell *c, const char *skip,
+                       char *out, size_t cap)
+{
+    size_t n = 0;
+    out[0] = 0;
+    for (int j = st->col_first_opt; j < st->col_end_opt && n + 1 < cap; j++) {
+        char pat[80];
+        snprintf(pat, sizeof pat, ",%s,", st->cells.head[j]);
+        if (strstr(skip, pat))
+            continue;
+        n += (size_t)snprintf(out + n, cap - n, "%s=%s;", st->cells.head[j],
+                              st->cells.rows[c->row][j]);
+    }
+}
+
+/* Atoms N of a dictionary file (attribute "atoms"), or -1. */
+static long dict_atoms(const char *path)
+{
+    if (!path || !*path)
+        return -1;
+    hid_t f = H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT);
+    if (f < 0)
+        return -1;
+    int64_t n = -1;
+    if (fk_h5_attr_i64(f, path, "atoms", &n) < 0)
+        n = -1;
+    H5Fclose(f);
+    fk_err_clear();
+    return (long)n;
+}
+
+struct hm_pt {
+    const struct cell *c;        /* the cell */
+    int x, y;                    /* axis entries */
+};
+
+/* Writes a heatmap data file: blocks per y (ascending), rows per x (ascending). */
+static int heat_write(struct store *st, struct fk_plot_fig *f, const struct axis *ax,
+                      const struct axis *ay, const struct hm_pt *pt, int np, const char *what)
+{
+    struct fk_sb b = {0};
+    fk_sb_printf(&b, "# %s\n# xi yi rel_err_mean attn_kl xlabel ylabel rel_err_text attn_kl_text "
+                "rel_err_final_mean rel_err_final_text cell\n", what);
+    for (int yr = 0; yr < ay->n; yr++) {
+        int y = 0;
+        while (axis_rank(ay, y) != yr)
+            y++;
+        for (int xr = 0; xr < ax->n; xr++) {
+            int x = 0;
+            while (axis_rank(ax, x) != xr)
+                x++;
+            const struct cell *c = NULL;
+            for (int i = 0; i < np && !c; i++)
+                if (pt[i].x == x && pt[i].y == y)
+                    c = pt[i].c;
+            double e = c ? cnum(st, c, "rel_err_mean") : NAN;
+            double kl = c ? cnum(st, c, "attn_kl") : NAN;
+            double fe = c ? cnum(st, c, "rel_err_final_mean") : NAN;
+            char te[32] = "n/a", tk[32] = "n/a", tf[32] = "n/a";
+            if (isfinite(e))
+                snprintf(te, sizeof te, "%.3g", e);
+            if (isfinite(kl))
+                snprintf(tk, sizeof tk, "%.3g", kl);
+            if (isfinite(fe))
+                snprintf(tf, sizeof tf, "%.3g", fe);
+            fk_sb_printf(&b, "%d %d", xr, yr);
+            bnum(&b, e);
+            bnum(&b, kl);
+            fk_sb_printf(&b, " \"%s\" \"%s\" \"%s\" \"%s\"", ax->lab[x], ay->lab[y], te, tk);
+            bnum(&b, fe);
+            fk_sb_printf(&b, " \"%s\" %s\n", tf, c ? c->id : "-");
+        }
+        fk_sb_printf(&b, "\n");
+    }
+    char p[4400];
+    data_path(st, f, "dat", p, sizeof p);
+    FK_TRY(buf_write(&b, p));
+    fig_var(f, "data", p);
+    fig_num(f, "nx", ax->n);
+    fig_num(f, "ny", ay->n);
+    return FK_OK;
+}
+
+/* Fig. 3c: fadkv cells varying tau_c and (delta_k, delta_v), per dataset. */
+static int fig3c(struct store *st, struct fk_plot_set *set, const char *ds)
+{
+    struct fk_plot_fig *f = fig_add(set, "fig3c_tau_delta", ds, st->n_ds, "fig3c_tau_delta");
+    if (!f)
+        return fk_err(FK_ENOMEM, "out of memory");
+    static const char skip[] = ",tau_c,delta_k,delta_v,";
+    char best_key[2048] = "", key[2048];
+    int best = 0;
+    /* the group (other options equal) with the most distinct (tau_c, delta) pairs */
+    for (int i = 0; i < st->n; i++) {
+        const struct cell *c = &st->c[i];
+        if (strcmp(c->dataset, ds) || strcmp(c->codec, "fadkv"))
+            continue;
+        other_opts(st, c, skip, key, sizeof key);
+        struct axis ax = {0}, ay = {0};
+        int pairs = 0;
+        for (int j = 0; j < st->n; j++) {
+            const struct cell *d = &st->c[j];
+            char k2[2048];
+            if (strcmp(d->dataset, ds) || strcmp(d->codec, "fadkv"))
+                continue;
+            other_opts(st, d, skip, k2, sizeof k2);
+            if (strcmp(k2, key))
+                continue;
+            char yl[48];
+            snprintf(yl, sizeof yl, "%s/%s", cstr(st, d, "delta_k"), cstr(st, d, "delta_v"));
+            int nx = ax.n, ny = ay.n;
+            axis_add(&ax, cstr(st, d, "tau_c"), 0, 0);
+            axis_add(&ay, yl, 0, 0);
+            pairs += ax.n != nx || ay.n != ny;
+        }
+        int score = ax.n * ay.n;
+        if (ax.n * ay.n > 1 && score > best) {
+            best = score;
+            snprintf(best_key, sizeof best_key, "%s", key);
+        }
+        (void)pairs;
+    }
+    if (!best) {
+        fig_skip(f, "no fadkv cells varying tau_c or delta_k/delta_v in dataset %s", ds);
+        return FK_OK;
+    }
+    struct axis ax = {0}, ay = {0};
+    struct hm_pt pt[4096];
+    int np = 0;
+    for (int j = 0; j < st->n && np < 4096; j++) {
+        const struct cell *d = &st->c[j];
+        if (strcmp(d->dataset, ds) || strcmp(d->codec, "fadkv"))
+            continue;
+        other_opts(st, d, skip, key, sizeof key);
+        if (strcmp(key, best_key))
+            continue;
+        char yl[48];
+        double dk = cnum(st, d, "delta_k"), dv = cnum(st, d, "delta_v");
+        snprintf(yl, sizeof yl, "%s/%s", cstr(st, d, "delta_k"), cstr(st, d, "delta_v"));
+        int x = axis_add(&ax, cstr(st, d, "tau_c"), cnum(st, d, "tau_c"), 0);
+        int y = axis_add(&ay, yl, dk, dv);
+        if (x < 0 || y < 0)
+            continue;
+        int dup = 0;
+        for (int i = 0; i < np; i++)
+            dup |= pt[i].x == x && pt[i].y == y;
+        if (!dup)
+            pt[np++] = (struct hm_pt){d, x, y};
+    }
+    char what[2300];
+    snprintf(what, sizeof what, "Fig. 3c: fadkv on dataset %s, tau_c (x) by delta_k/delta_v "
+             "(y); other options: %s", ds, best_key);
+    FK_TRY(heat_write(st, f, &ax, &ay, pt, np, what));
+    char t[512];
+    snprintf(t, sizeof t, "%s, FAD-KV, s = %s, n = %s", ds, cstr(st, pt[0].c, "s"),
+             cstr(st, pt[0].c, "n"));
+    fig_text(f, "subtitle", t);
+    return FK_OK;
+}
+
+/* Fig. 3d: N (dictionary atoms; dataset name when unknown) by s, one figure per sweep. */
+static int fig3d(struct store *st, struct fk_plot_set *set, const char *codec)
+{
+    struct fk_plot_fig *f = fig_add(set, "fig3d_N_s", codec, 2, "fig3d_N_s");
+    if (!f)
+        return fk_err(FK_ENOMEM, "out of memory");
+    static const char skip[] = ",s,";
+    long *natoms = malloc(sizeof(long) * (size_t)(st->n ? st->n : 1));
+    if (!natoms)
+        return fk_err(FK_ENOMEM, "out of memory");
+    for (int i = 0; i < st->n; i++) {
+        natoms[i] = -2;
+        for (int j = 0; j < i && natoms[i] == -2; j++)
+            if (!strcmp(cstr(st, &st->c[j], "dictionary"), cstr(st, &st->c[i], "dictionary")))
+                natoms[i] = natoms[j];
+        if (natoms[i] == -2)
+            natoms[i] = dict_atoms(cstr(st, &st->c[i], "dictionary"));
+    }
+    /* group: codec + traces + other options; prefer fadkv, then the most pairs */
+    char best_key[4096] = "", key[4096];
+    int best = 0;
+    for (int i = 0; i < st->n; i++) {
+        const struct cell *c = &st->c[i];
+        if (!cstr(st, c, "dictionary")[0] || strcmp(c->codec, codec))
+            continue;
+        snprintf(key, sizeof key, "%s|%s|", c->codec, cstr(st, c, "traces"));
+        size_t n = strlen(key);
+        other_opts(st, c, skip, key + n, sizeof key - n);
+        struct axis ax = {0}, ay = {0};
+        for (int j = 0; j < st->n; j++) {
+            const struct cell *d = &st->c[j];
+            char k2[4096];
+            snprintf(k2, sizeof k2, "%s|%s|", d->codec, cstr(st, d, "traces"));
+            size_t n2 = strlen(k2);
+            other_opts(st, d, skip, k2 + n2, sizeof k2 - n2);
+            if (strcmp(k2, key))
+                continue;
+            axis_add(&ax, d->dataset, 0, 0);
+            axis_add(&ay, cstr(st, d, "s"), 0, 0);
+        }
+        int score = ax.n * ay.n;
+        if (ax.n * ay.n > 1 && score > best) {
+            best = score;
+            snprintf(best_key, sizeof best_key, "%s", key);
+        }
+    }
+    if (!best) {
+        free(natoms);
+        fig_skip(f, "no %s cells varying the dictionary (N) or s on the same traces", codec);
+        return FK_OK;
+    }
+    struct axis ax = {0}, ay = {0};
+    struct hm_pt pt[4096];
+    int np = 0, known = 1;
+    for (int j = 0; j < st->n && np < 4096; j++) {
+        const struct cell *d = &st->c[j];
+        snprintf(key, sizeof key, "%s|%s|", d->codec, cstr(st, d, "traces"));
+        size_t n = strlen(key);
+        other_opts(st, d, skip, key + n, sizeof key - n);
+        if (strcmp(key, best_key))
+            continue;
+        char xl[48];
+        if (natoms[j] > 0)
+            snprintf(xl, sizeof xl, "%ld", natoms[j]);
+        else
+            snprintf(xl, sizeof xl, "%s", d->dataset);
+        known &= natoms[j] > 0;
+        int x = axis_add(&ax, xl, natoms[j] > 0 ? (double)natoms[j] : 1e18, j);
+        int y = axis_add(&ay, cstr(st, d, "s"), cnum(st, d, "s"), 0);
+        if (x < 0 || y < 0)
+            continue;
+        int dup = 0;
+        for (int i = 0; i < np; i++)
+            dup |= pt[i].x == x && pt[i].y == y;
+        if (!dup)
+            pt[np++] = (struct hm_pt){d, x, y};
+    }
+    free(natoms);
+    char what[4400];
+    snprintf(what, sizeof what, "Fig. 3d: %s, dictionary atoms N (x) by sparsity s (y); "
+             "group %s", pt[0].c->codec, best_key);
+    FK_TRY(heat_write(st, f, &ax, &ay, pt, np, what));
+    char t[512];
+    if (cstr(st, pt[0].c, "n")[0])
+        snprintf(t, sizeof t, "%s, n = %s", codec_display(pt[0].c->codec),
+                 cstr(st, pt[0].c, "n"));
+    else
+        snprintf(t, sizeof t, "%s", codec_display(pt[0].c->codec));
+    fig_text(f, "subtitle", t);
+    fig_var(f, "xtitle", known ? "dictionary atoms N" : "dataset (dictionary)");
+    return FK_OK;
+}
+
+/* ---- Pareto ------------------------------------------------------------------------------ */
+
+static int pareto(struct store *st, struct fk_plot_set *set, const char *ds)
+{
+    struct fk_plot_fig *f = fig_add(set, "pareto_bytes_kl", ds, st->n_ds, "pareto_bytes_kl");
+    if (!f)
+        return fk_err(FK_ENOMEM, "out of memory");
+    const char *cod[64];
+    int nc = codecs_in(st, ds, cod, 64), blocks = 0, skipped = 0;
+    char names[1024] = "";
+    struct fk_sb b = {0};
+    fk_sb_printf(&b, "# Pareto: bytes per token vs attention KL, every finished cell of dataset %s; "
+                "one block per codec, the last block is the Pareto front\n"
+                "# bytes_per_token attn_kl rel_err_mean cell\n", ds);
+    double (*front)[2] = malloc(sizeof *front * (size_t)(st->n ? st->n : 1));
+    int nf = 0;
+    if (!front)
+        return fk_err(FK_ENOMEM, "out of memory");
+    for (int i = 0; i < nc; i++) {
+        int rows = 0;
+        for (int j = 0; j < st->n; j++) {
+            const struct cell *c = &st->c[j];
+            if (strcmp(c->dataset, ds) || strcmp(c->codec, cod[i]))
+                continue;
+            double x = cnum(st, c, "bytes_per_token"), y = cnum(st, c, "attn_kl");
+            if (!isfinite(x) || !isfinite(y) || y <= 0) {
+                skipped++;
+                continue;
+            }
+            if (!rows)
+                fk_sb_printf(&b, "%s# codec %s\n", blocks ? "\n\n" : "", cod[i]);
+            bnum(&b, x);
+            bnum(&b, y);
+            bnum(&b, cnum(st, c, "rel_err_mean"));
+            fk_sb_printf(&b, " %s\n", c->id);
+            front[nf][0] = x;
+            front[nf][1] = y;
+            nf++;
+            rows++;
+        }
+        if (rows) {
+            size_t n = strlen(names);
+            snprintf(names + n, sizeof names - n, "%s%s", blocks ? " " : "", cod[i]);
+            blocks++;
+        }
+    }
+    if (!blocks) {
+        free(front);
+        free(b.s);
+        fig_skip(f, "no cell with bytes_per_token and attn_kl > 0 in dataset %s (attention "
+                 "off?)", ds);
+        return FK_OK;
+    }
+    qsort(front, (size_t)nf, sizeof *front, cmp_dbl);
+    fk_sb_printf(&b, "\n\n# Pareto front (no other cell has fewer bytes and lower KL)\n");
+    double lowest = INFINITY;
+    for (int i = 0; i < nf; i++)
+        if (front[i][1] < lowest) {
+            lowest = front[i][1];
+            bnum(&b, front[i][0]);
+            bnum(&b, front[i][1]);
+            fk_sb_printf(&b, " NaN front\n");
+        }
+    free(front);
+    char p[4400];
+    data_path(st, f, "dat", p, sizeof p);
+    FK_TRY(buf_write(&b, p));
+    fig_var(f, "data", p);
+    fig_var(f, "codecs", names);
+    char t[512];
+    snprintf(t, sizeof t, "%s%s", ds, skipped ? " (cells with KL = 0, e.g. full, not shown)"
+                                              : "");
+    fig_text(f, "subtitle", t);
+    return FK_OK;
+}
+
+/* ---- Table 4 ------------------------------------------------------------------------------ */
+
+/* A per-sequence value of a cell for Table 4 (NaN when not defined). */
+static double seq_value(const struct store *st, const struct cell *c, const struct seqv *q,
+                        int what, double full_per_token)
+{
+    (void)st;
+    switch (what) {
+    case 0:
+        return q->vec > 0 ? q->macs / q->vec : NAN;
+    case 1:
+        return q->vec > 0 ? q->cpu / q->vec : NAN;
+    case 2:
+        return q->bytes / 1e9;
+    case 3:
+        return q->bytes_full > 0 ? q->bytes / q->bytes_full * full_per_token : NAN;
+    case 4:
+        return q->dsn_n ? q->dsn_sum / q->dsn_n : NAN;
+    case 5: {
+        double k = q->err_n[0] ? q->err_sum[0] / q->err_n[0] : NAN;
+        double v = q->err_n[1] ? q->err_sum[1] / q->err_n[1] : NAN;
+        return (k + v) / 2;
+    }
+    default:
+        (void)c;
+        return NAN;
+    }
+}
+
+struct t4col {
+    const char *head_md;         /* Markdown header */
+    const char *head_tex;        /* LaTeX header */
+    const char *col;             /* cells.csv column of the headline value */
+    double scale;                /* headline multiplier */
+    const char *fmt;             /* printf format of value and interval */
+};
+
+static const struct t4col t4cols[] = {
+    {"Cost (MACs, rel. Lexico-ADP)", "Cost (MACs)", "cost_mac_rel", 1, "%.3f"},
+    {"CPU time (rel. Lexico-ADP)", "CPU time", "cpu_time_rel", 1, "%.3f"},
+    {"KV GB/seq", "KV GB/seq", "bytes_per_seq", 1e-9, "%.5f"},
+    {"Bytes/token", "Bytes/token", "bytes_per_token", 1, "%.1f"},
+    {"N_T/N", "$N_T/N$", "dict_size_norm_final", 1, "%.3f"},
+    {"Rel. error", "Rel.\\ error", "rel_err_mean", 1, "%.4f"},
+};
+
+static void t4_cell(struct fk_sb *md, struct fk_sb *tex, const struct t4col *col, double v,
+                    double half, int tex_only)
+{
+    char a[64] = "–", h[64] = "";
+    if (isfinite(v))
+        snprintf(a, sizeof a, col->fmt, v);
+    if (isfinite(v) && isfinite(half) && half > 0)
+        snprintf(h, sizeof h, col->fmt, half);
+    if (!tex_only) {
+        if (h[0])
+            fk_sb_printf(md, " %s ± %s |", a, h);
+        else
+            fk_sb_printf(md, " %s |", a);
+    }
+    if (!isfinite(v))
+        fk_sb_printf(tex, " & --");
+    else if (h[0])
+        fk_sb_printf(tex, " & $%s \\pm %s$", a, h);
+    else
+        fk_sb_printf(tex, " & $%s$", a);
+}
+
+static int table4(struct store *st, struct fk_plot_set *set, const char *out_dir)
+{
+    struct fk_sb md = {0}, tex = {0};
+    int nc = (int)(sizeof t4cols / sizeof t4cols[0]), rows = 0, rc = FK_OK;
+    fk_sb_printf(&md, "<!-- Table 4 (decoding cost and KV memory); generated by `fadkv-bench plot` "
+                 "from %s -->\n\n| Dataset | Method | Cell |", st->dir);
+    fk_sb_printf(&tex, "%% Table 4 (decoding cost and KV memory); generated by fadkv-bench plot\n"
+                  "\\begin{tabular}{ll");
+    for (int j = 0; j < nc; j++) {
+        fk_sb_printf(&md, " %s |", t4cols[j].head_md);
+        fk_sb_printf(&tex, "r");
+    }
+    fk_sb_printf(&md, "\n|---|---|---|");
+    fk_sb_printf(&tex, "}\n\\hline\nDataset & Method");
+    for (int j = 0; j < nc; j++) {
+        fk_sb_printf(&md, "---|");
+        fk_sb_printf(&tex, " & %s", t4cols[j].head_tex);
+    }
+    fk_sb_printf(&md, "\n");
+    fk_sb_printf(&tex, " \\\\\n\\hline\n");
+    int multi = 0;
+    for (int d = 0; d < st->n_ds && rc == FK_OK; d++) {
+        const char *ds = st->datasets[d];
+        const char *cod[64];
+        int n = codecs_in(st, ds, cod, 64);
+        for (int i = 0; i < n && rc == FK_OK; i++) {
+            struct cell *c = representative(st, ds, cod[i]);
+            /* reference for the cost columns: cells.csv's rule (lexico-adp, same dataset, s) */
+            struct cell *ref = NULL;
+            for (int j = 0; j < st->n && !ref; j++)
+                if (!strcmp(st->c[j].codec, "lexico-adp") && !strcmp(st->c[j].dataset, ds) &&
+                    !strcmp(cstr(st, &st->c[j], "s"), cstr(st, c, "s")) &&
+                    cstr(st, c, "s")[0])
+                    ref = &st->c[j];
+            double fpt = cnum(st, c, "bytes_full_per_seq") / cnum(st, c, "tokens_per_seq");
+            fk_sb_printf(&md, "| %s | %s | %s |", ds, codec_display(c->codec), c->id);
+            fk_sb_printf(&tex, "%s & %s", ds, codec_display(c->codec));
+            for (int j = 0; j < nc && rc == FK_OK; j++) {
+                double v = cnum(st, c, t4cols[j].col) * t4cols[j].scale, half = NAN;
+                if (c->n_seq > 1) {
+                    double *x = malloc(sizeof(double) * (size_t)c->n_seq);
+                    if (!x) {
+                        rc = fk_err(FK_ENOMEM, "out of memory");
+                        break;
+                    }
+                    for (int t = 0; t < c->n_seq; t++) {
+                        x[t] = seq_value(st, c, &c->seq[t], j, fpt);
+                        if (j < 2) {
+                            const struct seqv *r = NULL;
+                            for (int u = 0; ref && u < ref->n_seq && !r; u++)
+                                if (!strcmp(ref->seq[u].trace, c->seq[t].trace))
+                                    r = &ref->seq[u];
+                            double rv = r ? seq_value(st, ref, r, j, fpt) : NAN;
+                            x[t] = rv > 0 ? x[t] / rv : NAN;
+                        }
+                    }
+                    double m, lo, hi;
+                    rc = fk_boot_mean_ci(x, c->n_seq, FK_BOOT_RESAMPLES, FK_BOOT_SEED, &m, &lo,
+                                         &hi);
+                    half = (hi - lo) / 2;
+                    multi = 1;
+                    free(x);
+                }
+                t4_cell(&md, &tex, &t4cols[j], v, half, 0);
+            }
+            fk_sb_printf(&md, "\n");
+            fk_sb_printf(&tex, " \\\\\n");
+            rows++;
+        }
+    }
+    fk_sb_printf(&tex, "\\hline\n\\end{tabular}\n");
+    fk_sb_printf(&md, "\nOne row per (dataset, codec): the representative cell (options closest to "
+                 "the dataset's common values). Cost and CPU time are per encoded vector, "
+                 "relative to the Lexico-ADP cell of the same dataset and s. Bytes/token and GB/seq are "
+                 "replay memory (codes + buffer + appended atoms; the shared universal "
+                 "dictionary excluded). Rel. error: mean over K/V, layers and sequences.%s\n",
+            multi ? " ± is half the 95% bootstrap interval over sequences (2000 resamples)."
+                  : "");
+    if (rc < 0 || !rows) {
+        free(md.s);
+        free(tex.s);
+        return rc;
+    }
+    snprintf(set->table_md, sizeof set->table_md, "%s/table4.md", out_dir);
+    snprintf(set->table_tex, sizeof set->table_tex, "%s/table4.tex", out_dir);
+    rc = buf_write(&md, set->table_md);
+    if (rc < 0) {
+        free(tex.s);
+        return rc;
+    }
+    return buf_write(&tex, set->table_tex);
+}
+
+/* ---- entry ------------------------------------------------------------------------------- */
+
+static int mkdir_p(const char *dir)
+{
+    char b[4096];
+    snprintf(b, sizeof b, "%s", dir);
+    for (char *p = b + 1; *p; p++) {
+        if (*p != '/')
+            continue;
+        *p = 0;
+        if (mkdir(b, 0755) != 0 && errno != EEXIST)
+            return fk_err(FK_EIO, "%s: cannot create directory (%s)", b, strerror(errno));
+        *p = '/';
+    }
+    if (mkdir(b, 0755) != 0 && errno != EEXIST)
+        return fk_err(FK_EIO, "%s: cannot create directory (%s)", b, strerror(errno));
+    return FK_OK;
+}
+
+int fk_plotdata_export(const char *results_dir, const char *out_dir, struct fk_plot_set *set)
+{
+    memset(set, 0, sizeof *set);
+    char data_dir[4096];
+    snprintf(data_dir, sizeof data_dir, "%s/data", out_dir);
+    FK_TRY(mkdir_p(data_dir));
+    struct store st;
+    int rc = store_load(&st, results_dir, data_dir);
+    set->n_cells = st.n;
+    set->n_datasets = st.n_ds;
+    for (int d = 0; d < st.n_ds && rc == FK_OK; d++) {
+        const char *ds = st.datasets[d];
+        struct cell *c = diag_cell(&st, ds);
+        rc = fig1a(&st, set, ds, c);
+        if (rc == FK_OK)
+            rc = fig1b(&st, set, ds, c);
+        if (rc == FK_OK)
+            rc = fig1c(&st, set, ds, c);
+        if (rc == FK_OK)
+            rc = fig1d(&st, set, ds);
+    }
+    for (int d = 0; d < st.n_ds && rc == FK_OK; d++) {
+        rc = fig3_series(&st, set, st.datasets[d], 0);
+        if (rc == FK_OK)
+            rc = fig3_series(&st, set, st.datasets[d], 1);
+        if (rc == FK_OK)
+            rc = fig3c(&st, set, st.datasets[d]);
+    }
+    /* Fig. 3d: one figure per codec with an N x s grid; one note when no codec has one */
+    const char *cod[64];
+    int n_cod = 0;
+    for (int i = 0; i < st.n; i++) {
+        int seen = 0;
+        for (int j = 0; j < n_cod; j++)
+            seen |= !strcmp(cod[j], st.c[i].codec);
+        if (!seen && n_cod < 64)
+            cod[n_cod++] = st.c[i].codec;
+    }
+    int first3d = set->n_figs, drawn3d = 0;
+    for (int i = 0; i < n_cod && rc == FK_OK; i++)
+        rc = fig3d(&st, set, cod[i]);
+    for (int i = first3d; i < set->n_figs; i++)
+        drawn3d += !set->figs[i].note[0];
+    int k3d = first3d;
+    for (int i = first3d; rc == FK_OK && i < set->n_figs; i++) {
+        if (set->figs[i].note[0] && (drawn3d || k3d > first3d))
+            continue;
+        if (set->figs[i].note[0]) {
+            snprintf(set->figs[i].name, sizeof set->figs[i].name, "fig3d_N_s");
+            snprintf(set->figs[i].note, sizeof set->figs[i].note, "no codec has cells varying "
+                     "the dictionary (N) or s on the same traces");
+        }
+        if (k3d != i)
+            set->figs[k3d] = set->figs[i];
+        k3d++;
+    }
+    if (rc == FK_OK)
+        set->n_figs = k3d;
+    for (int d = 0; d < st.n_ds && rc == FK_OK; d++)
+        rc = pareto(&st, set, st.datasets[d]);
+    if (rc == FK_OK)
+        rc = table4(&st, set, out_dir);
+    store_free(&st);
+    if (rc < 0)
+        fk_plotdata_free(set);
+    return rc;
+}
+
+void fk_plotdata_free(struct fk_plot_set *set)
+{
+    free(set->figs);
+    memset(set, 0, sizeof *set);
+}

@@ -1,0 +1,712 @@
+/* SPDX-License-Identifier: MIT
+ * The results store (see fk_results.h). Aggregation rules: spec algorithms.md section 10.
+ */
+#include "store/fk_results.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "common/fk_err.h"
+#include "formats/fk_h5.h"
+#include "common/fk_str.h"
+
+/* ---- text helpers ------------------------------------------------------------------ */
+
+/* CSV field: quoted when it holds a comma, quote or newline. */
+static void sb_csv(struct fk_sb *b, const char *v)
+{
+    if (!strpbrk(v, ",\"\n")) {
+        fk_sb_printf(b, "%s", v);
+        return;
+    }
+    fk_sb_printf(b, "\"");
+    for (const char *p = v; *p; p++)
+        fk_sb_printf(b, *p == '"' ? "\"\"" : "%c", *p);
+    fk_sb_printf(b, "\"");
+}
+
+static void sb_num(struct fk_sb *b, double v)
+{
+    if (isnan(v))
+        fk_sb_printf(b, "nan");
+    else
+        fk_sb_printf(b, "%.9g", v);
+}
+
+/* ---- files ----------------------------------------------------------------------------- */
+
+int fk_write_atomic(const char *path, const char *text, size_t len)
+{
+    char tmp[4096];
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd < 0)
+        return fk_err(FK_EIO, "%s: cannot create (%s)", tmp, strerror(errno));
+    size_t off = 0;
+    while (off < len) {
+        ssize_t k = write(fd, text + off, len - off);
+        if (k < 0) {
+            int e = errno;
+            close(fd);
+            unlink(tmp);
+            return fk_err(FK_EIO, "%s: write failed (%s)", tmp, strerror(e));
+        }
+        off += (size_t)k;
+    }
+    if (fsync(fd) != 0 || close(fd) != 0) {
+        unlink(tmp);
+        return fk_err(FK_EIO, "%s: write failed (%s)", tmp, strerror(errno));
+    }
+    if (rename(tmp, path) != 0) {
+        unlink(tmp);
+        return fk_err(FK_EIO, "%s: cannot rename into place (%s)", path, strerror(errno));
+    }
+    return FK_OK;
+}
+
+static int mkdir_p(const char *dir)
+{
+    char buf[4096];
+    snprintf(buf, sizeof buf, "%s", dir);
+    for (char *p = buf + 1; *p; p++) {
+        if (*p != '/')
+            continue;
+        *p = 0;
+        if (mkdir(buf, 0755) != 0 && errno != EEXIST)
+            return fk_err(FK_EIO, "%s: cannot create directory (%s)", buf, strerror(errno));
+        *p = '/';
+    }
+    if (mkdir(buf, 0755) != 0 && errno != EEXIST)
+        return fk_err(FK_EIO, "%s: cannot create directory (%s)", buf, strerror(errno));
+    return FK_OK;
+}
+
+int fk_results_prepare(const char *dir)
+{
+    char p[4096];
+    snprintf(p, sizeof p, "%s/cells", dir);
+    FK_TRY(mkdir_p(p));
+    snprintf(p, sizeof p, "%s/cells/.write-test", dir);
+    FK_TRY(fk_write_atomic(p, "ok\n", 3));
+    unlink(p);
+    return FK_OK;
+}
+
+int fk_results_done(const char *dir, const char *id)
+{
+    char p[4096];
+    snprintf(p, sizeof p, "%s/cells/%s.meta", dir, id);
+    return access(p, F_OK) == 0;
+}
+
+/* ---- aggregation ----------------------------------------------------------------------- */
+
+struct headline {
+    double rel_err_mean, rel_err_k, rel_err_v, rel_err_enc_mean, rel_err_final_mean;
+    double energy_ratio, nnz_mean;
+    double attn_cos, attn_cos_p5, attn_relerr, attn_kl, top[3], attn_mass;
+    long attn_n, attn_skipped;
+    double dict_size_norm_final, inactive_after_prefill, inactive_k, inactive_v;
+    double inactive_overlap, gini, adapted_share, pool_recall[FK_RECALL_NS];
+    double support_agree, err_ratio;
+    double bytes_per_seq, bytes_full_per_seq, bytes_codes, bytes_buf, bytes_dict_seq;
+    double tokens_per_seq, bytes_per_token, macs_per_vec, cpu_us_per_vec;
+    double appends, replacements, adapt_failed, growth_capped, collateral, saturated, premature;
+    double t_corr, t_code, t_adapt;
+    long vectors, zero_vectors;
+};
+
+static double stream_err(const struct fk_stream_result *s, double sum)
+{
+    return s->n_vectors ? sum / s->n_vectors : NAN;
+}
+
+/* Mean over values that are not NaN. */
+struct mean {
+    double s;
+    long n;
+};
+static void mean_add(struct mean *m, double v)
+{
+    if (!isnan(v)) {
+        m->s += v;
+        m->n++;
+    }
+}
+static double mean_get(const struct mean *m) { return m->n ? m->s / m->n : NAN; }
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static void aggregate(const struct fk_cell_result *r, struct headline *h)
+{
+    memset(h, 0, sizeof *h);
+    int T = r->n_traces, L = r->n_layers;
+    struct mean kind_err[2] = {{0}}, enc = {0}, fin = {0}, nnz = {0}, dict = {0}, inact[2] = {{0}};
+    struct mean gini = {0}, ad = {0}, rec[FK_RECALL_NS] = {{0}}, agree = {0}, ratio = {0};
+    struct mean overlap = {0};
+    double res2 = 0, x2 = 0, macs = 0, cpu = 0;
+    for (int k = 0; k < 2; k++) {
+        for (int l = 0; l < L; l++) {
+            struct mean over_tr = {0};
+            for (int t = 0; t < T; t++) {
+                const struct fk_stream_result *s =
+                    &r->streams[((size_t)t * L + l) * 2 + k];
+                mean_add(&over_tr, stream_err(s, s->err_sum));
+                mean_add(&enc, stream_err(s, s->err_enc_sum));
+                mean_add(&fin, stream_err(s, s->err_final_sum));
+                mean_add(&nnz, stream_err(s, s->nnz_sum));
+                mean_add(&dict, s->st.n_base ? (double)s->st.n_atoms / s->st.n_base : 1.0);
+                mean_add(&inact[k], s->inactive_after_prefill);
+                mean_add(&gini, s->gini);
+                mean_add(&ad, s->adapted_share);
+                for (int q = 0; q < FK_RECALL_NS; q++)
+                    mean_add(&rec[q], s->recall[q]);
+                mean_add(&agree, s->support_agree);
+                mean_add(&ratio, s->err_ratio);
+                res2 += s->res2_sum;
+                x2 += s->x2_sum;
+                macs += s->st.macs;
+                cpu += s->cpu_s;
+                h->vectors += s->n_vectors;
+                h->zero_vectors += s->n_zero;
+                h->bytes_codes += s->st.bytes_codes / T;
+                h->bytes_buf += s->bytes_buf / T;
+                h->bytes_dict_seq += s->st.bytes_dict_seq / T;
+                h->bytes_full_per_seq += s->bytes_full / T;
+                h->appends += s->st.appends;
+                h->replacements += s->st.replacements;
+                h->adapt_failed += s->st.adapt_failed;
+                h->growth_capped += s->st.growth_capped;
+                h->collateral += s->st.collateral_reencodes;
+                h->saturated += s->st.saturated;
+                h->premature += s->st.premature;
+                h->t_corr += s->st.t_corr;
+                h->t_code += s->st.t_code;
+                h->t_adapt += s->st.t_adapt;
+                /* inactive-set overlap between prompts (Jaccard), Fig. 1d */
+                for (int u = t + 1; u < T; u++) {
+                    const struct fk_stream_result *o =
+                        &r->streams[((size_t)u * L + l) * 2 + k];
+                    if (!s->inactive || !o->inactive || s->st.n_base != o->st.n_base)
+                        continue;
+                    long inter = 0, uni = 0;
+                    for (int j = 0; j < s->st.n_base; j++) {
+                        inter += s->inactive[j] && o->inactive[j];
+                        uni += s->inactive[j] || o->inactive[j];
+                    }
+                    mean_add(&overlap, uni ? (double)inter / uni : NAN);
+                }
+            }
+            mean_add(&kind_err[k], mean_get(&over_tr));
+        }
+    }
+    h->rel_err_k = mean_get(&kind_err[0]);
+    h->rel_err_v = mean_get(&kind_err[1]);
+    h->rel_err_mean = (h->rel_err_k + h->rel_err_v) / 2;
+    h->rel_err_enc_mean = mean_get(&enc);
+    h->rel_err_final_mean = mean_get(&fin);
+    h->nnz_mean = mean_get(&nnz);
+    h->energy_ratio = x2 > 0 ? res2 / x2 : NAN;
+    h->dict_size_norm_final = mean_get(&dict);
+    h->inactive_k = mean_get(&inact[0]);
+    h->inactive_v = mean_get(&inact[1]);
+    struct mean ia = {inact[0].s + inact[1].s, inact[0].n + inact[1].n};
+    h->inactive_after_prefill = mean_get(&ia);
+    h->inactive_overlap = mean_get(&overlap);
+    h->gini = mean_get(&gini);
+    h->adapted_share = mean_get(&ad);
+    for (int q = 0; q < FK_RECALL_NS; q++)
+        h->pool_recall[q] = mean_get(&rec[q]);
+    h->support_agree = mean_get(&agree);
+    h->err_ratio = mean_get(&ratio);
+    h->bytes_per_seq = h->bytes_codes + h->bytes_buf + h->bytes_dict_seq;
+    for (int t = 0; t < T; t++)
+        h->tokens_per_seq += (double)r->streams[(size_t)t * L * 2].n_tokens / T;
+    h->bytes_per_token = h->tokens_per_seq > 0 ? h->bytes_per_seq / h->tokens_per_seq : NAN;
+    long vec = h->vectors + h->zero_vectors;
+    h->macs_per_vec = vec ? macs / vec : NAN;
+    h->cpu_us_per_vec = vec ? cpu / vec * 1e6 : NAN;
+    /* attention: mean over heads -> layers -> traces; p5 over all values */
+    struct mean a_tr[6] = {{0}};
+    long nvals = 0;
+    for (int t = 0; t < T; t++) {
+        struct mean a_l[6] = {{0}};
+        for (int l = 0; l < L; l++) {
+            const struct fk_attn_acc *a = &r->attn[(size_t)t * L + l];
+            h->attn_skipped += a->skipped_steps;
+            h->attn_n += a->n;
+            nvals += a->n;
+            if (!a->n)
+                continue;
+            mean_add(&a_l[0], a->cos_sum / a->n);
+            mean_add(&a_l[1], a->relerr_sum / a->n);
+            mean_add(&a_l[2], a->kl_sum / a->n);
+            for (int q = 0; q < 3; q++)
+                mean_add(&a_l[3 + q], a->top_sum[q] / a->n);
+        }
+        for (int q = 0; q < 6; q++)
+            mean_add(&a_tr[q], mean_get(&a_l[q]));
+    }
+    h->attn_cos = mean_get(&a_tr[0]);
+    h->attn_relerr = mean_get(&a_tr[1]);
+    h->attn_kl = mean_get(&a_tr[2]);
+    for (int q = 0; q < 3; q++)
+        h->top[q] = mean_get(&a_tr[3 + q]);
+    h->attn_cos_p5 = NAN;
+    h->attn_mass = NAN;
+    if (nvals > 0) {
+        double *all = malloc(sizeof(double) * (size_t)nvals);
+        double mass = 0;
+        long k = 0;
+        for (size_t i = 0; all && i < (size_t)T * L; i++) {
+            mass += r->attn[i].mass_sum;
+            for (long j = 0; j < r->attn[i].n && r->attn[i].cos_vals; j++)
+                all[k++] = r->attn[i].cos_vals[j];
+        }
+        if (all && k > 0) {
+            qsort(all, (size_t)k, sizeof *all, cmp_double);
+            double pos = 0.05 * (k - 1);
+            long lo = (long)floor(pos);
+            long hi = lo + 1 < k ? lo + 1 : lo;
+            h->attn_cos_p5 = all[lo] + (pos - lo) * (all[hi] - all[lo]);
+        }
+        h->attn_mass = mass / nvals;
+        free(all);
+    }
+}
+
+/* ---- writing a cell -------------------------------------------------------------------- */
+
+static void meta_opts(struct fk_sb *b, const struct fk_cell_meta *m)
+{
+    for (const struct fk_option *o = m->ops->options; o->name; o++) {
+        char v[64];
+        fk_opts_format(m->opts, o, v, sizeof v);
+        fk_sb_printf(b, "opt.%s\t%s\n", o->name, v);
+    }
+}
+
+static void meta_head(struct fk_sb *b, const struct fk_cell_meta *m, const char *status)
+{
+    fk_sb_printf(b, "cell_id\t%s\ncodec\t%s\ndataset\t%s\nstatus\t%s\n", m->id, m->ops->name,
+              m->dataset, status);
+    fk_sb_printf(b, "dictionary\t%s\nn_traces\t%d\nseed\t%ld\nattn_stride\t%d\n",
+              m->dict ? m->dict : "", m->n_traces, m->seed, m->attn_stride);
+    fk_sb_printf(b, "traces\t");
+    for (int i = 0; i < m->n_traces; i++)
+        fk_sb_printf(b, "%s%s", i ? ";" : "", m->traces[i]);
+    fk_sb_printf(b, "\n");
+    meta_opts(b, m);
+}
+
+static const char *base_name(const char *p)
+{
+    const char *s = strrchr(p, '/');
+    return s ? s + 1 : p;
+}
+
+static int write_h5(const char *path, const struct fk_cell_meta *m,
+                    const struct fk_cell_result *r)
+{
+    /* The file is built in memory (core driver, no backing store) and written with
+     * fk_write_atomic: HDF5 never writes to the disk, so a full disk is an ordinary write
+     * error here (HDF5 1.10 crashes at exit after a failed H5Fclose, HDFGroup/hdf5#2257). */
+    hid_t fapl = H5Pcreate(H5P_FILE_ACCESS);
+    if (fapl < 0 || H5Pset_fapl_core(fapl, 1 << 20, 0) < 0) {
+        if (fapl >= 0)
+            H5Pclose(fapl);
+        return fk_err(FK_EEXTERNAL, "%s: HDF5 core driver unavailable", path);
+    }
+    hid_t f = H5Fcreate(path, H5F_ACC_TRUNC, H5P_DEFAULT, fapl);
+    H5Pclose(fapl);
+    if (f < 0)
+        return fk_err(FK_EIO, "%s: cannot create (in memory)", path);
+    int rc = fk_h5_put_str(f, "schema", "fadkv-cell");
+    if (!rc) rc = fk_h5_put_str(f, "cell_id", m->id);
+    if (!rc) rc = fk_h5_put_str(f, "codec", m->ops->name);
+    static const char *const kn[2] = {"K", "V"};
+    for (int t = 0; !rc && t < r->n_traces; t++) {
+        char g[64];
+        snprintf(g, sizeof g, "T%02d", t);
+        hid_t gt = H5Gcreate2(f, g, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+        rc = fk_h5_put_str(gt, "trace", m->traces[t]);
+        for (int l = 0; !rc && l < r->n_layers; l++) {
+            char gl[32];
+            snprintf(gl, sizeof gl, "L%02d", l);
+            hid_t g2 = H5Gcreate2(gt, gl, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+            const struct fk_attn_acc *a = &r->attn[(size_t)t * r->n_layers + l];
+            if (a->n && a->cos_vals) {
+                hsize_t d[1] = {(hsize_t)a->n};
+                rc = fk_h5_write(g2, "attn_cos", H5T_IEEE_F64LE, H5T_NATIVE_DOUBLE, 1, d, 0, 0,
+                                 a->cos_vals);
+            }
+            for (int k = 0; !rc && k < 2; k++) {
+                const struct fk_stream_result *s =
+                    &r->streams[((size_t)t * r->n_layers + l) * 2 + k];
+                hid_t gk = H5Gcreate2(g2, kn[k], H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+                hsize_t d[1] = {(hsize_t)s->n_steps};
+                rc = fk_h5_write(gk, "dict_size_norm", H5T_IEEE_F32LE, H5T_NATIVE_FLOAT, 1, d, 0,
+                                 0, s->dict_norm);
+                if (!rc) rc = fk_h5_write(gk, "step_err_sum", H5T_IEEE_F64LE, H5T_NATIVE_DOUBLE,
+                                          1, d, 0, 0, s->step_err);
+                if (!rc) rc = fk_h5_write(gk, "step_n", H5T_STD_I32LE, H5T_NATIVE_INT32, 1, d, 0,
+                                          0, s->step_n);
+                hsize_t hb[1] = {FK_HIST_BINS};
+                if (!rc) rc = fk_h5_write(gk, "hist_prefill_use", H5T_STD_U32LE,
+                                          H5T_NATIVE_UINT32, 1, hb, 0, 0, s->hist_prefill);
+                if (!rc) rc = fk_h5_write(gk, "hist_use_total", H5T_STD_U32LE, H5T_NATIVE_UINT32,
+                                          1, hb, 0, 0, s->hist_total);
+                hsize_t rn[1] = {FK_RECALL_NS};
+                if (!rc) rc = fk_h5_write(gk, "pool_recall", H5T_IEEE_F64LE, H5T_NATIVE_DOUBLE,
+                                          1, rn, 0, 0, s->recall);
+                if (!rc && s->corr_profile) {
+                    hsize_t cp[1] = {256};
+                    rc = fk_h5_write(gk, "corr_profile", H5T_IEEE_F64LE, H5T_NATIVE_DOUBLE, 1,
+                                     cp, 0, 0, s->corr_profile);
+                }
+                H5Gclose(gk);
+            }
+            H5Gclose(g2);
+        }
+        H5Gclose(gt);
+    }
+    char *img = NULL;
+    ssize_t len = 0;
+    if (!rc && H5Fflush(f, H5F_SCOPE_GLOBAL) < 0)
+        rc = fk_err(FK_EEXTERNAL, "%s: HDF5 flush failed", path);
+    if (!rc && (len = H5Fget_file_image(f, NULL, 0)) <= 0)
+        rc = fk_err(FK_EEXTERNAL, "%s: HDF5 file image unavailable", path);
+    if (!rc && !(img = malloc((size_t)len)))
+        rc = fk_err(FK_ENOMEM, "out of memory (%zd bytes)", len);
+    if (!rc && H5Fget_file_image(f, img, (size_t)len) != len)
+        rc = fk_err(FK_EEXTERNAL, "%s: HDF5 file image unavailable", path);
+    H5Fclose(f);
+    if (!rc)
+        rc = fk_write_atomic(path, img, (size_t)len);
+    free(img);
+    return rc;
+}
+
+#define H_ITEMS(X)                                                                         \
+    X(rel_err_mean) X(rel_err_k) X(rel_err_v) X(rel_err_enc_mean) X(rel_err_final_mean)   \
+    X(energy_ratio) X(nnz_mean) X(attn_cos) X(attn_cos_p5) X(attn_relerr) X(attn_kl)      \
+    X(attn_mass) X(dict_size_norm_final) X(inactive_after_prefill) X(inactive_k)          \
+    X(inactive_v) X(inactive_overlap) X(gini) X(adapted_share) X(support_agree)           \
+    X(err_ratio) X(bytes_per_seq) X(bytes_full_per_seq) X(bytes_codes) X(bytes_buf)       \
+    X(bytes_dict_seq) X(tokens_per_seq) X(bytes_per_token) X(macs_per_vec) X(cpu_us_per_vec) X(appends) X(replacements)        \
+    X(adapt_failed) X(growth_capped) X(collateral) X(saturated) X(premature) X(t_corr) X(t_code)   \
+    X(t_adapt)
+
+int fk_results_commit(const char *dir, const struct fk_cell_meta *m,
+                      const struct fk_cell_result *r)
+{
+    char path[4096];
+    snprintf(path, sizeof path, "%s/cells/%s.h5", dir, m->id);
+    FK_TRY(write_h5(path, m, r));
+
+    /* summary rows: cell x trace x layer x kind */
+    struct fk_sb b = {0};
+    for (int t = 0; t < r->n_traces; t++)
+        for (int l = 0; l < r->n_layers; l++)
+            for (int k = 0; k < 2; k++) {
+                const struct fk_stream_result *s =
+                    &r->streams[((size_t)t * r->n_layers + l) * 2 + k];
+                const struct fk_attn_acc *a = &r->attn[(size_t)t * r->n_layers + l];
+                fk_sb_printf(&b, "%s,%s,", m->id, m->ops->name);
+                sb_csv(&b, base_name(m->traces[t]));
+                fk_sb_printf(&b, ",%d,%s,%ld,%ld,", l, k ? "V" : "K", s->n_vectors, s->n_zero);
+                double v[] = {
+                    stream_err(s, s->err_sum), stream_err(s, s->err_enc_sum),
+                    stream_err(s, s->err_final_sum), s->x2_sum > 0 ? s->res2_sum / s->x2_sum : NAN,
+                    stream_err(s, s->nnz_sum),
+                    a->n ? a->cos_sum / a->n : NAN, a->n ? a->kl_sum / a->n : NAN,
+                    a->n ? a->top_sum[0] / a->n : NAN, a->n ? a->top_sum[1] / a->n : NAN,
+                    a->n ? a->top_sum[2] / a->n : NAN, a->n ? a->relerr_sum / a->n : NAN,
+                    a->n ? a->mass_sum / a->n : NAN,
+                    s->st.n_base ? (double)s->st.n_atoms / s->st.n_base : 1.0,
+                    s->inactive_after_prefill, s->gini, s->adapted_share, s->recall[5],
+                    s->support_agree, s->err_ratio,
+                    s->st.bytes_codes + s->bytes_buf + s->st.bytes_dict_seq, s->bytes_full,
+                    (double)s->st.appends, (double)s->st.replacements, (double)s->st.adapt_failed,
+                    s->cpu_s, s->st.macs,
+                };
+                for (size_t i = 0; i < sizeof v / sizeof v[0]; i++) {
+                    sb_num(&b, v[i]);
+                    fk_sb_printf(&b, i + 1 < sizeof v / sizeof v[0] ? "," : "\n");
+                }
+            }
+    if (b.oom) {
+        free(b.s);
+        return fk_err(FK_ENOMEM, "out of memory");
+    }
+    snprintf(path, sizeof path, "%s/cells/%s.summary.csv", dir, m->id);
+    int rc = fk_write_atomic(path, b.s ? b.s : "", b.n);
+    free(b.s);
+    FK_TRY(rc);
+
+    /* meta last: its presence marks the cell finished */
+    struct headline h;
+    aggregate(r, &h);
+    struct fk_sb mb = {0};
+    meta_head(&mb, m, "ok");
+#define X(name) fk_sb_printf(&mb, #name "\t%.9g\n", (double)h.name);
+    H_ITEMS(X)
+#undef X
+    fk_sb_printf(&mb, "top1_overlap\t%.9g\ntop8_overlap\t%.9g\ntop32_overlap\t%.9g\n", h.top[0],
+              h.top[1], h.top[2]);
+    for (int q = 0; q < FK_RECALL_NS; q++)
+        fk_sb_printf(&mb, "pool_recall_%d\t%.9g\n", 8 << q, h.pool_recall[q]);
+    fk_sb_printf(&mb, "vectors\t%ld\nzero_vectors\t%ld\nattn_evals\t%ld\nattn_skipped_steps\t%ld\n",
+              h.vectors, h.zero_vectors, h.attn_n, h.attn_skipped);
+    fk_sb_printf(&mb, "wall_s\t%.6g\nt_io\t%.6g\nt_encode\t%.6g\nt_attn\t%.6g\nt_metrics\t%.6g\n"
+              "t_gram\t%.6g\n", r->wall_s, r->t_io, r->t_encode, r->t_attn, r->t_metrics,
+              r->t_gram);
+    if (mb.oom) {
+        free(mb.s);
+        return fk_err(FK_ENOMEM, "out of memory");
+    }
+    snprintf(path, sizeof path, "%s/cells/%s.meta", dir, m->id);
+    rc = fk_write_atomic(path, mb.s, mb.n);
+    free(mb.s);
+    return rc;
+}
+
+int fk_results_commit_failed(const char *dir, const struct fk_cell_meta *m, const char *status,
+                             const char *message)
+{
+    struct fk_sb b = {0};
+    meta_head(&b, m, status);
+    fk_sb_printf(&b, "error\t");
+    for (const char *p = message; *p; p++)
+        fk_sb_printf(&b, "%c", *p == '\n' || *p == '\t' ? ' ' : *p);
+    fk_sb_printf(&b, "\n");
+    char path[4096];
+    snprintf(path, sizeof path, "%s/cells/%s.summary.csv", dir, m->id);
+    int rc = fk_write_atomic(path, "", 0);
+    snprintf(path, sizeof path, "%s/cells/%s.meta", dir, m->id);
+    if (!rc)
+        rc = b.oom ? fk_err(FK_ENOMEM, "out of memory") : fk_write_atomic(path, b.s, b.n);
+    free(b.s);
+    return rc;
+}
+
+/* ---- tables ---------------------------------------------------------------------------- */
+
+struct kv {
+    char **k, **v;
+    int n;
+};
+
+static void kv_free(struct kv *m)
+{
+    for (int i = 0; i < m->n; i++) {
+        free(m->k[i]);
+        free(m->v[i]);
+    }
+    free(m->k);
+    free(m->v);
+    memset(m, 0, sizeof *m);
+}
+
+static int kv_load(const char *path, struct kv *m)
+{
+    memset(m, 0, sizeof *m);
+    char *text = fk_slurp(path, NULL);
+    if (!text)
+        return fk_err(FK_EIO, "%s: cannot read", path);
+    int cap = 0;
+    for (char *line = strtok(text, "\n"); line; line = strtok(NULL, "\n")) {
+        char *tab = strchr(line, '\t');
+        if (!tab)
+            continue;
+        *tab = 0;
+        if (m->n == cap) {
+            cap = cap ? cap * 2 : 64;
+            char **nk = realloc(m->k, sizeof(char *) * (size_t)cap);
+            if (nk)
+                m->k = nk;
+            char **nv = realloc(m->v, sizeof(char *) * (size_t)cap);
+            if (nv)
+                m->v = nv;
+            if (!nk || !nv) {
+                free(text);
+                kv_free(m);
+                return fk_err(FK_ENOMEM, "out of memory");
+            }
+        }
+        m->k[m->n] = strdup(line);
+        m->v[m->n] = strdup(tab + 1);
+        m->n++;
+    }
+    free(text);
+    return FK_OK;
+}
+
+/* The value of key, or "" when absent. */
+static const char *kv_get(const struct kv *m, const char *key)
+{
+    for (int i = 0; i < m->n; i++)
+        if (!strcmp(m->k[i], key))
+            return m->v[i];
+    return "";
+}
+
+static double kv_num(const struct kv *m, const char *key)
+{
+    const char *v = kv_get(m, key);
+    return *v ? strtod(v, NULL) : NAN;
+}
+
+int fk_results_metric(const char *dir, const char *id, const char *name, double *value)
+{
+    char p[4096];
+    snprintf(p, sizeof p, "%s/cells/%s.meta", dir, id);
+    struct kv m;
+    FK_TRY(kv_load(p, &m));
+    *value = kv_num(&m, name);
+    kv_free(&m);
+    return FK_OK;
+}
+
+static const char *const cell_metrics[] = {
+    "rel_err_mean", "rel_err_k", "rel_err_v", "rel_err_enc_mean", "rel_err_final_mean",
+    "energy_ratio", "nnz_mean", "attn_cos", "attn_cos_p5", "attn_kl", "attn_relerr",
+    "attn_mass", "top1_overlap", "top8_overlap", "top32_overlap", "dict_size_norm_final",
+    "inactive_after_prefill", "inactive_k", "inactive_v", "inactive_overlap", "gini",
+    "adapted_share", "pool_recall_8", "pool_recall_16", "pool_recall_32", "pool_recall_64",
+    "pool_recall_128", "pool_recall_256", "pool_recall_512", "pool_recall_1024",
+    "support_agree", "err_ratio", "bytes_per_seq", "bytes_full_per_seq", "bytes_codes",
+    "bytes_buf", "bytes_dict_seq", "tokens_per_seq", "bytes_per_token", "macs_per_vec", "cpu_us_per_vec", "appends",
+    "replacements", "adapt_failed", "growth_capped", "collateral", "saturated", "premature",
+    "vectors", "zero_vectors", "attn_evals", "attn_skipped_steps", "wall_s", NULL,
+};
+
+static const char summary_header[] =
+    "cell_id,codec,trace,layer,kind,n_vectors,n_zero,rel_err_mean,rel_err_enc_mean,"
+    "rel_err_final_mean,energy_ratio,nnz_mean,attn_cos,attn_kl,top1_overlap,top8_overlap,"
+    "top32_overlap,attn_relerr,attn_mass,dict_size_norm_final,inactive_after_prefill,gini,"
+    "adapted_share,pool_recall_256,support_agree,err_ratio,bytes,bytes_full,appends,"
+    "replacements,adapt_failed,cpu_s,macs\n";
+
+int fk_results_tables(const char *dir, const char *const *ids, int n_ids)
+{
+    struct kv *metas = calloc((size_t)n_ids + 1, sizeof *metas);
+    uint8_t *have = calloc((size_t)n_ids + 1, 1);
+    if (!metas || !have) {
+        free(metas);
+        free(have);
+        return fk_err(FK_ENOMEM, "out of memory");
+    }
+    int rc = FK_OK;
+    for (int i = 0; i < n_ids && rc == FK_OK; i++) {
+        if (!fk_results_done(dir, ids[i]))
+            continue;
+        char p[4096];
+        snprintf(p, sizeof p, "%s/cells/%s.meta", dir, ids[i]);
+        rc = kv_load(p, &metas[i]);
+        have[i] = rc == FK_OK;
+    }
+    /* the union of option columns, in registry order */
+    const char *opt_cols[256];
+    int n_opt = 0;
+    for (int c = 0; fk_codecs[c]; c++)
+        for (const struct fk_option *o = fk_codecs[c]->options; o->name; o++) {
+            int seen = 0;
+            for (int j = 0; j < n_opt; j++)
+                seen |= !strcmp(opt_cols[j], o->name);
+            if (!seen && n_opt < 256)
+                opt_cols[n_opt++] = o->name;
+        }
+    struct fk_sb b = {0}, s = {0};
+    fk_sb_printf(&b, "cell_id,codec,dataset,status");
+    for (int j = 0; j < n_opt; j++)
+        fk_sb_printf(&b, ",%s", opt_cols[j]);
+    fk_sb_printf(&b, ",n_traces,traces,dictionary,seed,attn_stride");
+    for (int j = 0; cell_metrics[j]; j++)
+        fk_sb_printf(&b, ",%s", cell_metrics[j]);
+    fk_sb_printf(&b, ",bytes_ratio_full,cost_mac_rel,cpu_time_rel,error\n");
+    fk_sb_printf(&s, "%s", summary_header);
+    for (int i = 0; i < n_ids && rc == FK_OK; i++) {
+        if (!have[i])
+            continue;
+        const struct kv *m = &metas[i];
+        fk_sb_printf(&b, "%s,%s,", kv_get(m, "cell_id"), kv_get(m, "codec"));
+        sb_csv(&b, kv_get(m, "dataset"));
+        fk_sb_printf(&b, ",%s", kv_get(m, "status"));
+        for (int j = 0; j < n_opt; j++) {
+            char key[128];
+            snprintf(key, sizeof key, "opt.%s", opt_cols[j]);
+            fk_sb_printf(&b, ",");
+            sb_csv(&b, kv_get(m, key));
+        }
+        fk_sb_printf(&b, ",%s,", kv_get(m, "n_traces"));
+        sb_csv(&b, kv_get(m, "traces"));
+        fk_sb_printf(&b, ",");
+        sb_csv(&b, kv_get(m, "dictionary"));
+        fk_sb_printf(&b, ",%s,%s", kv_get(m, "seed"), kv_get(m, "attn_stride"));
+        for (int j = 0; cell_metrics[j]; j++) {
+            fk_sb_printf(&b, ",");
+            sb_num(&b, kv_num(m, cell_metrics[j]));
+        }
+        /* bytes per token: per sequence bytes over the mean trace length */
+        double full = kv_num(m, "bytes_full_per_seq"), seq = kv_num(m, "bytes_per_seq");
+        fk_sb_printf(&b, ",");
+        sb_num(&b, full > 0 ? seq / full : NAN);
+        /* cost relative to lexico-adp on the same dataset and s */
+        double mac_rel = NAN, cpu_rel = NAN;
+        const char *ds = kv_get(m, "dataset"), *sv = kv_get(m, "opt.s");
+        for (int r = 0; r < n_ids; r++) {
+            if (!have[r] || strcmp(kv_get(&metas[r], "codec"), "lexico-adp") ||
+                strcmp(kv_get(&metas[r], "status"), "ok"))
+                continue;
+            const char *ds2 = kv_get(&metas[r], "dataset"), *sv2 = kv_get(&metas[r], "opt.s");
+            if (strcmp(ds, ds2) || strcmp(sv, sv2))
+                continue;
+            mac_rel = kv_num(m, "macs_per_vec") / kv_num(&metas[r], "macs_per_vec");
+            cpu_rel = kv_num(m, "cpu_us_per_vec") / kv_num(&metas[r], "cpu_us_per_vec");
+            break;
+        }
+        fk_sb_printf(&b, ",");
+        sb_num(&b, mac_rel);
+        fk_sb_printf(&b, ",");
+        sb_num(&b, cpu_rel);
+        fk_sb_printf(&b, ",");
+        sb_csv(&b, kv_get(m, "error"));
+        fk_sb_printf(&b, "\n");
+        char p[4096];
+        snprintf(p, sizeof p, "%s/cells/%s.summary.csv", dir, ids[i]);
+        size_t len = 0;
+        char *rows = fk_slurp(p, &len);
+        if (rows)
+            fk_sb_printf(&s, "%s", rows);
+        free(rows);
+    }
+    if (rc == FK_OK && (b.oom || s.oom))
+        rc = fk_err(FK_ENOMEM, "out of memory");
+    char p[4096];
+    if (rc == FK_OK) {
+        snprintf(p, sizeof p, "%s/summary.csv", dir);
+        rc = fk_write_atomic(p, s.s, s.n);
+    }
+    if (rc == FK_OK) {
+        snprintf(p, sizeof p, "%s/cells.csv", dir);
+        rc = fk_write_atomic(p, b.s, b.n);
+    }
+    free(b.s);
+    free(s.s);
+    for (int i = 0; i < n_ids; i++)
+        kv_free(&metas[i]);
+    free(metas);
+    free(have);
+    return rc;
+}

@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
+# Compares two results directories cell for cell, timing figures aside: the tables
+# (cells.csv, summary.csv), every cell's .meta and .summary.csv, every cell HDF5 file
+# (h5diff, exact) and resolved.txt. Used to show that a refactor keeps every number:
+#   tools/compare_results.sh results-before/default results-after/default
+# Prints one line per difference and a verdict; exit 0 identical, 1 different, 2 usage.
+set -uo pipefail
+[ $# -eq 2 ] && [ -d "$1" ] && [ -d "$2" ] || {
+    echo "usage: $0 RESULTS_DIR_A RESULTS_DIR_B" >&2; exit 2; }
+a=$1 b=$2
+# Columns and meta keys that are measured time (differ run to run by nature).
+timing="wall_s cpu_us_per_vec cpu_time_rel cpu_s t_corr t_code t_adapt t_io t_encode t_attn t_metrics t_gram"
+diffs=0
+say() { echo "$*"; diffs=$((diffs + 1)); }
+
+# A CSV, timing columns dropped, rows sorted. Its header is its first line, or HEADER (the
+# per-cell summaries have the rows of summary.csv without its header line).
+norm_csv() {  # FILE [HEADER]
+    { [ -z "${2:-}" ] || echo "$2"; cat "$1"; } | awk -F, -v timing=" $timing " '
+        NR == 1 { for (i = 1; i <= NF; i++) keep[i] = index(timing, " " $i " ") == 0 }
+        { line = ""; for (i = 1; i <= NF; i++) if (keep[i]) line = line (line == "" ? "" : ",") $i
+          print line }' | { IFS= read -r h; echo "$h"; LC_ALL=C sort; }
+}
+cmp_csv() {  # NAME FILE_A FILE_B [HEADER]
+    if [ ! -f "$2" ] || [ ! -f "$3" ]; then
+        [ -f "$2" ] || [ -f "$3" ] && say "$1: present on one side only"; return; fi
+    local out
+    out=$(diff <(norm_csv "$2" "${4:-}") <(norm_csv "$3" "${4:-}") | head -n 6)
+    [ -z "$out" ] || { say "$1 differs:"; echo "$out" | sed 's/^/    /'; }
+}
+norm_meta() { awk -F'\t' -v timing=" $timing " 'index(timing, " " $1 " ") == 0' "$1" | LC_ALL=C sort; }
+
+cmp_csv cells.csv "$a/cells.csv" "$b/cells.csv"
+cmp_csv summary.csv "$a/summary.csv" "$b/summary.csv"
+if [ -f "$a/resolved.txt" ] || [ -f "$b/resolved.txt" ]; then
+    cmp -s "$a/resolved.txt" "$b/resolved.txt" || say "resolved.txt differs"
+fi
+ids_a=$(cd "$a/cells" 2>/dev/null && ls *.meta 2>/dev/null | sed 's/\.meta$//' | sort)
+ids_b=$(cd "$b/cells" 2>/dev/null && ls *.meta 2>/dev/null | sed 's/\.meta$//' | sort)
+[ "$ids_a" = "$ids_b" ] || say "the cell sets differ: $(comm -3 <(echo "$ids_a") <(echo "$ids_b") | tr -s ' \t\n' ' ')"
+sum_header=$(head -n 1 "$a/summary.csv" 2>/dev/null)
+n=0
+for id in $(comm -12 <(echo "$ids_a") <(echo "$ids_b")); do
+    n=$((n + 1))
+    out=$(diff <(norm_meta "$a/cells/$id.meta") <(norm_meta "$b/cells/$id.meta") | head -n 4)
+    [ -z "$out" ] || { say "cell $id: .meta differs:"; echo "$out" | sed 's/^/    /'; }
+    cmp_csv "cell $id .summary.csv" "$a/cells/$id.summary.csv" "$b/cells/$id.summary.csv" "$sum_header"
+    if [ -f "$a/cells/$id.h5" ] || [ -f "$b/cells/$id.h5" ]; then
+        out=$(h5diff -c "$a/cells/$id.h5" "$b/cells/$id.h5" 2>&1 | head -n 6)
+        rc=${PIPESTATUS[0]}
+        [ "$rc" = 0 ] || { say "cell $id: HDF5 differs:"; echo "$out" | sed 's/^/    /'; }
+    fi
+done
+if [ "$diffs" = 0 ]; then
+    echo "identical: $n cells (tables, meta, per-cell summaries, HDF5 series), timing aside"
+    exit 0
+fi
+echo "DIFFERENT: $diffs difference(s) over $n common cells"
+exit 1
