@@ -14,6 +14,7 @@
 #include "kernels/fk_sparse.h"
 
 #include "common/fk_err.h"
+#include "kernels/fk_simd.h"
 
 #include <cblas.h>
 #include <math.h>
@@ -24,13 +25,6 @@
 
 #define STRIP 256 /* atoms per strip of the fused update (1 KiB of stack) */
 
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__)
-#define FK_CLONES __attribute__((target_clones("avx2", "default")))
-#define FK_FMA_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
-#else
-#define FK_CLONES
-#define FK_FMA_CLONES
-#endif
 
 void fk_correlate(const struct fk_dict_view *d, const float *x, int nx, float *a)
 {

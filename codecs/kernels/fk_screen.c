@@ -19,6 +19,7 @@
 #include "kernels/fk_sparse.h"
 
 #include "common/fk_err.h"
+#include "kernels/fk_simd.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -32,11 +33,6 @@
 #define DL 16         /* double accumulator lanes of the refinement's inner products */
 #define RCHUNK 64     /* residual coordinates per chunk */
 
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__)
-#define FK_CLONES __attribute__((target_clones("avx2", "default")))
-#else
-#define FK_CLONES
-#endif
 
 /* Screening key of a live atom: order of keys = order of |a| (NaN lowest); always >= 1. */
 static inline int32_t screen_key(float v)

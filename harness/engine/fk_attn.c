@@ -17,6 +17,7 @@
 
 #include "engine/fk_attn.h"
 #include "common/fk_err.h"
+#include "kernels/fk_simd.h"
 
 #define TOPK_MAX 32
 
@@ -52,12 +53,6 @@ struct fk_attn_scratch {
 /* The element-wise kernels below are also built for AVX2 and picked at run time (GCC
  * target_clones). ISO C mode (-std=c11) keeps floating-point contraction off, and the
  * lanes are independent, so every version computes the same bits. */
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && \
-    !defined(__SANITIZE_ADDRESS__)
-#define FK_CLONES __attribute__((target_clones("avx2", "default")))
-#else
-#define FK_CLONES
-#endif
 
 FK_CLONES static double dotd(const float *a, const float *b, int m)
 {

@@ -1,0 +1,21 @@
+/* SPDX-License-Identifier: MIT
+ * Run-time kernel selection for the element-wise loops: a function marked FK_CLONES is also
+ * built for AVX2 and picked at load time (GCC target_clones, x86-64 Linux); FK_FMA_CLONES
+ * adds an x86-64-v3 clone instead (AVX2 with FMA, for loops that call fma() explicitly).
+ * ISO C mode (-std=c11) keeps floating-point contraction off and the kernels keep their lanes
+ * independent, so every clone computes the same bits. Off under clang (libFuzzer builds) and
+ * AddressSanitizer, whose instrumentation and ifunc resolvers do not mix.
+ */
+#ifndef FK_SIMD_H
+#define FK_SIMD_H
+
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__) && \
+    !defined(__SANITIZE_ADDRESS__)
+#define FK_CLONES __attribute__((target_clones("avx2", "default")))
+#define FK_FMA_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
+#else
+#define FK_CLONES
+#define FK_FMA_CLONES
+#endif
+
+#endif
