@@ -5,6 +5,7 @@
  * from an atomic counter; every signal is coded wholly by one thread with the same
  * arithmetic, so the codes do not depend on the thread count (codes_hash shows it).
  */
+#include "common/fk_clock.h"
 #include "bench/fk_bench.h"
 
 #include "common/fk_err.h"
@@ -32,13 +33,6 @@ void fk_bench_omp_defaults(struct fk_bench_omp_cfg *cfg)
     cfg->naive_signals = 2048;
     cfg->noise = 0.05;
     cfg->seed = 1;
-}
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
 void fk_bench_omp_data_clear(struct fk_bench_omp_data *data)
@@ -313,7 +307,7 @@ static int run_job(struct job *jb, struct worker *ws, int threads, double *secs)
     pthread_t tid[FK_BENCH_MAX_THREADS];
     atomic_store(&jb->next, 0);
     atomic_store(&jb->rc, 0);
-    double t0 = now_s();
+    double t0 = fk_wall_s();
     int started = 0;
     for (int t = 1; t < threads; t++) {
         ws[t].job = jb;
@@ -325,7 +319,7 @@ static int run_job(struct job *jb, struct worker *ws, int threads, double *secs)
     worker_run(&ws[0]);
     for (int t = 1; t <= started; t++)
         pthread_join(tid[t], NULL);
-    *secs = now_s() - t0;
+    *secs = fk_wall_s() - t0;
     if (started != threads - 1)
         return fk_err(FK_EEXTERNAL, "bench omp: could not start %d threads", threads);
     int rc = atomic_load(&jb->rc);
@@ -427,9 +421,9 @@ int fk_bench_omp_run(const struct fk_bench_omp_cfg *cfg, const struct fk_bench_o
         codes = bb.own;
 
     res->blas_threads_saved = fk_blas_threads_get();
-    double t0 = now_s();
+    double t0 = fk_wall_s();
     int rc = fk_gram_compute(data->atoms, N, m, bb.gram);
-    res->gram_s = now_s() - t0;
+    res->gram_s = fk_wall_s() - t0;
     fk_blas_threads_set(1); /* workers call BLAS single-threaded */
 
     struct gram_store gs = {bb.gram, (size_t)N};
@@ -508,11 +502,11 @@ int fk_bench_omp_run(const struct fk_bench_omp_cfg *cfg, const struct fk_bench_o
     if (rc == FK_OK && nn > 0) {
         struct fk_dict_view nview = view;
         nview.gram_row = NULL;
-        t0 = now_s();
+        t0 = fk_wall_s();
         for (int i = 0; i < nn && rc == FK_OK; i++)
             rc = fk_omp_naive(&nview, data->signals + (size_t)i * m, NULL, NULL, 0, s, 0.0,
                               bb.work, &bb.nv[i]);
-        double tn = now_s() - t0;
+        double tn = fk_wall_s() - t0;
         res->naive_n = nn;
         res->naive_vps = nn / tn;
         for (int i = 0; i < nn; i++)

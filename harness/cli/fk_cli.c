@@ -13,6 +13,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/fk_clock.h"
 #include "bench/fk_bench.h"
 #include "cli/fk_cli_trace.h"
 #include "core/fk_codec.h"
@@ -61,13 +62,6 @@ static void usage(FILE *f)
             "  fadkv-bench check --baseline FILE --results DIR [--rtol R] [--atol A] [--update]\n"
             "  fadkv-bench merge OUT_DIR SHARD_DIR...   combine shard results\n",
             FK_VERSION);
-}
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
 static int fail(const char *what)
@@ -313,7 +307,7 @@ static void on_progress(void *ctx, int done, int total, long vectors)
     struct progress *p = ctx;
     if (p->quiet)
         return;
-    double now = now_s(), frac = total ? (double)done / total : 1;
+    double now = fk_wall_s(), frac = total ? (double)done / total : 1;
     double el = now - p->t_start, work = p->est_done + p->est_cell * frac;
     char eta[32];
     fmt_eta(work > 0 ? el * (p->est_total - work) / work : NAN, eta, sizeof eta);
@@ -500,7 +494,7 @@ static int cmd_sweep(int argc, char **argv)
     for (int c = 0; c < s->n_cells; c++)
         todo += c % sh_n == sh_i && (force || !fk_results_done(s->output, s->cells[c].id));
     int tty = isatty(STDERR_FILENO);
-    double t_start = now_s(), vec_done = 0, est_total = 0, est_done = 0;
+    double t_start = fk_wall_s(), vec_done = 0, est_total = 0, est_done = 0;
     for (int c = 0; c < s->n_cells; c++)
         if (c % sh_n == sh_i && (force || !fk_results_done(s->output, s->cells[c].id)))
             est_total += cell_weight(s, &s->cells[c]);
@@ -547,7 +541,7 @@ static int cmd_sweep(int argc, char **argv)
         }
         struct progress pg = {.tty = tty, .quiet = quiet, .cell = done + failed + 1,
                               .todo = todo, .codec = cell->ops->name, .dataset = ds->name,
-                              .t_start = t_start, .t_cell = now_s(), .est_total = est_total,
+                              .t_start = t_start, .t_cell = fk_wall_s(), .est_total = est_total,
                               .est_done = est_done, .est_cell = cell_weight(s, cell)};
         pg.last = pg.t_cell;
         if (!quiet && !tty) {
@@ -565,9 +559,9 @@ static int cmd_sweep(int argc, char **argv)
                                    .traces = L->traces, .n_traces = ds->n_traces,
                                    .dict = (cell->ops->caps & FK_CAP_DICT) ? L->dict : NULL};
         struct fk_cell_result res;
-        double c0 = now_s();
+        double c0 = fk_wall_s();
         int r = fk_replay_cell(&in, &ro, &res);
-        double dt = now_s() - c0;
+        double dt = fk_wall_s() - c0;
         if (r == FK_EINTR || g_stop) {
             if (r == FK_OK)
                 fk_cell_result_free(&res);
@@ -601,7 +595,7 @@ static int cmd_sweep(int argc, char **argv)
                 break;
             }
             done++;
-            double el = now_s() - t_start;
+            double el = fk_wall_s() - t_start;
             double eta = est_done > 0 ? el * (est_total - est_done) / est_done : NAN;
             char etas[32];
             fmt_eta(eta, etas, sizeof etas);
@@ -631,7 +625,7 @@ static int cmd_sweep(int argc, char **argv)
     }
     if (!quiet)
         fprintf(stderr, "fadkv-bench: %d cell(s) run, %d failed, %d already done; %.1f s; "
-                        "results in %s/cells.csv\n", done, failed, skipped, now_s() - t_start,
+                        "results in %s/cells.csv\n", done, failed, skipped, fk_wall_s() - t_start,
                 s->output);
     (void)vec_done;
     fk_sweep_free(&s);

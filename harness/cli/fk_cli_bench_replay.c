@@ -16,6 +16,7 @@
 #include <sys/resource.h>
 #include <time.h>
 
+#include "common/fk_clock.h"
 #include "bench/fk_bench.h"
 #include "core/fk_codec.h"
 #include "formats/fk_dict.h"
@@ -85,13 +86,6 @@ static void print_list(const double *v, int n, const char *fmt)
     }
 }
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
 static long peak_rss_kib(void)
 {
     struct rusage ru;
@@ -150,10 +144,10 @@ static int run(const struct fk_cell_input *in, int jobs, int attention, int stri
     struct fk_replay_opts ro = {.jobs = jobs, .attention = attention, .attn_stride = stride,
                                 .recall = 0, .recall_every = 8, .reference = reference,
                                 .layers = layers, .row_hashes = layers != NULL, .pool = pool};
-    double t0 = now_s();
+    double t0 = fk_wall_s();
     int rc = fk_replay_cell(in, &ro, res);
     if (t)
-        t->wall += now_s() - t0;
+        t->wall += fk_wall_s() - t0;
     if (rc == FK_OK && t)
         sum_streams(res, t);
     return rc;
@@ -265,7 +259,7 @@ int fk_cli_bench_replay(int argc, char **argv)
         rc = run(&in, s->jobs, s->attention, s->attn_stride, 0, NULL, pool, &res, &t);
         if (rc < 0)
             break;
-        double w0 = now_s();
+        double w0 = fk_wall_s();
         struct fk_cell_meta meta = {.ops = cell->ops, .opts = cell->opts, .dataset = ds->name,
                                     .traces = (const char *const *)ds->traces,
                                     .n_traces = ds->n_traces, .dict = ds->dict,
@@ -273,7 +267,7 @@ int fk_cli_bench_replay(int argc, char **argv)
         memcpy(meta.id, cell->id, sizeof meta.id);
         rc = fk_results_commit(s->output, &meta, &res);
         ids[n_ids++] = cell->id;
-        t.write = now_s() - w0;
+        t.write = fk_wall_s() - w0;
         t.wall += t.write;
         total_wall += t.wall;
         printf("%-11s %8.1f %9ld %7.0f | %6.1f %6.1f %6.1f %6.1f %6.1f %6.1f %6.1f %6.2f\n",

@@ -13,6 +13,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/fk_clock.h"
 #include "common/fk_err.h"
 #include "report/fk_plotdata.h"
 
@@ -118,13 +119,6 @@ static int run_gnuplot(const char *vars, const char *script)
     return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 }
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
 int fk_cli_plot(int argc, char **argv)
 {
     const char *res = NULL, *out = NULL;
@@ -172,7 +166,7 @@ int fk_cli_plot(int argc, char **argv)
                         "set FK_SRCDIR to the source tree\n");
         return 1;
     }
-    double t0 = now_s();
+    double t0 = fk_wall_s();
     struct fk_plot_set set;
     if (fk_plotdata_export(res, out, &set) < 0) {
         fprintf(stderr, "fadkv-bench plot: %s\n", fk_errmsg());
@@ -218,7 +212,7 @@ int fk_cli_plot(int argc, char **argv)
         }
     }
     printf("%d figure file(s) written, %d figure(s) skipped, %d failed, %.1f s\n", drawn,
-           skipped, failed, now_s() - t0);
+           skipped, failed, fk_wall_s() - t0);
     fk_plotdata_free(&set);
     return failed || !have_gp ? 1 : 0;
 }

@@ -8,6 +8,7 @@
 #include <sys/stat.h>
 #include <time.h>
 
+#include "common/fk_clock.h"
 #include "common/fk_err.h"
 #include "gen/fk_synth.h"
 
@@ -35,13 +36,6 @@ static void usage(FILE *f)
                 k[i].max);
     }
     fprintf(f, "  --encoding             default float16\n");
-}
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + 1e-9 * ts.tv_nsec;
 }
 
 static int parse_int(const char *flag, const char *s, int lo, int *out)
@@ -130,9 +124,9 @@ int fk_cli_synth(int argc, char **argv)
             return 1;
         }
         snprintf(path, len, "%s/%s", out, name);
-        double t0 = now_s();
+        double t0 = fk_wall_s();
         int rc = fk_synth_write(&o, path, k);
-        double dt = now_s() - t0;
+        double dt = fk_wall_s() - t0;
         if (rc) {
             fprintf(stderr, "fadkv-bench: %s\n", fk_errmsg());
             free(path);

@@ -8,6 +8,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "common/fk_clock.h"
 #include "formats/fk_dict.h"
 #include "common/fk_err.h"
 #include "common/fk_sha256.h"
@@ -49,13 +50,6 @@ static void on_progress(void *ctx, int layer, int kind, int epoch, double he, do
     else
         fprintf(stderr, "  L%02d %s epoch %2d: held-out rel err %.4f, train %.4f  (%.1f s)\n",
                 layer, kind ? "V" : "K", epoch, he, te, sec);
-}
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
 /* Reads every trace's keys and values into per-(layer, kind) arrays. */
@@ -204,7 +198,7 @@ int fk_cli_train_dict(int argc, char **argv)
     for (int i = 0; hashes && i < n_paths; i++)
         hashes[i] = calloc(65, 1);
     struct fk_train_data d;
-    double t0 = now_s();
+    double t0 = fk_wall_s();
     int rc = hashes ? load(paths, n_paths, max_load, &d, hashes) : fk_err(FK_ENOMEM, "oom");
     if (rc < 0) {
         fprintf(stderr, "fadkv-bench train-dict: %s\n", fk_errmsg());
@@ -216,7 +210,7 @@ int fk_cli_train_dict(int argc, char **argv)
         tot += d.n[s];
     if (!quiet)
         fprintf(stderr, "train-dict: %d trace(s), %d layers x {K,V}, head_dim %d, %ld vectors "
-                        "(%.1f s to load)\n", n_paths, d.n_layers, d.m, tot, now_s() - t0);
+                        "(%.1f s to load)\n", n_paths, d.n_layers, d.m, tot, fk_wall_s() - t0);
     size_t n_atoms_total = (size_t)d.n_layers * 2 * o.n_atoms * d.m;
     float *atoms = malloc(sizeof(float) * n_atoms_total);
     double *held = calloc((size_t)d.n_layers * 2, sizeof(double));
@@ -237,7 +231,7 @@ int fk_cli_train_dict(int argc, char **argv)
             continue;
         struct fk_train_opts oo = o;
         oo.method = (enum fk_train_method)methods[mi];
-        double m0 = now_s();
+        double m0 = fk_wall_s();
         if (!quiet)
             fprintf(stderr, "method %s:\n", method_names[oo.method]);
         rc = fk_train_run(&oo, &d, atoms, held, on_progress, &pr);
@@ -249,7 +243,7 @@ int fk_cli_train_dict(int argc, char **argv)
         printf("train-dict: method %-7s N %d s %d epochs %d: held-out rel err %.4f (mean over "
                "%d dictionaries), %.1f s\n", method_names[oo.method], o.n_atoms, o.s,
                oo.method == FK_TRAIN_BCD || oo.method == FK_TRAIN_LEXICO ? oo.epochs : 0, mean,
-               d.n_layers * 2, now_s() - m0);
+               d.n_layers * 2, fk_wall_s() - m0);
         if (oo.method == o.method || (compare && mi == 3))
             final_err = mean;
         final = oo.method;
@@ -300,6 +294,6 @@ int fk_cli_train_dict(int argc, char **argv)
         fprintf(stderr, "fadkv-bench train-dict: %s\n", fk_errmsg());
         return 1;
     }
-    printf("train-dict: wrote %s (%.1f s)\n", out, now_s() - t0);
+    printf("train-dict: wrote %s (%.1f s)\n", out, fk_wall_s() - t0);
     return 0;
 }

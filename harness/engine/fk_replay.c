@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: MIT
  * The replay engine (see fk_replay.h). Spec: algorithms.md sections 4 and 10.
  */
+#include "common/fk_clock.h"
 #include "engine/fk_replay.h"
 
 #include <cblas.h>
@@ -17,13 +18,6 @@
 static pthread_mutex_t h5_lock = PTHREAD_MUTEX_INITIALIZER; /* HDF5 calls are serialised */
 
 #define STATIC_BLOCK 32 /* decode tokens per block of a static codec (x KV heads vectors) */
-
-static double now_s(clockid_t clk)
-{
-    struct timespec ts;
-    clock_gettime(clk, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 struct fk_stream_result *fk_cell_stream(struct fk_cell_result *r, int trace, int layer,
                                         int kind)
@@ -349,9 +343,9 @@ static int encode_range(struct worker *w, const struct fk_codec_ops *ops, void *
         }
     struct fk_event ev = {.phase = phase, .step = step, .n = n, .x = w->x, .token = w->tok,
                           .head = w->head};
-    double c0 = now_s(CLOCK_THREAD_CPUTIME_ID);
+    double c0 = fk_clock_s(CLOCK_THREAD_CPUTIME_ID);
     int rc = ops->encode(state, &ev, w->out);
-    double c1 = now_s(CLOCK_THREAD_CPUTIME_ID);
+    double c1 = fk_clock_s(CLOCK_THREAD_CPUTIME_ID);
     sr->cpu_s += c1 - c0;
     w->t_encode += c1 - c0;
     if (rc < 0)
@@ -380,7 +374,7 @@ static int encode_range(struct worker *w, const struct fk_codec_ops *ops, void *
             sr->step_n[vs]++;
         }
     }
-    w->t_metrics += now_s(CLOCK_THREAD_CPUTIME_ID) - c1;
+    w->t_metrics += fk_clock_s(CLOCK_THREAD_CPUTIME_ID) - c1;
     return FK_OK;
 }
 
@@ -446,7 +440,7 @@ static int replay_layer(struct worker *w, int ti, int layer, const struct fk_bas
     int H = info->n_kv_heads, T = info->n_tokens, m = info->head_dim, P = info->prompt_len;
     int Hq = info->n_q_heads;
     size_t nkv = (size_t)H * T * m;
-    double t0 = now_s(CLOCK_MONOTONIC);
+    double t0 = fk_clock_s(CLOCK_MONOTONIC);
     FK_TRY(read_kv_locked(w, tr, layer, 0, nkv));
     FK_TRY(read_kv_locked(w, tr, layer, 1, nkv));
     float *xr = realloc(w->xrow, sizeof(float) * (size_t)m);
@@ -501,7 +495,7 @@ static int replay_layer(struct worker *w, int ti, int layer, const struct fk_bas
             return fk_err(FK_ENOMEM, "out of memory");
         w->qbuf = qb;
     }
-    w->t_io += now_s(CLOCK_MONOTONIC) - t0;
+    w->t_io += fk_clock_s(CLOCK_MONOTONIC) - t0;
 
     int n_steps = T > P ? T - P : 0;
     void *st[2] = {NULL, NULL};
@@ -569,7 +563,7 @@ static int replay_layer(struct worker *w, int ti, int layer, const struct fk_bas
     for (int t = P; t < T && rc == FK_OK; t++) {
         int step = t - P;
         if (attn && step % ro->attn_stride == 0 && w->qrow[t] >= 0) {
-            double a0 = now_s(CLOCK_THREAD_CPUTIME_ID);
+            double a0 = fk_clock_s(CLOCK_THREAD_CPUTIME_ID);
             for (int h = 0; h < Hq; h++)
                 memcpy(w->qbuf + (size_t)h * m,
                        w->q + ((size_t)h * w->n_qsel + w->qrow[t]) * m,
@@ -580,7 +574,7 @@ static int replay_layer(struct worker *w, int ti, int layer, const struct fk_bas
                                     .v_enc = w->kv_enc[1], .ops = ops, .kstate = st[0],
                                     .vstate = st[1]};
             rc = fk_attn_eval(&ai, w->as, acc);
-            w->t_attn += now_s(CLOCK_THREAD_CPUTIME_ID) - a0;
+            w->t_attn += fk_clock_s(CLOCK_THREAD_CPUTIME_ID) - a0;
             if (rc < 0)
                 break;
         }
@@ -600,7 +594,7 @@ static int replay_layer(struct worker *w, int ti, int layer, const struct fk_bas
         }
     }
     /* final error with the final dictionary, accounting, activity */
-    double m0 = now_s(CLOCK_THREAD_CPUTIME_ID);
+    double m0 = fk_clock_s(CLOCK_THREAD_CPUTIME_ID);
     for (int k = 0; k < 2 && rc == FK_OK; k++) {
         const void *X = w->kv[k];
         for (int h = 0; h < H && rc == FK_OK; h++)
@@ -663,7 +657,7 @@ static int replay_layer(struct worker *w, int ti, int layer, const struct fk_bas
                              ro->recall_every, s, n);
         }
     }
-    w->t_metrics += now_s(CLOCK_THREAD_CPUTIME_ID) - m0;
+    w->t_metrics += fk_clock_s(CLOCK_THREAD_CPUTIME_ID) - m0;
 out:
     for (int k = 0; k < 2; k++)
         if (st[k])
@@ -691,10 +685,10 @@ static int replay_unit(struct worker *w, int layer)
                         return fk_err(FK_ENOMEM, "out of memory for two %d x %d Gram matrices",
                                       bases[k].n_atoms, bases[k].n_atoms);
                 }
-                double g0 = now_s(CLOCK_THREAD_CPUTIME_ID);
+                double g0 = fk_clock_s(CLOCK_THREAD_CPUTIME_ID);
                 FK_TRY(fk_gram_compute(bases[k].atoms, bases[k].n_atoms, bases[k].m,
                                        w->gram[k]));
-                w->t_gram += now_s(CLOCK_THREAD_CPUTIME_ID) - g0;
+                w->t_gram += fk_clock_s(CLOCK_THREAD_CPUTIME_ID) - g0;
                 bases[k].gram = w->gram[k];
             }
         }
@@ -851,7 +845,7 @@ int fk_replay_cell(const struct fk_cell_input *in, const struct fk_replay_opts *
      * same way whatever --jobs is, so results are identical at any thread count. */
     int blas_threads = openblas_get_num_threads();
     openblas_set_num_threads(1);
-    double w0 = now_s(CLOCK_MONOTONIC);
+    double w0 = fk_clock_s(CLOCK_MONOTONIC);
     int started = 0;
     if (rc == FK_OK) {
         if (jobs == 1) {
@@ -868,7 +862,7 @@ int fk_replay_cell(const struct fk_cell_input *in, const struct fk_replay_opts *
         if (failed)
             rc = fk_err(failed, "%s", errmsg);
     }
-    out->wall_s = now_s(CLOCK_MONOTONIC) - w0;
+    out->wall_s = fk_clock_s(CLOCK_MONOTONIC) - w0;
     openblas_set_num_threads(blas_threads);
     for (int j = 0; ws && j < jobs; j++) {
         out->t_io += ws[j].t_io;

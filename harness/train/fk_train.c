@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: MIT
  * Dictionary training (see fk_train.h).
  */
+#include "common/fk_clock.h"
 #include "train/fk_train.h"
 
 #include <cblas.h>
@@ -26,13 +27,6 @@ void fk_train_defaults(struct fk_train_opts *o)
     *o = (struct fk_train_opts){.n_atoms = 4096, .s = 8, .epochs = 8, .method = FK_TRAIN_BCD,
                                 .seed = 1, .heldout_frac = 0.1, .max_train = 0, .lr = 1e-3,
                                 .batch = 1024, .jobs = 1};
-}
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
 static const float *gram_row(void *ctx, int j, float *scratch)
@@ -308,7 +302,7 @@ static int train_one(struct job *jb, int slot)
         n_tr = o->max_train;
     float *D = jb->atoms_out + (size_t)slot * N * m;
     int rc = FK_OK;
-    double t0 = now_s();
+    double t0 = fk_wall_s();
     if (n_tr == 0) {
         rc = fk_err(FK_EINVAL, "layer %d %s: no non-zero training vectors", layer,
                     kind ? "V" : "K");
@@ -335,7 +329,7 @@ static int train_one(struct job *jb, int slot)
         rc = fk_train_eval(D, N, m, o->s, ho, n_ho, &he);
     if (rc == FK_OK && jb->cb) {
         pthread_mutex_lock(jb->lock);
-        jb->cb(jb->cb_ctx, layer, kind, 0, he, te, now_s() - t0);
+        jb->cb(jb->cb_ctx, layer, kind, 0, he, te, fk_wall_s() - t0);
         pthread_mutex_unlock(jb->lock);
     }
     double *mom = NULL, *vel = NULL;
@@ -358,7 +352,7 @@ static int train_one(struct job *jb, int slot)
             rc = fk_train_eval(D, N, m, o->s, ho, n_ho, &he);
         if (rc == FK_OK && jb->cb) {
             pthread_mutex_lock(jb->lock);
-            jb->cb(jb->cb_ctx, layer, kind, e, he, te, now_s() - t0);
+            jb->cb(jb->cb_ctx, layer, kind, e, he, te, fk_wall_s() - t0);
             pthread_mutex_unlock(jb->lock);
         }
     }
