@@ -17,6 +17,7 @@
 #include <gsl/gsl_vector.h>
 
 #include "common/fk_err.h"
+#include "cli/fk_cli.h"
 #include "gen/fk_synth.h"
 #include "formats/fk_trace.h"
 

@@ -116,7 +116,5 @@ int fk_synth_layer(const struct fk_synth_opts *o, int seq_index, int layer, floa
  * every knob ("synth.<knob>"), the seeds, the sequence index, shape and encoding. */
 int fk_synth_write(const struct fk_synth_opts *o, const char *path, int seq_index);
 
-/* CLI entry (harness/fk_cli_synth.c): argv[0] = "synth". Returns a process exit code. */
-int fk_cli_synth(int argc, char **argv);
 
 #endif

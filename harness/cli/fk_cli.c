@@ -2,7 +2,6 @@
  * fadkv-bench command line: the only main(), the only place (with the other fk_cli*.c files)
  * that prints or exits. Subcommands are listed in usage().
  */
-#include <cblas.h>
 #include <errno.h>
 #include <hdf5.h>
 #include <math.h>
@@ -13,26 +12,18 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "common/fk_clock.h"
-#include "bench/fk_bench.h"
-#include "cli/fk_cli_trace.h"
-#include "core/fk_codec.h"
-#include "formats/fk_dict.h"
-#include "common/fk_err.h"
-#include "formats/fk_h5.h"
-#include "engine/fk_replay.h"
-#include "store/fk_results.h"
-#include "engine/fk_sweep.h"
-#include "gen/fk_synth.h"
-#include "formats/fk_trace.h"
-#include "fk_version.h"
+#include <gsl/gsl_errno.h>
 
-int fk_cli_plot(int argc, char **argv);
-int fk_cli_check(int argc, char **argv);
-int fk_cli_merge(int argc, char **argv);
-int fk_cli_train_dict(int argc, char **argv);
-int fk_cli_bench_replay(int argc, char **argv);
-extern const char *gsl_version;
+#include "cli/fk_cli.h"
+#include "common/fk_clock.h"
+#include "common/fk_err.h"
+#include "core/fk_codec.h"
+#include "engine/fk_sweep.h"
+#include "formats/fk_dict.h"
+#include "formats/fk_h5.h"
+#include "formats/fk_trace.h"
+#include "runner/fk_runner.h"
+#include "fk_version.h"
 
 static volatile sig_atomic_t g_stop;
 
@@ -42,26 +33,52 @@ static void on_signal(int sig)
     g_stop = 1;
 }
 
+/* The commands: name (with its argument synopsis), one-line summary, function. */
+struct command {
+    const char *name;
+    const char *args;
+    const char *summary;
+    int (*run)(int argc, char **argv);
+};
+
+static int cmd_bench(int argc, char **argv);
+
+static const struct command commands[] = {
+    {"codecs", "", "list codecs and their options", fk_cli_codecs},
+    {"info", "FILE|DIR...", "describe traces, dictionaries, results", fk_cli_info},
+    {"synth", "--out DIR [...]", "write synthetic traces (--help)", fk_cli_synth},
+    {"trace", "--model M --tokenizer T --prompt TEXT --steps N --out DIR",
+     "decode with a llama2.c model and write its trace", fk_cli_trace},
+    {"train-dict", "[...]", "train per-layer dictionaries (--help)", fk_cli_train_dict},
+    {"bench", "omp|replay [...]", "OMP kernel benchmark; replay benchmark vs reference (--help)",
+     cmd_bench},
+    {"plot", "RESULTS_DIR [--out DIR] [--format png|pdf|svg]", "figures of a results directory",
+     fk_cli_plot},
+    {"check", "--baseline FILE --results DIR [--rtol R] [--atol A] [--update]",
+     "regression gate against a baseline", fk_cli_check},
+    {"merge", "OUT_DIR SHARD_DIR...", "combine shard results", fk_cli_merge},
+    {NULL, NULL, NULL, NULL},
+};
+
+static const struct command bench_commands[] = {
+    {"omp", "[...]", "OMP kernel benchmark", fk_cli_bench_omp},
+    {"replay", "[...]", "replay benchmark vs reference", fk_cli_bench_replay},
+    {NULL, NULL, NULL, NULL},
+};
+
 static void usage(FILE *f)
 {
     fprintf(f,
-            "fadkv-bench %s: replay KV-cache traces through dictionary-based KV codecs\n"
+            "fadkv-bench %s: replay KV-cache traces through KV-cache codecs\n"
             "\n"
             "usage:\n"
             "  fadkv-bench --config SWEEP.toml [--set KEY=VALUE]... [--jobs N] [--force]\n"
             "              [--shard I/N] [--dry-run] [--print-config] [--quiet]\n"
-            "              [--attn-layers L,L,...] [--no-attention]\n"
-            "  fadkv-bench codecs                       list codecs and their options\n"
-            "  fadkv-bench info FILE|DIR...             describe traces, dictionaries, results\n"
-            "  fadkv-bench synth --out DIR [...]        write synthetic traces (--help)\n"
-            "  fadkv-bench trace --model M --tokenizer T --prompt TEXT --steps N --out DIR\n"
-            "  fadkv-bench train-dict [...]             train per-layer dictionaries (--help)\n"
-            "  fadkv-bench bench omp [...]              OMP kernel benchmark (--help)\n"
-            "  fadkv-bench bench replay [...]           replay benchmark vs reference (--help)\n"
-            "  fadkv-bench plot RESULTS_DIR [--out DIR] [--format png|pdf|svg]\n"
-            "  fadkv-bench check --baseline FILE --results DIR [--rtol R] [--atol A] [--update]\n"
-            "  fadkv-bench merge OUT_DIR SHARD_DIR...   combine shard results\n",
+            "              [--attn-layers L,L,...] [--no-attention]\n",
             FK_VERSION);
+    for (const struct command *c = commands; c->name; c++)
+        fprintf(f, "  fadkv-bench %s%s%s\n      %s\n", c->name, *c->args ? " " : "", c->args,
+                c->summary);
 }
 
 static int fail(const char *what)
@@ -72,8 +89,10 @@ static int fail(const char *what)
 
 /* ---- codecs --------------------------------------------------------------------------- */
 
-static int cmd_codecs(void)
+int fk_cli_codecs(int argc, char **argv)
 {
+    (void)argc;
+    (void)argv;
     for (int i = 0; fk_codecs[i]; i++) {
         const struct fk_codec_ops *c = fk_codecs[i];
         printf("%s: %s\n", c->name, c->summary);
@@ -170,7 +189,7 @@ static int info_one(const char *path)
     return 0;
 }
 
-static int cmd_info(int argc, char **argv)
+int fk_cli_info(int argc, char **argv)
 {
     if (argc < 2) {
         fprintf(stderr, "usage: fadkv-bench info FILE|DIR...\n");
@@ -182,65 +201,16 @@ static int cmd_info(int argc, char **argv)
     return rc;
 }
 
+
 /* ---- sweeps ---------------------------------------------------------------------------- */
 
-struct loaded {
-    struct fk_trace **traces;    /* per dataset: opened traces */
-    struct fk_dict *dict;
+struct sweep_args {
+    const char *config;
+    const char **sets;           /* --set KEY=VALUE texts, then the flags that are sets */
+    int n_sets;
+    char *attn_set;              /* "sweep.attn_layers=[...]" built from --attn-layers */
+    int dry, print, force, quiet, jobs, shard_i, shard_n;
 };
-
-static int write_provenance(const struct fk_sweep *s, int jobs)
-{
-    char cpu[256] = "unknown";
-    FILE *f = fopen("/proc/cpuinfo", "r");
-    if (f) {
-        char line[512];
-        while (fgets(line, sizeof line, f))
-            if (!strncmp(line, "model name", 10)) {
-                char *c = strchr(line, ':');
-                if (c) {
-                    snprintf(cpu, sizeof cpu, "%s", c + 2);
-                    cpu[strcspn(cpu, "\n")] = 0;
-                }
-                break;
-            }
-        fclose(f);
-    }
-    unsigned maj, min, rel;
-    H5get_libversion(&maj, &min, &rel);
-    char buf[8192];
-    int n = snprintf(buf, sizeof buf,
-                     "{\n  \"harness\": \"fadkv-bench %s\",\n  \"git\": \"%s\",\n"
-                     "  \"config\": \"%s\",\n  \"config_hash\": \"%s\",\n"
-                     "  \"sweep\": \"%s\",\n  \"cells\": %d,\n  \"jobs\": %d,\n"
-                     "  \"hdf5\": \"%u.%u.%u\",\n  \"gsl\": \"%s\",\n  \"openblas\": \"%s\",\n"
-                     "  \"openblas_kernels\": \"%s\",\n"
-                     "  \"blas_threads_per_worker\": 1,\n  \"cpu\": \"%s\",\n"
-                     "  \"online_cpus\": %ld,\n  \"precision\": \"float32 data, float32 BLAS "
-                     "dot products, double triangular solves and energies\"\n}\n",
-                     FK_VERSION, FK_GIT_VERSION, s->path, s->config_hash, s->name, s->n_cells,
-                     jobs, maj, min, rel, gsl_version, openblas_get_config(),
-                     openblas_get_corename(), cpu, sysconf(_SC_NPROCESSORS_ONLN));
-    if (n < 0 || (size_t)n >= sizeof buf)
-        return fk_err(FK_EINVAL, "%s/provenance.json: %d bytes exceed %zu (config path or sweep "
-                      "name too long?)", s->output, n, sizeof buf - 1);
-    char p[4200];
-    snprintf(p, sizeof p, "%s/provenance.json", s->output);
-    FK_TRY(fk_write_atomic(p, buf, (size_t)n));
-    snprintf(p, sizeof p, "%s/resolved.txt", s->output);
-    return fk_write_atomic(p, s->resolved, strlen(s->resolved));
-}
-
-static void free_loaded(const struct fk_sweep *s, struct loaded *ld)
-{
-    for (int d = 0; ld && d < s->n_datasets; d++) {
-        for (int i = 0; ld[d].traces && i < s->datasets[d].n_traces; i++)
-            fk_trace_close(&ld[d].traces[i]);
-        free(ld[d].traces);
-        fk_dict_free(&ld[d].dict);
-    }
-    free(ld);
-}
 
 static int parse_shard(const char *a, int *i, int *n)
 {
@@ -256,38 +226,137 @@ static int parse_shard(const char *a, int *i, int *n)
     return 0;
 }
 
+/* One option with its value; returns 1 if it took the value, 0 if not, -1 on a usage
+ * error (printed). */
+static int sweep_option(struct sweep_args *a, const char *o, const char *v)
+{
+    if (!strcmp(o, "--config") && v)
+        a->config = v;
+    else if (!strcmp(o, "--set") && v)
+        a->sets[a->n_sets++] = v;
+    else if (!strcmp(o, "--jobs") && v) {
+        a->jobs = atoi(v);
+        if (a->jobs < 1 || a->jobs > 256) {
+            fprintf(stderr, "fadkv-bench: --jobs %s: expected 1..256\n", v);
+            return -1;
+        }
+    } else if (!strcmp(o, "--shard") && v) {
+        if (parse_shard(v, &a->shard_i, &a->shard_n)) {
+            fprintf(stderr, "fadkv-bench: --shard %s: expected I/N with 0 <= I < N\n", v);
+            return -1;
+        }
+    } else if (!strcmp(o, "--attn-layers") && v) {
+        size_t n = strlen(v) + 40;
+        free(a->attn_set);
+        if (!(a->attn_set = malloc(n))) {
+            fprintf(stderr, "fadkv-bench: out of memory\n");
+            return -1;
+        }
+        snprintf(a->attn_set, n, "sweep.attn_layers=[%s]", v);
+    } else
+        return 0;
+    return 1;
+}
+
+static int sweep_flag(struct sweep_args *a, const char *o)
+{
+    if (!strcmp(o, "--dry-run"))
+        a->dry = 1;
+    else if (!strcmp(o, "--print-config"))
+        a->print = 1;
+    else if (!strcmp(o, "--force"))
+        a->force = 1;
+    else if (!strcmp(o, "--resume"))
+        a->force = 0;
+    else if (!strcmp(o, "--quiet"))
+        a->quiet = 1;
+    else if (!strcmp(o, "--no-attention"))
+        a->sets[a->n_sets++] = "sweep.attention=false";
+    else
+        return 0;
+    return 1;
+}
+
+/* Returns 0, or the exit status of a usage error (printed). */
+static int parse_sweep_args(int argc, char **argv, struct sweep_args *a)
+{
+    *a = (struct sweep_args){.shard_n = 1};
+    a->sets = calloc((size_t)argc + 2, sizeof(char *));
+    if (!a->sets)
+        return fail("out of memory");
+    for (int i = 1; i < argc; i++) {
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+        int took = sweep_option(a, argv[i], v);
+        if (took < 0)
+            return 2;
+        if (took) {
+            i++;
+            continue;
+        }
+        if (!sweep_flag(a, argv[i])) {
+            fprintf(stderr, "fadkv-bench: unknown or incomplete option '%s'\n", argv[i]);
+            usage(stderr);
+            return 2;
+        }
+    }
+    if (a->attn_set)
+        a->sets[a->n_sets++] = a->attn_set;
+    return 0;
+}
+
+/* A cell's label: id, codec, dataset and every option whose value differs between the
+ * cells of the same codec in this sweep (what the sweep varies), then the repeat. */
 static void print_cell_label(const struct fk_sweep *s, const struct fk_sweep_cell *c, FILE *f)
 {
     fprintf(f, "%s %-10s %-10s", c->id, c->ops->name, s->datasets[c->dataset].name);
     for (const struct fk_option *o = c->ops->options; o->name; o++) {
-        if (!strcmp(o->name, "s") || !strcmp(o->name, "n") || !strcmp(o->name, "tau_c") ||
-            !strcmp(o->name, "delta_k") || !strcmp(o->name, "delta_v") ||
-            !strcmp(o->name, "n_b") || !strcmp(o->name, "inner")) {
-            char v[64];
-            fk_opts_format(c->opts, o, v, sizeof v);
-            fprintf(f, " %s=%s", o->name, v);
+        double v = fk_opts_get(c->opts, o);
+        int varies = 0;
+        for (int k = 0; k < s->n_cells && !varies; k++)
+            varies = s->cells[k].ops == c->ops && fk_opts_get(s->cells[k].opts, o) != v;
+        if (varies) {
+            char t[64];
+            fk_opts_format(c->opts, o, t, sizeof t);
+            fprintf(f, " %s=%s", o->name, t);
         }
     }
     if (s->repeats > 1)
         fprintf(f, " rep=%d", c->repeat);
 }
 
-/* Relative running time of a cell for the ETA: its coding multiply-adds plus a fixed
- * per-vector cost for reading, metrics and attention (about 2e5 multiply-adds). */
-static double cell_weight(const struct fk_sweep *s, const struct fk_sweep_cell *c)
+static void print_config(const struct fk_sweep *s)
 {
-    double vec = 0, macs = fk_sweep_cell_macs(s, c, &vec);
-    return macs + 2e5 * vec;
+    printf("# %s resolved: %d cell(s), config hash %s\n%s", s->path, s->n_cells,
+           s->config_hash, s->resolved);
+    for (int d = 0; d < s->n_datasets; d++) {
+        printf("# dataset %s: dictionary %s\n", s->datasets[d].name,
+               s->datasets[d].dict ? s->datasets[d].dict : "(none)");
+        for (int i = 0; i < s->datasets[d].n_traces; i++)
+            printf("#   %s\n", s->datasets[d].traces[i]);
+    }
 }
 
-/* Progress of a sweep: a bar on a terminal, a plain line every few seconds otherwise. */
-struct progress {
-    int tty, quiet;
-    int cell, todo;              /* 1-based index among the cells to run, and their count */
-    const char *codec, *dataset;
-    double t_start, t_cell;      /* sweep and cell start (monotonic seconds) */
-    double est_total, est_done, est_cell; /* cost-model MACs: all, finished, this cell */
-    double last;                 /* last plain line */
+static void print_dry_run(const struct fk_sweep *s, int sh_i, int sh_n)
+{
+    double total = 0;
+    printf("%-16s %-10s %-10s options / estimated GMAC\n", "cell", "codec", "dataset");
+    for (int c = 0; c < s->n_cells; c++) {
+        if (c % sh_n != sh_i)
+            continue;
+        double macs = fk_sweep_cell_macs(s, &s->cells[c], NULL);
+        total += macs;
+        print_cell_label(s, &s->cells[c], stdout);
+        printf("  %.1f GMAC\n", macs / 1e9);
+    }
+    printf("%d cell(s), about %.0f GMAC of coding in total (about %.0f s at 10 GMAC/s)\n",
+           s->n_cells, total / 1e9, total / 1e10);
+}
+
+/* Progress display: a bar on a terminal, a plain line every few seconds otherwise. */
+struct display {
+    const struct fk_sweep *s;
+    int tty, quiet, shard_n;
+    double last;                 /* time of the last plain progress line */
 };
 
 static void fmt_eta(double s, char *buf, size_t cap)
@@ -302,339 +371,146 @@ static void fmt_eta(double s, char *buf, size_t cap)
         snprintf(buf, cap, "%.1fh", s / 3600);
 }
 
-static void on_progress(void *ctx, int done, int total, long vectors)
+static void show_start(void *ctx, const struct fk_sweep *s, int todo)
 {
-    struct progress *p = ctx;
-    if (p->quiet)
+    const struct display *d = ctx;
+    if (!d->quiet)
+        fprintf(stderr, "fadkv-bench: sweep '%s': %d cell(s), %d to run%s, %d job(s) -> %s\n",
+                s->name, s->n_cells, todo, d->shard_n > 1 ? " in this shard" : "", s->jobs,
+                s->output);
+}
+
+static void show_cell_start(void *ctx, const struct fk_sweep *s, const struct fk_sweep_cell *c,
+                            int index, int todo)
+{
+    struct display *d = ctx;
+    d->last = fk_wall_s();
+    if (d->quiet || d->tty)
         return;
-    double now = fk_wall_s(), frac = total ? (double)done / total : 1;
-    double el = now - p->t_start, work = p->est_done + p->est_cell * frac;
+    fprintf(stderr, "[%d/%d] ", index, todo);
+    print_cell_label(s, c, stderr);
+    fprintf(stderr, "\n");
+}
+
+static void show_progress(void *ctx, const struct fk_runner_progress *p)
+{
+    struct display *d = ctx;
+    if (d->quiet)
+        return;
     char eta[32];
-    fmt_eta(work > 0 ? el * (p->est_total - work) / work : NAN, eta, sizeof eta);
-    double rate = vectors / (now - p->t_cell > 1e-9 ? now - p->t_cell : 1e-9);
-    if (p->tty) {
+    fmt_eta(p->eta_s, eta, sizeof eta);
+    double now = fk_wall_s();
+    if (d->tty) {
         char bar[21];
-        int fill = (int)(20 * frac);
+        int fill = p->units_total ? 20 * p->units_done / p->units_total : 20;
         for (int i = 0; i < 20; i++)
             bar[i] = i < fill ? '#' : '.';
         bar[20] = 0;
-        fprintf(stderr, "\r\033[K[%d/%d] %s %s [%s] %d/%d layers, %.0f vec/s, ETA %s", p->cell,
-                p->todo, p->codec, p->dataset, bar, done, total, rate, eta);
+        fprintf(stderr, "\r\033[K[%d/%d] %s %s [%s] %d/%d layers, %.0f vec/s, ETA %s", p->index,
+                p->todo, p->cell->ops->name, d->s->datasets[p->cell->dataset].name, bar, p->units_done, p->units_total,
+                p->vec_per_s, eta);
         fflush(stderr);
-    } else if (now - p->last >= 5) {
-        fprintf(stderr, "    ... %d/%d layers, %.0f vec/s, ETA %s\n", done, total, rate, eta);
-        p->last = now;
+    } else if (now - d->last >= 5) {
+        fprintf(stderr, "    ... %d/%d layers, %.0f vec/s, ETA %s\n", p->units_done,
+                p->units_total, p->vec_per_s, eta);
+        d->last = now;
     }
 }
 
-static int cmd_sweep(int argc, char **argv)
+static void show_cell_end(void *ctx, const struct fk_sweep *s, const struct fk_runner_cell_end *e)
 {
-    const char *config = NULL;
-    const char **sets = calloc((size_t)argc + 1, sizeof(char *));
-    int n_sets = 0, dry = 0, print = 0, force = 0, quiet = 0, jobs = 0, sh_i = 0, sh_n = 1;
-    int no_attn = 0;
-    const char *attn_layers = NULL;
-    if (!sets)
-        return fail("out of memory");
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(a, "--config") && v) {
-            config = v;
-            i++;
-        } else if (!strcmp(a, "--set") && v) {
-            sets[n_sets++] = v;
-            i++;
-        } else if (!strcmp(a, "--jobs") && v) {
-            jobs = atoi(v);
-            i++;
-            if (jobs < 1 || jobs > 256) {
-                fprintf(stderr, "fadkv-bench: --jobs %s: expected 1..256\n", v);
-                free(sets);
-                return 2;
-            }
-        } else if (!strcmp(a, "--shard") && v) {
-            i++;
-            if (parse_shard(v, &sh_i, &sh_n)) {
-                fprintf(stderr, "fadkv-bench: --shard %s: expected I/N with 0 <= I < N\n", v);
-                free(sets);
-                return 2;
-            }
-        } else if (!strcmp(a, "--attn-layers") && v) {
-            attn_layers = v;
-            i++;
-        } else if (!strcmp(a, "--dry-run")) {
-            dry = 1;
-        } else if (!strcmp(a, "--print-config")) {
-            print = 1;
-        } else if (!strcmp(a, "--force")) {
-            force = 1;
-        } else if (!strcmp(a, "--resume")) {
-            force = 0;
-        } else if (!strcmp(a, "--quiet")) {
-            quiet = 1;
-        } else if (!strcmp(a, "--no-attention")) {
-            no_attn = 1;
-        } else {
-            fprintf(stderr, "fadkv-bench: unknown or incomplete option '%s'\n", a);
-            usage(stderr);
-            free(sets);
-            return 2;
-        }
+    const struct display *d = ctx;
+    if (d->quiet)
+        return;
+    if (d->tty) {
+        fprintf(stderr, "\r\033[K[%d/%d] ", e->index, e->todo);
+        print_cell_label(s, e->cell, stderr);
     }
-    char *layer_set = NULL;
-    if (attn_layers) {
-        size_t n = strlen(attn_layers) + 3;
-        layer_set = malloc(n);
-        if (!layer_set) {
-            free(sets);
-            return fail("out of memory");
-        }
-        snprintf(layer_set, n, "[%s]", attn_layers);
-        char *kv = malloc(n + 32);
-        if (!kv) {
-            free(layer_set);
-            free(sets);
-            return fail("out of memory");
-        }
-        snprintf(kv, n + 32, "sweep.attn_layers=%s", layer_set);
-        free(layer_set);
-        layer_set = kv;
-        sets[n_sets++] = layer_set;
+    if (e->failed) {
+        fprintf(stderr, "%s  FAILED: %s\n", d->tty ? "" : "   ", e->error);
+        return;
     }
-    if (no_attn)
-        sets[n_sets++] = "sweep.attention=false";
-    struct fk_sweep *s = NULL;
-    int rc = fk_sweep_load(config, sets, n_sets, 1, &s);
-    free(sets);
-    free(layer_set);
-    if (rc < 0)
-        return fail("configuration error");
-    if (jobs)
-        s->jobs = jobs;
-    if (print) {
-        printf("# %s resolved: %d cell(s), config hash %s\n%s", s->path, s->n_cells,
-               s->config_hash, s->resolved);
-        for (int d = 0; d < s->n_datasets; d++) {
-            printf("# dataset %s: dictionary %s\n", s->datasets[d].name,
-                   s->datasets[d].dict ? s->datasets[d].dict : "(none)");
-            for (int i = 0; i < s->datasets[d].n_traces; i++)
-                printf("#   %s\n", s->datasets[d].traces[i]);
-        }
-        fk_sweep_free(&s);
-        return 0;
-    }
-    if (dry) {
-        double total = 0;
-        printf("%-16s %-10s %-10s options / estimated GMAC\n", "cell", "codec", "dataset");
-        for (int c = 0; c < s->n_cells; c++) {
-            if (c % sh_n != sh_i)
-                continue;
-            double macs = fk_sweep_cell_macs(s, &s->cells[c], NULL);
-            total += macs;
-            print_cell_label(s, &s->cells[c], stdout);
-            printf("  %.1f GMAC\n", macs / 1e9);
-        }
-        printf("%d cell(s), about %.0f GMAC of coding in total (about %.0f s at 10 GMAC/s)\n",
-               s->n_cells, total / 1e9, total / 1e10);
-        fk_sweep_free(&s);
-        return 0;
-    }
-    /* Open every trace and dictionary a cell to run needs before the results directory is
-     * touched: a damaged file then fails the run and leaves earlier results as they were. */
-    struct loaded *ld = calloc((size_t)s->n_datasets, sizeof *ld);
-    if (!ld) {
-        fk_sweep_free(&s);
-        return fail("out of memory");
-    }
-    int lrc0 = FK_OK;
-    for (int c = 0; c < s->n_cells && lrc0 == FK_OK; c++) {
-        const struct fk_sweep_cell *cell = &s->cells[c];
-        if (c % sh_n != sh_i || (!force && fk_results_done(s->output, cell->id)))
-            continue;
-        struct fk_dataset *ds = &s->datasets[cell->dataset];
-        struct loaded *L = &ld[cell->dataset];
-        if (!L->traces) {
-            L->traces = calloc((size_t)ds->n_traces, sizeof(struct fk_trace *));
-            if (!L->traces)
-                lrc0 = fk_err(FK_ENOMEM, "out of memory");
-            for (int i = 0; lrc0 == FK_OK && i < ds->n_traces; i++)
-                lrc0 = fk_trace_open(ds->traces[i], &L->traces[i]);
-        }
-        if (lrc0 == FK_OK && !L->dict && ds->dict && (cell->ops->caps & FK_CAP_DICT))
-            lrc0 = fk_dict_load(ds->dict, &L->dict);
-        if (lrc0 < 0)
-            fprintf(stderr, "fadkv-bench: dataset '%s': %s\n", ds->name, fk_errmsg());
-    }
-    if (lrc0 < 0) {
-        free_loaded(s, ld);
-        fk_sweep_free(&s);
-        return 1;
-    }
-    if (fk_results_prepare(s->output) < 0 || write_provenance(s, s->jobs) < 0) {
-        free_loaded(s, ld);
-        fk_sweep_free(&s);
-        return fail("results directory");
-    }
+    char eta[32];
+    fmt_eta(e->eta_s, eta, sizeof eta);
+    fprintf(stderr, "%s  %.1f s, %.0f vec/s, rel_err %.4f, ETA %s\n", d->tty ? "" : "   ",
+            e->wall_s, e->vectors / (e->wall_s > 0 ? e->wall_s : 1), e->rel_err, eta);
+}
+
+static int run_sweep(const struct fk_sweep *s, const struct sweep_args *a)
+{
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
     sa.sa_handler = on_signal;
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
-
-    const char **ids = calloc((size_t)s->n_cells + 1, sizeof(char *));
-    if (!ids) {
-        free_loaded(s, ld);
-        fk_sweep_free(&s);
-        return fail("out of memory");
+    struct display d = {.s = s, .tty = isatty(STDERR_FILENO), .quiet = a->quiet, .shard_n = a->shard_n};
+    struct fk_runner_opts ro = {
+        .force = a->force, .shard_i = a->shard_i, .shard_n = a->shard_n, .stop = &g_stop,
+        .hooks = {.ctx = &d, .start = show_start, .cell_start = show_cell_start,
+                  .progress = show_progress, .cell_end = show_cell_end}};
+    struct fk_runner_summary sum;
+    if (fk_runner_run(s, &ro, &sum) < 0) {
+        fprintf(stderr, "fadkv-bench: %s\n", fk_errmsg());
+        return 1;
     }
-    for (int c = 0; c < s->n_cells; c++)
-        ids[c] = s->cells[c].id;
-    int todo = 0, failed = 0, done = 0, skipped = 0;
-    for (int c = 0; c < s->n_cells; c++)
-        todo += c % sh_n == sh_i && (force || !fk_results_done(s->output, s->cells[c].id));
-    int tty = isatty(STDERR_FILENO);
-    double t_start = fk_wall_s(), vec_done = 0, est_total = 0, est_done = 0;
-    for (int c = 0; c < s->n_cells; c++)
-        if (c % sh_n == sh_i && (force || !fk_results_done(s->output, s->cells[c].id)))
-            est_total += cell_weight(s, &s->cells[c]);
-    if (!quiet)
-        fprintf(stderr, "fadkv-bench: sweep '%s': %d cell(s), %d to run%s, %d job(s) -> %s\n",
-                s->name, s->n_cells, todo, sh_n > 1 ? " in this shard" : "", s->jobs,
-                s->output);
-    rc = 0;
-    struct fk_replay_pool *pool = NULL; /* Gram buffers from cell to cell (optional) */
-    if (fk_replay_pool_new(&pool) < 0)
-        pool = NULL;
-    for (int c = 0; c < s->n_cells && !g_stop; c++) {
-        struct fk_sweep_cell *cell = &s->cells[c];
-        if (c % sh_n != sh_i)
-            continue;
-        if (!force && fk_results_done(s->output, cell->id)) {
-            skipped++;
-            continue;
-        }
-        struct fk_dataset *ds = &s->datasets[cell->dataset];
-        struct loaded *L = &ld[cell->dataset];
-        int lrc = FK_OK;
-        if (!L->traces) {
-            L->traces = calloc((size_t)ds->n_traces, sizeof(struct fk_trace *));
-            if (!L->traces)
-                lrc = fk_err(FK_ENOMEM, "out of memory");
-            for (int i = 0; lrc == FK_OK && i < ds->n_traces; i++)
-                lrc = fk_trace_open(ds->traces[i], &L->traces[i]);
-        }
-        if (lrc == FK_OK && !L->dict && ds->dict && (cell->ops->caps & FK_CAP_DICT))
-            lrc = fk_dict_load(ds->dict, &L->dict);
-        struct fk_cell_meta meta = {.ops = cell->ops, .opts = cell->opts, .dataset = ds->name,
-                                    .traces = (const char *const *)ds->traces,
-                                    .n_traces = ds->n_traces,
-                                    .dict = (cell->ops->caps & FK_CAP_DICT) ? ds->dict : NULL,
-                                    .attn_stride = s->attention ? s->attn_stride : 0,
-                                    .seed = (long)(cell->seed & 0x7fffffffffffffffULL)};
-        memcpy(meta.id, cell->id, sizeof meta.id);
-        if (lrc < 0) {
-            /* a dataset that cannot be read fails the run: nothing can be measured on it */
-            fprintf(stderr, "fadkv-bench: dataset '%s': %s\n", ds->name, fk_errmsg());
-            rc = 1;
-            break;
-        }
-        struct progress pg = {.tty = tty, .quiet = quiet, .cell = done + failed + 1,
-                              .todo = todo, .codec = cell->ops->name, .dataset = ds->name,
-                              .t_start = t_start, .t_cell = fk_wall_s(), .est_total = est_total,
-                              .est_done = est_done, .est_cell = cell_weight(s, cell)};
-        pg.last = pg.t_cell;
-        if (!quiet && !tty) {
-            fprintf(stderr, "[%d/%d] ", pg.cell, todo);
-            print_cell_label(s, cell, stderr);
-            fprintf(stderr, "\n");
-        }
-        struct fk_replay_opts ro = {.jobs = s->jobs, .attention = s->attention,
-                                    .attn_stride = s->attn_stride,
-                                    .attn_layers = s->attn_layers, .recall = s->recall,
-                                    .recall_every = s->recall_every, .stop = &g_stop,
-                                    .progress = on_progress, .progress_ctx = &pg,
-                                    .pool = pool};
-        struct fk_cell_input in = {.ops = cell->ops, .opts = cell->opts,
-                                   .traces = L->traces, .n_traces = ds->n_traces,
-                                   .dict = (cell->ops->caps & FK_CAP_DICT) ? L->dict : NULL};
-        struct fk_cell_result res;
-        double c0 = fk_wall_s();
-        int r = fk_replay_cell(&in, &ro, &res);
-        double dt = fk_wall_s() - c0;
-        if (r == FK_EINTR || g_stop) {
-            if (r == FK_OK)
-                fk_cell_result_free(&res);
-            break;
-        }
-        if (r < 0) {
-            failed++;
-            char msg[1100];
-            snprintf(msg, sizeof msg, "%s", fk_errmsg());
-            if (!quiet && tty) {
-                fprintf(stderr, "\r\033[K[%d/%d] ", pg.cell, todo);
-                print_cell_label(s, cell, stderr);
-            }
-            if (!quiet)
-                fprintf(stderr, "%s  FAILED: %s\n", tty ? "" : "   ", msg);
-            if (fk_results_commit_failed(s->output, &meta, "failed", msg) < 0) {
-                rc = fail("results");
-                break;
-            }
-        } else {
-            int cr = fk_results_commit(s->output, &meta, &res);
-            vec_done += (double)res.vectors;
-            est_done += cell_weight(s, cell);
-            double err = NAN;
-            if (cr == FK_OK)
-                fk_results_metric(s->output, cell->id, "rel_err_mean", &err);
-            long vecs = res.vectors;
-            fk_cell_result_free(&res);
-            if (cr < 0) {
-                rc = fail("writing results (nothing of this cell was recorded as finished)");
-                break;
-            }
-            done++;
-            double el = fk_wall_s() - t_start;
-            double eta = est_done > 0 ? el * (est_total - est_done) / est_done : NAN;
-            char etas[32];
-            fmt_eta(eta, etas, sizeof etas);
-            if (!quiet && tty) {
-                fprintf(stderr, "\r\033[K[%d/%d] ", pg.cell, todo);
-                print_cell_label(s, cell, stderr);
-            }
-            if (!quiet)
-                fprintf(stderr, "%s  %.1f s, %.0f vec/s, rel_err %.4f, ETA %s\n",
-                        tty ? "" : "   ", dt, vecs / (dt > 0 ? dt : 1), err, etas);
-        }
-        if (fk_results_tables(s->output, ids, s->n_cells) < 0) {
-            rc = fail("writing cells.csv");
-            break;
-        }
-    }
-    if (fk_results_tables(s->output, ids, s->n_cells) < 0 && !rc)
-        rc = fail("writing cells.csv");
-    fk_replay_pool_free(&pool);
-    free_loaded(s, ld);
-    free(ids);
-    if (g_stop) {
+    if (sum.interrupted) {
         fprintf(stderr, "fadkv-bench: interrupted: %d cell(s) finished and kept; run the same "
-                        "command again to resume\n", done);
-        fk_sweep_free(&s);
+                        "command again to resume\n", sum.done);
         return 130;
     }
-    if (!quiet)
+    if (!a->quiet)
         fprintf(stderr, "fadkv-bench: %d cell(s) run, %d failed, %d already done; %.1f s; "
-                        "results in %s/cells.csv\n", done, failed, skipped, fk_wall_s() - t_start,
-                s->output);
-    (void)vec_done;
+                        "results in %s/cells.csv\n", sum.done, sum.failed, sum.skipped,
+                sum.wall_s, s->output);
+    return sum.failed ? 1 : 0;
+}
+
+int fk_cli_sweep(int argc, char **argv)
+{
+    struct sweep_args a;
+    int rc = parse_sweep_args(argc, argv, &a);
+    struct fk_sweep *s = NULL;
+    if (rc == 0 && fk_sweep_load(a.config, a.sets, a.n_sets, 1, &s) < 0)
+        rc = fail("configuration error");
+    free(a.sets);
+    free(a.attn_set);
+    if (rc)
+        return rc;
+    if (a.jobs)
+        s->jobs = a.jobs;
+    if (a.print)
+        print_config(s);
+    else if (a.dry)
+        print_dry_run(s, a.shard_i, a.shard_n);
+    else
+        rc = run_sweep(s, &a);
     fk_sweep_free(&s);
-    return rc ? rc : failed ? 1 : 0;
+    return rc;
+}
+
+static const struct command *find_command(const struct command *table, const char *name)
+{
+    for (const struct command *c = table; c->name; c++)
+        if (!strcmp(c->name, name))
+            return c;
+    return NULL;
+}
+
+static int cmd_bench(int argc, char **argv)
+{
+    const struct command *c = argc >= 2 ? find_command(bench_commands, argv[1]) : NULL;
+    if (!c) {
+        fprintf(stderr, "usage: fadkv-bench bench omp|replay [...] (--help)\n");
+        return 2;
+    }
+    return c->run(argc - 1, argv + 1);
 }
 
 int main(int argc, char **argv)
 {
     fk_hdf5_quiet();
+    /* GSL's default handler aborts the process: errors are returned and reported instead */
+    gsl_set_error_handler_off();
     /* a file-size limit makes write() fail with EFBIG (reported) instead of killing us */
     signal(SIGXFSZ, SIG_IGN);
     if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
@@ -647,27 +523,10 @@ int main(int argc, char **argv)
         return 0;
     }
     if (cmd[0] == '-')
-        return cmd_sweep(argc, argv);
-    if (!strcmp(cmd, "codecs"))
-        return cmd_codecs();
-    if (!strcmp(cmd, "info"))
-        return cmd_info(argc - 1, argv + 1);
-    if (!strcmp(cmd, "synth"))
-        return fk_cli_synth(argc - 1, argv + 1);
-    if (!strcmp(cmd, "trace"))
-        return fk_cli_trace(argc - 1, argv + 1);
-    if (!strcmp(cmd, "plot"))
-        return fk_cli_plot(argc - 1, argv + 1);
-    if (!strcmp(cmd, "check"))
-        return fk_cli_check(argc - 1, argv + 1);
-    if (!strcmp(cmd, "merge"))
-        return fk_cli_merge(argc - 1, argv + 1);
-    if (!strcmp(cmd, "train-dict"))
-        return fk_cli_train_dict(argc - 1, argv + 1);
-    if (!strcmp(cmd, "bench") && argc >= 3 && !strcmp(argv[2], "replay"))
-        return fk_cli_bench_replay(argc - 2, argv + 2);
-    if (!strcmp(cmd, "bench") && argc >= 3 && !strcmp(argv[2], "omp"))
-        return fk_cli_bench_omp(argc - 2, argv + 2);
+        return fk_cli_sweep(argc, argv);
+    const struct command *c = find_command(commands, cmd);
+    if (c)
+        return c->run(argc - 1, argv + 1);
     fprintf(stderr, "fadkv-bench: unknown command '%s'\n", cmd);
     usage(stderr);
     return 2;

@@ -2,6 +2,7 @@
  * `fadkv-bench bench omp`: the OMP kernel benchmark's command line (CLI layer: parses its
  * own options, prints a table). argv[0] is "omp".
  */
+#include "cli/fk_cli.h"
 #include "bench/fk_bench.h"
 #include "common/fk_err.h"
 

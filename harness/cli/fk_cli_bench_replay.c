@@ -16,6 +16,7 @@
 #include <sys/resource.h>
 #include <time.h>
 
+#include "cli/fk_cli.h"
 #include "common/fk_clock.h"
 #include "bench/fk_bench.h"
 #include "core/fk_codec.h"
@@ -26,7 +27,6 @@
 #include "engine/fk_sweep.h"
 #include "formats/fk_trace.h"
 
-int fk_cli_bench_replay(int argc, char **argv);
 
 /* Kernel-benchmark data from a trace: layer 0's K dictionary (copied) and the K rows of the
  * decode tokens as float32, ordered (token, head) as the replay codes them. */

@@ -8,6 +8,7 @@
 #include <sys/stat.h>
 #include <time.h>
 
+#include "cli/fk_cli.h"
 #include "common/fk_clock.h"
 #include "common/fk_err.h"
 #include "gen/fk_synth.h"

@@ -2,7 +2,7 @@
  * `fadkv-bench trace`: decodes prompts with a llama2.c checkpoint (our own runner,
  * datasets/fk_llama2c.h) and writes one fadkv-trace file per prompt. CLI layer: prints.
  */
-#include "cli/fk_cli_trace.h"
+#include "cli/fk_cli.h"
 
 #include <cblas.h>
 #include <errno.h>

@@ -8,6 +8,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "cli/fk_cli.h"
 #include "common/fk_clock.h"
 #include "formats/fk_dict.h"
 #include "common/fk_err.h"
@@ -15,7 +16,6 @@
 #include "formats/fk_trace.h"
 #include "train/fk_train.h"
 
-int fk_cli_train_dict(int argc, char **argv);
 
 static const char *const method_names[] = {"sample", "random", "bcd", "lexico", NULL};
 

@@ -1,0 +1,318 @@
+/* SPDX-License-Identifier: MIT
+ * The sweep runner (fk_runner.h).
+ */
+#include <cblas.h>
+#include <hdf5.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "common/fk_clock.h"
+#include "common/fk_err.h"
+#include "core/fk_codec.h"
+#include "engine/fk_replay.h"
+#include "formats/fk_dict.h"
+#include "formats/fk_trace.h"
+#include "runner/fk_runner.h"
+#include "store/fk_results.h"
+#include "fk_version.h"
+
+extern const char *gsl_version;
+
+/* Opened traces and dictionary of one dataset. */
+struct loaded {
+    struct fk_trace **traces;
+    struct fk_dict *dict;
+};
+
+/* The state of one run. */
+struct run {
+    const struct fk_sweep *s;
+    const struct fk_runner_opts *o;
+    struct loaded *ld;           /* [n_datasets] */
+    const char **ids;            /* [n_cells] cell ids, for the tables */
+    struct fk_replay_pool *pool; /* Gram buffers from cell to cell (optional) */
+    struct fk_runner_summary *sum;
+    int prepared;                /* the results directory exists and holds provenance */
+    double t_start;
+    double est_total, est_done;  /* cost-model weights: all cells to run, finished ones */
+    /* the cell in progress */
+    const struct fk_sweep_cell *cell;
+    int index;
+    double t_cell, est_cell;
+};
+
+int fk_runner_selected(const struct fk_sweep *s, int c, const struct fk_runner_opts *o)
+{
+    int n = o->shard_n > 0 ? o->shard_n : 1;
+    if (c % n != o->shard_i)
+        return 0;
+    return o->force || !fk_results_done(s->output, s->cells[c].id);
+}
+
+/* Relative running time of a cell for the estimate of the time left: its coding
+ * multiply-adds plus a fixed per-vector cost for reading, metrics and attention (about
+ * 2e5 multiply-adds). */
+static double cell_weight(const struct fk_sweep *s, const struct fk_sweep_cell *c)
+{
+    double vec = 0, macs = fk_sweep_cell_macs(s, c, &vec);
+    return macs + 2e5 * vec;
+}
+
+static double eta(const struct run *r, double work_done)
+{
+    double el = fk_wall_s() - r->t_start;
+    return work_done > 0 ? el * (r->est_total - work_done) / work_done : NAN;
+}
+
+static const char *cpu_model(char *buf, size_t cap)
+{
+    snprintf(buf, cap, "unknown");
+    FILE *f = fopen("/proc/cpuinfo", "r");
+    if (!f)
+        return buf;
+    char line[512];
+    while (fgets(line, sizeof line, f))
+        if (!strncmp(line, "model name", 10)) {
+            char *c = strchr(line, ':');
+            if (c) {
+                snprintf(buf, cap, "%s", c + 2);
+                buf[strcspn(buf, "\n")] = 0;
+            }
+            break;
+        }
+    fclose(f);
+    return buf;
+}
+
+static int write_provenance(const struct fk_sweep *s)
+{
+    char cpu[256];
+    unsigned maj, min, rel;
+    H5get_libversion(&maj, &min, &rel);
+    char buf[8192];
+    int n = snprintf(buf, sizeof buf,
+                     "{\n  \"harness\": \"fadkv-bench %s\",\n  \"git\": \"%s\",\n"
+                     "  \"config\": \"%s\",\n  \"config_hash\": \"%s\",\n"
+                     "  \"sweep\": \"%s\",\n  \"cells\": %d,\n  \"jobs\": %d,\n"
+                     "  \"hdf5\": \"%u.%u.%u\",\n  \"gsl\": \"%s\",\n  \"openblas\": \"%s\",\n"
+                     "  \"openblas_kernels\": \"%s\",\n"
+                     "  \"blas_threads_per_worker\": 1,\n  \"cpu\": \"%s\",\n"
+                     "  \"online_cpus\": %ld,\n  \"precision\": \"float32 data, float32 BLAS "
+                     "dot products, double triangular solves and energies\"\n}\n",
+                     FK_VERSION, FK_GIT_VERSION, s->path, s->config_hash, s->name, s->n_cells,
+                     s->jobs, maj, min, rel, gsl_version, openblas_get_config(),
+                     openblas_get_corename(), cpu_model(cpu, sizeof cpu),
+                     sysconf(_SC_NPROCESSORS_ONLN));
+    if (n < 0 || (size_t)n >= sizeof buf)
+        return fk_err(FK_EINVAL, "%s/provenance.json: %d bytes exceed %zu (config path or sweep "
+                      "name too long?)", s->output, n, sizeof buf - 1);
+    char p[4200];
+    snprintf(p, sizeof p, "%s/provenance.json", s->output);
+    FK_TRY(fk_write_atomic(p, buf, (size_t)n));
+    snprintf(p, sizeof p, "%s/resolved.txt", s->output);
+    return fk_write_atomic(p, s->resolved, strlen(s->resolved));
+}
+
+/* Opens the traces and the dictionary of a cell's dataset (once per dataset). */
+static int load_dataset(struct run *r, const struct fk_sweep_cell *cell)
+{
+    const struct fk_dataset *ds = &r->s->datasets[cell->dataset];
+    struct loaded *L = &r->ld[cell->dataset];
+    int rc = FK_OK;
+    if (!L->traces) {
+        L->traces = calloc((size_t)ds->n_traces, sizeof(struct fk_trace *));
+        if (!L->traces)
+            rc = fk_err(FK_ENOMEM, "out of memory");
+        for (int i = 0; rc == FK_OK && i < ds->n_traces; i++)
+            rc = fk_trace_open(ds->traces[i], &L->traces[i]);
+    }
+    if (rc == FK_OK && !L->dict && ds->dict && (cell->ops->caps & FK_CAP_DICT))
+        rc = fk_dict_load(ds->dict, &L->dict);
+    if (rc < 0) {
+        char msg[1100];
+        snprintf(msg, sizeof msg, "%s", fk_errmsg());
+        return fk_err(rc, "dataset '%s': %s", ds->name, msg);
+    }
+    return FK_OK;
+}
+
+static void free_loaded(struct run *r)
+{
+    for (int d = 0; r->ld && d < r->s->n_datasets; d++) {
+        for (int i = 0; r->ld[d].traces && i < r->s->datasets[d].n_traces; i++)
+            fk_trace_close(&r->ld[d].traces[i]);
+        free(r->ld[d].traces);
+        fk_dict_free(&r->ld[d].dict);
+    }
+    free(r->ld);
+    r->ld = NULL;
+}
+
+/* Everything before the first cell: selection, loading, results directory, provenance. */
+static int prepare(struct run *r)
+{
+    const struct fk_sweep *s = r->s;
+    r->ld = calloc((size_t)s->n_datasets, sizeof *r->ld);
+    r->ids = calloc((size_t)s->n_cells + 1, sizeof(char *));
+    if (!r->ld || !r->ids)
+        return fk_err(FK_ENOMEM, "out of memory");
+    for (int c = 0; c < s->n_cells; c++) {
+        r->ids[c] = s->cells[c].id;
+        if (fk_runner_selected(s, c, r->o)) {
+            r->sum->todo++;
+            r->est_total += cell_weight(s, &s->cells[c]);
+            FK_TRY(load_dataset(r, &s->cells[c]));
+        }
+    }
+    if (fk_results_prepare(s->output) < 0 || write_provenance(s) < 0) {
+        char msg[1100];
+        snprintf(msg, sizeof msg, "%s", fk_errmsg());
+        return fk_err(FK_EIO, "results directory: %s", msg);
+    }
+    r->prepared = 1;
+    if (fk_replay_pool_new(&r->pool) < 0)
+        r->pool = NULL;
+    return FK_OK;
+}
+
+static void on_unit(void *ctx, int done, int total, long vectors)
+{
+    struct run *r = ctx;
+    const struct fk_runner_hooks *h = &r->o->hooks;
+    if (!h->progress)
+        return;
+    double now = fk_wall_s(), frac = total ? (double)done / total : 1;
+    struct fk_runner_progress p = {
+        .cell = r->cell, .index = r->index, .todo = r->sum->todo, .units_done = done,
+        .units_total = total,
+        .vec_per_s = vectors / (now - r->t_cell > 1e-9 ? now - r->t_cell : 1e-9),
+        .eta_s = eta(r, r->est_done + r->est_cell * frac)};
+    h->progress(h->ctx, &p);
+}
+
+static void cell_meta(const struct run *r, const struct fk_sweep_cell *cell,
+                      struct fk_cell_meta *meta)
+{
+    const struct fk_sweep *s = r->s;
+    const struct fk_dataset *ds = &s->datasets[cell->dataset];
+    *meta = (struct fk_cell_meta){.ops = cell->ops, .opts = cell->opts, .dataset = ds->name,
+                                  .traces = (const char *const *)ds->traces,
+                                  .n_traces = ds->n_traces,
+                                  .dict = (cell->ops->caps & FK_CAP_DICT) ? ds->dict : NULL,
+                                  .attn_stride = s->attention ? s->attn_stride : 0,
+                                  .seed = (long)(cell->seed & 0x7fffffffffffffffULL)};
+    memcpy(meta->id, cell->id, sizeof meta->id);
+}
+
+/* Commits a cell's outcome (finished or failed) and reports it. */
+static int commit(struct run *r, const struct fk_sweep_cell *cell, int rrc,
+                  struct fk_cell_result *res, double dt)
+{
+    const struct fk_sweep *s = r->s;
+    struct fk_cell_meta meta;
+    cell_meta(r, cell, &meta);
+    struct fk_runner_cell_end e = {.cell = cell, .index = r->index, .todo = r->sum->todo,
+                                   .wall_s = dt, .rel_err = NAN};
+    char msg[1100];
+    if (rrc < 0) {
+        snprintf(msg, sizeof msg, "%s", fk_errmsg());
+        r->sum->failed++;
+        e.failed = 1;
+        e.error = msg;
+        e.eta_s = eta(r, r->est_done);
+        if (r->o->hooks.cell_end)
+            r->o->hooks.cell_end(r->o->hooks.ctx, s, &e);
+        if (fk_results_commit_failed(s->output, &meta, "failed", msg) < 0) {
+            snprintf(msg, sizeof msg, "%s", fk_errmsg());
+            return fk_err(FK_EIO, "results: %s", msg);
+        }
+        return FK_OK;
+    }
+    int cr = fk_results_commit(s->output, &meta, res);
+    e.vectors = res->vectors;
+    fk_cell_result_free(res);
+    if (cr < 0) {
+        snprintf(msg, sizeof msg, "%s", fk_errmsg());
+        return fk_err(cr, "writing results (nothing of this cell was recorded as finished): %s",
+                      msg);
+    }
+    fk_results_metric(s->output, cell->id, "rel_err_mean", &e.rel_err);
+    r->est_done += r->est_cell;
+    r->sum->done++;
+    e.eta_s = eta(r, r->est_done);
+    if (r->o->hooks.cell_end)
+        r->o->hooks.cell_end(r->o->hooks.ctx, s, &e);
+    return FK_OK;
+}
+
+/* Runs cell c; sets sum->interrupted when a stop was asked for. */
+static int run_cell(struct run *r, int c)
+{
+    const struct fk_sweep *s = r->s;
+    const struct fk_sweep_cell *cell = &s->cells[c];
+    const struct fk_dataset *ds = &s->datasets[cell->dataset];
+    FK_TRY(load_dataset(r, cell));
+    const struct loaded *L = &r->ld[cell->dataset];
+    r->cell = cell;
+    r->index = r->sum->done + r->sum->failed + 1;
+    r->t_cell = fk_wall_s();
+    r->est_cell = cell_weight(s, cell);
+    if (r->o->hooks.cell_start)
+        r->o->hooks.cell_start(r->o->hooks.ctx, s, cell, r->index, r->sum->todo);
+    struct fk_replay_opts ro = {.jobs = s->jobs, .attention = s->attention,
+                                .attn_stride = s->attn_stride, .attn_layers = s->attn_layers,
+                                .recall = s->recall, .recall_every = s->recall_every,
+                                .stop = r->o->stop, .progress = on_unit, .progress_ctx = r,
+                                .pool = r->pool};
+    struct fk_cell_input in = {.ops = cell->ops, .opts = cell->opts, .traces = L->traces,
+                               .n_traces = ds->n_traces,
+                               .dict = (cell->ops->caps & FK_CAP_DICT) ? L->dict : NULL};
+    struct fk_cell_result res;
+    double c0 = fk_wall_s();
+    int rrc = fk_replay_cell(&in, &ro, &res);
+    double dt = fk_wall_s() - c0;
+    if (rrc == FK_EINTR || (r->o->stop && *r->o->stop)) {
+        if (rrc == FK_OK)
+            fk_cell_result_free(&res);
+        r->sum->interrupted = 1;
+        return FK_OK;
+    }
+    FK_TRY(commit(r, cell, rrc, &res, dt));
+    if (fk_results_tables(s->output, r->ids, s->n_cells) < 0)
+        return fk_err(FK_EIO, "writing cells.csv: %s", fk_errmsg());
+    return FK_OK;
+}
+
+int fk_runner_run(const struct fk_sweep *s, const struct fk_runner_opts *o,
+                  struct fk_runner_summary *sum)
+{
+    *sum = (struct fk_runner_summary){0};
+    struct run r = {.s = s, .o = o, .sum = sum, .t_start = fk_wall_s()};
+    int rc = prepare(&r);
+    if (rc == FK_OK && o->hooks.start)
+        o->hooks.start(o->hooks.ctx, s, sum->todo);
+    for (int c = 0; rc == FK_OK && c < s->n_cells && !sum->interrupted; c++) {
+        if (o->stop && *o->stop) {
+            sum->interrupted = 1;
+            break;
+        }
+        int n = o->shard_n > 0 ? o->shard_n : 1;
+        if (c % n != o->shard_i)
+            continue;
+        if (!o->force && fk_results_done(s->output, s->cells[c].id)) {
+            sum->skipped++;
+            continue;
+        }
+        rc = run_cell(&r, c);
+    }
+    if (r.prepared && fk_results_tables(s->output, r.ids, s->n_cells) < 0 && rc == FK_OK)
+        rc = fk_err(FK_EIO, "writing cells.csv: %s", fk_errmsg());
+    fk_replay_pool_free(&r.pool);
+    free_loaded(&r);
+    free(r.ids);
+    sum->wall_s = fk_wall_s() - r.t_start;
+    return rc;
+}

@@ -1,0 +1,74 @@
+/* SPDX-License-Identifier: MIT
+ * The sweep runner: runs the cells of a resolved sweep into its results directory.
+ *
+ * It owns what a run of `fadkv-bench --config` does between parsing and printing: shard
+ * selection (cell c belongs to shard c mod N), resume (a cell the store holds as finished
+ * is skipped unless `force`), dataset loading (every trace and dictionary a selected cell
+ * needs is opened before the results directory is touched, so a damaged file fails the run
+ * and leaves earlier results as they were), provenance, one replay per cell, the atomic
+ * commit of each cell and the tables after it, and progress with an estimate of the time
+ * left from the cost model. It prints nothing: the caller sees the run through hooks.
+ */
+#ifndef FK_RUNNER_H
+#define FK_RUNNER_H
+
+#include <signal.h>
+
+#include "engine/fk_sweep.h"
+
+/* Progress inside a cell (after each unit: one layer of every trace). */
+struct fk_runner_progress {
+    const struct fk_sweep_cell *cell;
+    int index, todo;             /* 1-based index among the cells to run, and their count */
+    int units_done, units_total;
+    double vec_per_s;            /* vectors coded per second in this cell so far */
+    double eta_s;                /* estimated seconds left in the run (NaN: unknown) */
+};
+
+/* The outcome of one cell. */
+struct fk_runner_cell_end {
+    const struct fk_sweep_cell *cell;
+    int index, todo;
+    int failed;                  /* 1: the replay failed; error holds its message */
+    const char *error;
+    double wall_s;               /* the cell's wall time */
+    long vectors;                /* vectors coded */
+    double rel_err;              /* rel_err_mean as committed (NaN if unknown) */
+    double eta_s;                /* estimated seconds left in the run (NaN: unknown) */
+};
+
+/* Every hook is optional; ctx is passed back to each. */
+struct fk_runner_hooks {
+    void *ctx;
+    /* before the first cell: cells in the sweep, cells to run (this shard, not done) */
+    void (*start)(void *ctx, const struct fk_sweep *s, int todo);
+    void (*cell_start)(void *ctx, const struct fk_sweep *s, const struct fk_sweep_cell *c,
+                       int index, int todo);
+    void (*progress)(void *ctx, const struct fk_runner_progress *p);
+    void (*cell_end)(void *ctx, const struct fk_sweep *s, const struct fk_runner_cell_end *e);
+};
+
+struct fk_runner_opts {
+    int force;                   /* recompute finished cells */
+    int shard_i, shard_n;        /* run the cells c with c % shard_n == shard_i (0, 1: all) */
+    volatile sig_atomic_t *stop; /* set by a signal handler: stop after the current unit */
+    struct fk_runner_hooks hooks;
+};
+
+struct fk_runner_summary {
+    int todo;                    /* cells selected to run */
+    int done, failed, skipped;   /* finished now, failed now, already finished before */
+    int interrupted;             /* 1: *stop was set; finished cells are kept */
+    double wall_s;
+};
+
+/* 1 if cell c is in the shard and (force or not finished in the results directory). */
+int fk_runner_selected(const struct fk_sweep *s, int c, const struct fk_runner_opts *o);
+
+/* Runs the selected cells. Returns FK_OK when every cell was run or skipped (failed cells
+ * are counted in sum->failed, not returned) or the run was interrupted; an error (with
+ * fk_err's message) when a dataset cannot be read or the results cannot be written. */
+int fk_runner_run(const struct fk_sweep *s, const struct fk_runner_opts *o,
+                  struct fk_runner_summary *sum);
+
+#endif
