@@ -12,8 +12,6 @@
 #include <time.h>
 #include <unistd.h>
 
-#include <gsl/gsl_errno.h>
-
 #include "cli/fk_cli.h"
 #include "common/fk_clock.h"
 #include "common/fk_err.h"
@@ -508,11 +506,7 @@ static int cmd_bench(int argc, char **argv)
 
 int main(int argc, char **argv)
 {
-    fk_hdf5_quiet();
-    /* GSL's default handler aborts the process: errors are returned and reported instead */
-    gsl_set_error_handler_off();
-    /* a file-size limit makes write() fail with EFBIG (reported) instead of killing us */
-    signal(SIGXFSZ, SIG_IGN);
+    fk_cli_init();
     if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
         usage(argc < 2 ? stderr : stdout);
         return argc < 2 ? 2 : 0;

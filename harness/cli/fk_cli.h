@@ -7,6 +7,10 @@
 #ifndef FK_CLI_H
 #define FK_CLI_H
 
+/* Process-wide set-up, once, before a command: HDF5's error printing and GSL's aborting
+ * error handler off (errors come back as values), SIGXFSZ ignored (EFBIG is reported). */
+void fk_cli_init(void);
+
 int fk_cli_sweep(int argc, char **argv);
 int fk_cli_codecs(int argc, char **argv);
 int fk_cli_info(int argc, char **argv);
