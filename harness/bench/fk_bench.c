@@ -334,7 +334,7 @@ static int cmp_double(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
-static double median(double *v, int n)
+double fk_bench_median_sort(double *v, int n)
 {
     qsort(v, (size_t)n, sizeof *v, cmp_double);
     return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
@@ -389,6 +389,96 @@ static void bufs_free(struct bench_bufs *b)
     free(b->times);
 }
 
+/* Timing figures of the repeats and the codes' summary. */
+static void summarise(const struct fk_bench_omp_cfg *cfg, const struct fk_bench_omp_data *data,
+                      double *te, double *tg, double *t1,
+                      const struct fk_code *codes, const struct fk_code *one,
+                      struct fk_bench_omp_result *res)
+{
+    int N = data->n_atoms, m = data->dim, n = data->n_signals, s = cfg->sparsity;
+    int R = cfg->repeats;
+    res->e2e_min_s = te[0];
+    res->gemm_min_s = tg[0];
+    for (int r = 1; r < R; r++) {
+        res->e2e_min_s = te[r] < res->e2e_min_s ? te[r] : res->e2e_min_s;
+        res->gemm_min_s = tg[r] < res->gemm_min_s ? tg[r] : res->gemm_min_s;
+    }
+    res->e2e_med_s = fk_bench_median_sort(te, R);
+    res->gemm_med_s = fk_bench_median_sort(tg, R);
+    res->e2e_vps = n / res->e2e_med_s;
+    res->e2e1_vps = n / fk_bench_median_sort(t1, R);
+    res->one_identical = 1;
+    for (int i = 0; i < n; i++) {
+        const struct fk_code *c = &codes[i], *o = &one[i];
+        if (c->k != o->k || c->flags != o->flags || c->iters != o->iters ||
+            memcmp(c->idx, o->idx, (size_t)c->k * sizeof c->idx[0]) ||
+            memcmp(c->coef, o->coef, (size_t)c->k * sizeof c->coef[0]) ||
+            memcmp(&c->err2, &o->err2, sizeof c->err2))
+            res->one_identical = 0;
+    }
+    res->gemm_vps = n / res->gemm_med_s;
+    res->e2e_gflops = res->e2e_vps * (2.0 * m * N + (double)N * s * s) * 1e-9;
+    res->floor_ratio = res->e2e_med_s / res->gemm_med_s;
+    uint64_t h = 1469598103934665603ull;
+    double ksum = 0.0, esum = 0.0;
+    long ne = 0;
+    for (int i = 0; i < n; i++) {
+        const struct fk_code *c = &codes[i];
+        h = fnv(h, &c->k, sizeof c->k);
+        h = fnv(h, c->idx, (size_t)c->k * sizeof c->idx[0]);
+        h = fnv(h, c->coef, (size_t)c->k * sizeof c->coef[0]);
+        ksum += c->k;
+        if (c->xx > 0) {
+            esum += sqrt(c->err2 / c->xx);
+            ne++;
+        }
+        res->n_premature += (c->flags & FK_CODE_PREMATURE) != 0;
+        res->n_dependent += (c->flags & FK_CODE_DEPENDENT) != 0;
+    }
+    res->codes_hash = h;
+    res->mean_k = ksum / n;
+    res->mean_rel_err = ne ? esum / ne : 0.0;
+}
+
+/* The timed part: a warm-up pass of each kind, then R repeats of end to end, SGEMM alone and
+ * end to end one vector at a time, into times [3][R]. */
+static int timed_repeats(struct job *jb, struct worker *ws, int T, int R, double *times)
+{
+    double dt;
+    jb->mode = JOB_E2E;
+    FK_TRY(run_job(jb, ws, T, &dt));
+    jb->mode = JOB_GEMM;
+    FK_TRY(run_job(jb, ws, T, &dt));
+    for (int r = 0; r < R; r++) {
+        jb->mode = JOB_E2E;
+        FK_TRY(run_job(jb, ws, T, &times[r]));
+        jb->mode = JOB_GEMM;
+        FK_TRY(run_job(jb, ws, T, &times[R + r]));
+        jb->mode = JOB_E2E1;
+        FK_TRY(run_job(jb, ws, T, &times[2 * R + r]));
+    }
+    return FK_OK;
+}
+
+/* Naive reference: single thread, recomputes D^T r every iteration (a = NULL). */
+static int naive_reference(const struct fk_dict_view *view, const struct fk_bench_omp_data *data,
+                           int s, int nn, struct bench_bufs *bb, const struct fk_code *codes,
+                           struct fk_bench_omp_result *res)
+{
+    struct fk_dict_view nview = *view;
+    nview.gram_row = NULL;
+    double t0 = fk_wall_s();
+    for (int i = 0; i < nn; i++)
+        FK_TRY(fk_omp_naive(&nview, data->signals + (size_t)i * data->dim, NULL, NULL, 0, s,
+                            0.0, bb->work, &bb->nv[i]));
+    double tn = fk_wall_s() - t0;
+    res->naive_n = nn;
+    res->naive_vps = nn / tn;
+    for (int i = 0; i < nn; i++)
+        res->agree_n += same_support(&bb->nv[i], &codes[i]);
+    return FK_OK;
+}
+
 int fk_bench_omp_run(const struct fk_bench_omp_cfg *cfg, const struct fk_bench_omp_data *data,
                      struct fk_bench_omp_result *res, struct fk_code *codes)
 {
@@ -436,82 +526,12 @@ int fk_bench_omp_run(const struct fk_bench_omp_cfg *cfg, const struct fk_bench_o
     }
     struct job jb = {.view = &view, .x = data->signals, .n = n, .s = s, .block = B,
                      .codes = codes, .codes1 = bb.one};
-    double dt;
-    /* warm-up: one pass of each kind (touches the Gram, buffers and BLAS) */
-    jb.mode = JOB_E2E;
     if (rc == FK_OK)
-        rc = run_job(&jb, ws, T, &dt);
-    jb.mode = JOB_GEMM;
+        rc = timed_repeats(&jb, ws, T, R, bb.times);
     if (rc == FK_OK)
-        rc = run_job(&jb, ws, T, &dt);
-    double *te = bb.times, *tg = bb.times + R, *t1 = bb.times + 2 * R;
-    for (int r = 0; r < R && rc == FK_OK; r++) {
-        jb.mode = JOB_E2E;
-        rc = run_job(&jb, ws, T, &te[r]);
-        jb.mode = JOB_GEMM;
-        if (rc == FK_OK)
-            rc = run_job(&jb, ws, T, &tg[r]);
-        jb.mode = JOB_E2E1;
-        if (rc == FK_OK)
-            rc = run_job(&jb, ws, T, &t1[r]);
-    }
-    if (rc == FK_OK) {
-        res->e2e_min_s = te[0];
-        res->gemm_min_s = tg[0];
-        for (int r = 1; r < R; r++) {
-            res->e2e_min_s = te[r] < res->e2e_min_s ? te[r] : res->e2e_min_s;
-            res->gemm_min_s = tg[r] < res->gemm_min_s ? tg[r] : res->gemm_min_s;
-        }
-        res->e2e_med_s = median(te, R);
-        res->gemm_med_s = median(tg, R);
-        res->e2e_vps = n / res->e2e_med_s;
-        res->e2e1_vps = n / median(t1, R);
-        res->one_identical = 1;
-        for (int i = 0; i < n; i++) {
-            const struct fk_code *c = &codes[i], *o = &bb.one[i];
-            if (c->k != o->k || c->flags != o->flags || c->iters != o->iters ||
-                memcmp(c->idx, o->idx, (size_t)c->k * sizeof c->idx[0]) ||
-                memcmp(c->coef, o->coef, (size_t)c->k * sizeof c->coef[0]) ||
-                memcmp(&c->err2, &o->err2, sizeof c->err2))
-                res->one_identical = 0;
-        }
-        res->gemm_vps = n / res->gemm_med_s;
-        res->e2e_gflops = res->e2e_vps * (2.0 * m * N + (double)N * s * s) * 1e-9;
-        res->floor_ratio = res->e2e_med_s / res->gemm_med_s;
-        uint64_t h = 1469598103934665603ull;
-        double ksum = 0.0, esum = 0.0;
-        long ne = 0;
-        for (int i = 0; i < n; i++) {
-            const struct fk_code *c = &codes[i];
-            h = fnv(h, &c->k, sizeof c->k);
-            h = fnv(h, c->idx, (size_t)c->k * sizeof c->idx[0]);
-            h = fnv(h, c->coef, (size_t)c->k * sizeof c->coef[0]);
-            ksum += c->k;
-            if (c->xx > 0) {
-                esum += sqrt(c->err2 / c->xx);
-                ne++;
-            }
-            res->n_premature += (c->flags & FK_CODE_PREMATURE) != 0;
-            res->n_dependent += (c->flags & FK_CODE_DEPENDENT) != 0;
-        }
-        res->codes_hash = h;
-        res->mean_k = ksum / n;
-        res->mean_rel_err = ne ? esum / ne : 0.0;
-    }
-    /* naive reference: single thread, recomputes D^T r every iteration (a = NULL) */
-    if (rc == FK_OK && nn > 0) {
-        struct fk_dict_view nview = view;
-        nview.gram_row = NULL;
-        t0 = fk_wall_s();
-        for (int i = 0; i < nn && rc == FK_OK; i++)
-            rc = fk_omp_naive(&nview, data->signals + (size_t)i * m, NULL, NULL, 0, s, 0.0,
-                              bb.work, &bb.nv[i]);
-        double tn = fk_wall_s() - t0;
-        res->naive_n = nn;
-        res->naive_vps = nn / tn;
-        for (int i = 0; i < nn; i++)
-            res->agree_n += same_support(&bb.nv[i], &codes[i]);
-    }
+        summarise(cfg, data, bb.times, bb.times + R, bb.times + 2 * R, codes, bb.one, res);
+    if (rc == FK_OK && nn > 0)
+        rc = naive_reference(&view, data, s, nn, &bb, codes, res);
     fk_blas_threads_set(res->blas_threads_saved);
     bufs_free(&bb);
     return rc;

@@ -91,4 +91,7 @@ int fk_bench_omp_codes_write(const char *path, const struct fk_code *codes, int 
  * options, prints a table. Returns the process exit status (0, 1 on failure, 2 on usage). */
 int fk_cli_bench_omp(int argc, char **argv);
 
+/* Median of v [n] (n >= 1), sorting v in place. */
+double fk_bench_median_sort(double *v, int n);
+
 #endif

@@ -34,18 +34,11 @@ struct bench {
     const struct fk_trace_info *ti;
 };
 
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
 double fk_bench_median(const double *v, int n)
 {
     double t[FK_BENCH_MAX_ROUNDS];
     memcpy(t, v, sizeof(double) * (size_t)n);
-    qsort(t, (size_t)n, sizeof *t, cmp_double);
-    return n % 2 ? t[n / 2] : 0.5 * (t[n / 2 - 1] + t[n / 2]);
+    return fk_bench_median_sort(t, n);
 }
 
 static long peak_rss_kib(void)

@@ -38,11 +38,64 @@ static int parse_long(const char *opt, const char *s, long lo, long hi, long *ou
     return 0;
 }
 
-int fk_cli_bench_omp(int argc, char **argv)
-{
+struct omp_args {
     struct fk_bench_omp_cfg cfg;
-    fk_bench_omp_defaults(&cfg);
-    const char *dump = NULL, *input = NULL, *codes_out = NULL;
+    const char *dump, *input, *codes_out;
+};
+
+/* One option and its value: 0 taken, 2 usage error (printed). */
+static int parse_one(struct omp_args *a, const char *o, const char *v)
+{
+    struct fk_bench_omp_cfg *c = &a->cfg;
+    long seed = 0;
+    const struct { const char *name; long lo, hi; int *to; long *to_l; } ints[] = {
+        {"--atoms", 1, 1 << 20, &c->n_atoms, NULL}, {"--dim", 1, 65536, &c->dim, NULL},
+        {"--sparsity", 1, FK_SMAX, &c->sparsity, NULL},
+        {"--signals", 1, 1 << 26, &c->n_signals, NULL},
+        {"--threads", 1, FK_BENCH_MAX_THREADS, &c->threads, NULL},
+        {"--repeats", 1, 1000, &c->repeats, NULL}, {"--block", 1, 1 << 20, &c->block, NULL},
+        {"--naive", 0, 1 << 26, &c->naive_signals, NULL},
+        {"--seed", 0, 0x7FFFFFFF, NULL, &seed}, {NULL, 0, 0, NULL, NULL}};
+    for (int k = 0; ints[k].name; k++) {
+        if (strcmp(o, ints[k].name))
+            continue;
+        long x;
+        if (parse_long(o, v, ints[k].lo, ints[k].hi, &x))
+            return 2;
+        if (ints[k].to)
+            *ints[k].to = (int)x;
+        else
+            c->seed = (uint64_t)x;
+        return 0;
+    }
+    const char **path = !strcmp(o, "--dump")        ? &a->dump
+                        : !strcmp(o, "--input")     ? &a->input
+                        : !strcmp(o, "--codes-out") ? &a->codes_out
+                                                    : NULL;
+    if (path) {
+        *path = v;
+        return 0;
+    }
+    if (!strcmp(o, "--noise")) {
+        char *end;
+        c->noise = strtod(v, &end);
+        if (end == v || *end || !(c->noise >= 0)) {
+            fprintf(stderr, "fadkv-bench bench omp: --noise: expected a number >= 0, "
+                            "got '%s'\n", v);
+            return 2;
+        }
+        return 0;
+    }
+    fprintf(stderr, "fadkv-bench bench omp: unknown option '%s'\n", o);
+    usage(stderr);
+    return 2;
+}
+
+/* Returns -1 to go on, else the exit status (help, usage error). */
+static int parse(int argc, char **argv, struct omp_args *a)
+{
+    *a = (struct omp_args){0};
+    fk_bench_omp_defaults(&a->cfg);
     for (int i = 1; i < argc; i++) {
         const char *o = argv[i];
         if (!strcmp(o, "--help") || !strcmp(o, "-h")) {
@@ -54,93 +107,36 @@ int fk_cli_bench_omp(int argc, char **argv)
             usage(stderr);
             return 2;
         }
-        const char *v = argv[++i];
-        long x = 0;
-        int bad = 0;
-        if (!strcmp(o, "--atoms")) {
-            bad = parse_long(o, v, 1, 1 << 20, &x);
-            cfg.n_atoms = (int)x;
-        } else if (!strcmp(o, "--dim")) {
-            bad = parse_long(o, v, 1, 65536, &x);
-            cfg.dim = (int)x;
-        } else if (!strcmp(o, "--sparsity")) {
-            bad = parse_long(o, v, 1, FK_SMAX, &x);
-            cfg.sparsity = (int)x;
-        } else if (!strcmp(o, "--signals")) {
-            bad = parse_long(o, v, 1, 1 << 26, &x);
-            cfg.n_signals = (int)x;
-        } else if (!strcmp(o, "--threads")) {
-            bad = parse_long(o, v, 1, FK_BENCH_MAX_THREADS, &x);
-            cfg.threads = (int)x;
-        } else if (!strcmp(o, "--repeats")) {
-            bad = parse_long(o, v, 1, 1000, &x);
-            cfg.repeats = (int)x;
-        } else if (!strcmp(o, "--block")) {
-            bad = parse_long(o, v, 1, 1 << 20, &x);
-            cfg.block = (int)x;
-        } else if (!strcmp(o, "--naive")) {
-            bad = parse_long(o, v, 0, 1 << 26, &x);
-            cfg.naive_signals = (int)x;
-        } else if (!strcmp(o, "--seed")) {
-            bad = parse_long(o, v, 0, 0x7FFFFFFF, &x);
-            cfg.seed = (uint64_t)x;
-        } else if (!strcmp(o, "--noise")) {
-            char *end;
-            cfg.noise = strtod(v, &end);
-            if (end == v || *end || !(cfg.noise >= 0)) {
-                fprintf(stderr, "fadkv-bench bench omp: --noise: expected a number >= 0, "
-                                "got '%s'\n", v);
-                bad = 1;
-            }
-        } else if (!strcmp(o, "--dump")) {
-            dump = v;
-        } else if (!strcmp(o, "--input")) {
-            input = v;
-        } else if (!strcmp(o, "--codes-out")) {
-            codes_out = v;
-        } else {
-            fprintf(stderr, "fadkv-bench bench omp: unknown option '%s'\n", o);
-            usage(stderr);
-            return 2;
-        }
-        if (bad)
-            return 2;
+        int rc = parse_one(a, o, argv[++i]);
+        if (rc)
+            return rc;
     }
+    return -1;
+}
 
-    struct fk_bench_omp_data data;
-    int rc = input ? fk_bench_omp_data_read(input, &data) : fk_bench_omp_data_make(&cfg, &data);
-    if (rc != FK_OK) {
+static int dump_data(const struct omp_args *a, struct fk_bench_omp_data *data)
+{
+    int rc = fk_bench_omp_data_write(a->dump, data, &a->cfg);
+    if (rc == FK_OK)
+        printf("wrote %s: dict (%d, %d), signals (%d, %d), sparsity %d, seed %" PRIu64 "\n",
+               a->dump, data->n_atoms, data->dim, data->n_signals, data->dim, a->cfg.sparsity,
+               a->cfg.seed);
+    else
         fprintf(stderr, "fadkv-bench bench omp: %s\n", fk_errmsg());
-        return 1;
-    }
-    if (dump) {
-        rc = fk_bench_omp_data_write(dump, &data, &cfg);
-        if (rc == FK_OK)
-            printf("wrote %s: dict (%d, %d), signals (%d, %d), sparsity %d, seed %" PRIu64
-                   "\n", dump, data.n_atoms, data.dim, data.n_signals, data.dim, cfg.sparsity,
-                   cfg.seed);
-        else
-            fprintf(stderr, "fadkv-bench bench omp: %s\n", fk_errmsg());
-        fk_bench_omp_data_clear(&data);
-        return rc == FK_OK ? 0 : 1;
-    }
-    struct fk_code *codes = malloc((size_t)data.n_signals * sizeof *codes);
-    struct fk_bench_omp_result res;
-    rc = codes ? fk_bench_omp_run(&cfg, &data, &res, codes)
-               : fk_err(FK_ENOMEM, "cannot allocate %d codes", data.n_signals);
-    if (rc == FK_OK && codes_out)
-        rc = fk_bench_omp_codes_write(codes_out, codes, data.n_signals, cfg.sparsity, &res,
-                                      cfg.threads);
-    if (rc != FK_OK) {
-        fprintf(stderr, "fadkv-bench bench omp: %s\n", fk_errmsg());
-        free(codes);
-        fk_bench_omp_data_clear(&data);
-        return 1;
-    }
-    int N = data.n_atoms, m = data.dim, s = cfg.sparsity;
+    fk_bench_omp_data_clear(data);
+    return rc == FK_OK ? 0 : 1;
+}
+
+static void print_result(const struct omp_args *a, const struct fk_bench_omp_data *data,
+                         const struct fk_bench_omp_result *rp)
+{
+    const struct fk_bench_omp_cfg cfg = a->cfg;
+    const struct fk_bench_omp_result res = *rp;
+    const char *input = a->input, *codes_out = a->codes_out;
+    int N = data->n_atoms, m = data->dim, s = cfg.sparsity;
     printf("bench omp: N=%d m=%d s=%d signals=%d threads=%d repeats=%d block=%d (%s)\n", N, m,
-           s, data.n_signals, cfg.threads, cfg.repeats, cfg.block < data.n_signals ? cfg.block
-           : data.n_signals, input ? input : "synthetic");
+           s, data->n_signals, cfg.threads, cfg.repeats, cfg.block < data->n_signals ? cfg.block
+           : data->n_signals, input ? input : "synthetic");
     printf("  precision: f32 data, Gram and correlations; f64 Cholesky, coefficients, "
            "energies\n");
     printf("  %-34s %12s %12s %12s %10s\n", "step", "median s", "min s", "vectors/s",
@@ -170,7 +166,35 @@ int fk_cli_bench_omp(int argc, char **argv)
     printf("  codes hash %016" PRIx64 " (equal at any thread count)\n", res.codes_hash);
     if (codes_out)
         printf("  wrote codes to %s\n", codes_out);
+}
+
+int fk_cli_bench_omp(int argc, char **argv)
+{
+    struct omp_args a;
+    int u = parse(argc, argv, &a);
+    if (u >= 0)
+        return u;
+    struct fk_bench_omp_data data;
+    int rc = a.input ? fk_bench_omp_data_read(a.input, &data)
+                     : fk_bench_omp_data_make(&a.cfg, &data);
+    if (rc != FK_OK) {
+        fprintf(stderr, "fadkv-bench bench omp: %s\n", fk_errmsg());
+        return 1;
+    }
+    if (a.dump)
+        return dump_data(&a, &data);
+    struct fk_code *codes = malloc((size_t)data.n_signals * sizeof *codes);
+    struct fk_bench_omp_result res;
+    rc = codes ? fk_bench_omp_run(&a.cfg, &data, &res, codes)
+               : fk_err(FK_ENOMEM, "cannot allocate %d codes", data.n_signals);
+    if (rc == FK_OK && a.codes_out)
+        rc = fk_bench_omp_codes_write(a.codes_out, codes, data.n_signals, a.cfg.sparsity, &res,
+                                      a.cfg.threads);
+    if (rc == FK_OK)
+        print_result(&a, &data, &res);
+    else
+        fprintf(stderr, "fadkv-bench bench omp: %s\n", fk_errmsg());
     free(codes);
     fk_bench_omp_data_clear(&data);
-    return 0;
+    return rc == FK_OK ? 0 : 1;
 }
