@@ -278,7 +278,8 @@ static int check_array(struct fk_trace *t, enum fk_kind kind, int layer, long *w
     return FK_OK;
 }
 
-static int validate(struct fk_trace *t)
+/* The root attributes: schema, version, shape, RoPE. */
+static int validate_attrs(struct fk_trace *t)
 {
     struct fk_trace_info *in = &t->info;
     char buf[FK_NAME_CAP];
@@ -312,8 +313,13 @@ static int validate(struct fk_trace *t)
     if (in->head_dim > 4096)
         return fk_err(FK_ECORRUPT, "%s: head_dim = %d is out of range (1..4096)", t->path,
                       in->head_dim);
+    return FK_OK;
+}
 
-    /* tokens */
+/* /tokens: positions, phase (prefill first) and ids; sets n_tokens. */
+static int validate_tokens(struct fk_trace *t)
+{
+    struct fk_trace_info *in = &t->info;
     hid_t ds;
     hsize_t dims[8];
     long any[1] = {-1};
@@ -361,13 +367,21 @@ static int validate(struct fk_trace *t)
                       "%s: prompt_len = %d but /tokens/phase marks %d prefill tokens", t->path,
                       in->prompt_len, n_prefill);
 
+    return FK_OK;
+}
+
+/* /layers: K and V of every layer, the queries and their token indices. */
+static int validate_layers(struct fk_trace *t)
+{
+    struct fk_trace_info *in = &t->info;
+    long T = in->n_tokens;
+    hid_t ds;
     /* one (layer, kind) array must fit the reader's buffers (2^31 values) */
     if ((double)in->n_kv_heads * in->n_tokens * in->head_dim > 2147483648.0 ||
         (double)in->n_q_heads * in->n_tokens * in->head_dim > 2147483648.0)
         return fk_err(FK_ECORRUPT, "%s: %d heads x %d tokens x head_dim %d exceeds the 2^31 "
                       "values per layer array this reader supports",
                       t->path, in->n_q_heads, in->n_tokens, in->head_dim);
-    /* layers */
     if (H5Lexists(t->file, "/layers", H5P_DEFAULT) <= 0)
         return fk_err(FK_ECORRUPT, "%s: missing group /layers", t->path);
     in->has_queries = 1;
@@ -405,6 +419,13 @@ static int validate(struct fk_trace *t)
     if (!in->has_queries)
         in->n_queries = 0;
     return FK_OK;
+}
+
+static int validate(struct fk_trace *t)
+{
+    FK_TRY(validate_attrs(t));
+    FK_TRY(validate_tokens(t));
+    return validate_layers(t);
 }
 
 int fk_trace_open(const char *path, struct fk_trace **out)
@@ -514,10 +535,117 @@ static int parse_encoding(struct fk_trace *t, hid_t ds, const char *name, enum f
 /* Reads a [H][rows][d] dataset of one layer into dst: every row, or (sel != NULL) the
  * n_sel rows sel[] (strictly increasing) as a [H][n_sel][d] array. 16-bit data are read
  * raw and widened by our own code; non-finite values are refused. */
+/* A selection of n_sel rows of every head of dataset ds, as runs of consecutive rows; the
+ * union is visited in file order, [h][row][d], which is the memory order of the output. */
+static int select_rows(const struct fk_trace *t, hid_t ds, const char *name, int H,
+                       const int32_t *sel, int n_sel, hid_t *fsp, hid_t *msp)
+{
+    int d = t->info.head_dim;
+    hsize_t mdims[3] = {(hsize_t)H, (hsize_t)n_sel, (hsize_t)d};
+    *fsp = H5Dget_space(ds);
+    *msp = H5Screate_simple(3, mdims, NULL);
+    herr_t e = *fsp < 0 || *msp < 0 ? -1 : H5Sselect_none(*fsp);
+    for (int i = 0; i < n_sel && e >= 0;) {
+        int j = i + 1;
+        while (j < n_sel && sel[j] == sel[j - 1] + 1)
+            j++;
+        hsize_t start[3] = {0, (hsize_t)sel[i], 0};
+        hsize_t count[3] = {(hsize_t)H, (hsize_t)(j - i), (hsize_t)d};
+        e = H5Sselect_hyperslab(*fsp, H5S_SELECT_OR, start, NULL, count, NULL);
+        i = j;
+    }
+    if (e < 0)
+        return fk_err(FK_ECORRUPT, "%s: cannot select %d rows of dataset %s", t->path, n_sel,
+                      name);
+    return FK_OK;
+}
+
+/* 16-bit data of n values: read raw (no HDF5 conversion, which is slow) into the upper half
+ * of dst, then widen in place from the front (the source stays ahead); or, when the caller
+ * keeps the words as stored (raw), into dst itself. */
+static int read_16bit(const struct fk_trace *t, hid_t ds, const char *name,
+                      enum fk_encoding enc, hid_t msp, hid_t fsp, size_t n, int raw, void *out)
+{
+    float *dst = out;
+    uint16_t *rw = raw ? (uint16_t *)out : (uint16_t *)dst + n;
+    hid_t mt;
+    if (enc == FK_ENC_F16) {
+        mt = fk_h5_f16_type();
+        H5Tset_order(mt, H5Tget_order(H5T_NATIVE_FLOAT));
+    } else { /* bf16 bits: copy them unchanged whatever the integer's signedness */
+        hid_t ft = H5Dget_type(ds);
+        mt = H5Tcopy(H5Tget_sign(ft) == H5T_SGN_2 ? H5T_NATIVE_INT16 : H5T_NATIVE_UINT16);
+        H5Tclose(ft);
+    }
+    int rc = FK_OK;
+    if (H5Dread(ds, mt, msp, fsp, H5P_DEFAULT, rw) < 0) {
+        rc = fk_err(FK_ECORRUPT, "%s: cannot read dataset %s (truncated?)", t->path, name);
+    } else if (!raw) {
+        /* forward widening is safe: rw[j] sits at bytes 2n + 2j, and writing dst[i] (bytes
+         * 4i .. 4i+3) only reaches rw[j] for j <= i, already read; blocks of 256 keep that
+         * order. */
+        for (size_t i = 0; i < n; i += 256) {
+            size_t c = n - i < 256 ? n - i : 256;
+            uint16_t blk[256];
+            memcpy(blk, rw + i, sizeof(uint16_t) * c);
+            if (enc == FK_ENC_F16)
+                fk_f16_to_f32(blk, dst + i, c);
+            else
+                fk_bf16_to_f32(blk, dst + i, c);
+        }
+    }
+    H5Tclose(mt);
+    return rc;
+}
+
+/* What read_rows read, for the non-finite check. */
+struct rows_read {
+    const char *name;
+    int layer, rows;
+    enum fk_kind kind;
+    const int32_t *sel;
+};
+
+static int nonfinite(const struct fk_trace *t, const struct rows_read *r, size_t i, double v)
+{
+    size_t d = (size_t)t->info.head_dim, per_head = (size_t)r->rows * d;
+    size_t row = (i % per_head) / d;
+    return fk_err(FK_ECORRUPT,
+                  "%s: dataset %s: non-finite value %g at layer %d, head %zu, %s %zu, "
+                  "channel %zu", t->path, r->name, v, r->layer, i / per_head,
+                  r->kind == FK_KIND_Q ? "query row" : "token",
+                  r->sel ? (size_t)r->sel[row] : row, i % d);
+}
+
+/* The first non-finite value of what was read (n values) is an error naming its place. */
+static int check_finite(const struct fk_trace *t, const struct rows_read *r,
+                        enum fk_encoding enc, int raw, size_t n, const void *out)
+{
+    if (raw && enc != FK_ENC_F32) {
+        /* non-finite words: the all-ones exponent */
+        const uint16_t *w = out;
+        uint16_t em = enc == FK_ENC_F16 ? 0x7c00 : 0x7f80;
+        for (size_t i = 0; i < n; i++)
+            if ((w[i] & em) == em) {
+                float v;
+                if (enc == FK_ENC_F16)
+                    fk_f16_to_f32(&w[i], &v, 1);
+                else
+                    fk_bf16_to_f32(&w[i], &v, 1);
+                return nonfinite(t, r, i, v);
+            }
+        return FK_OK;
+    }
+    const float *dst = out;
+    for (size_t i = 0; i < n; i++)
+        if (!isfinite(dst[i]))
+            return nonfinite(t, r, i, dst[i]);
+    return FK_OK;
+}
+
 static int read_rows(struct fk_trace *t, int layer, enum fk_kind kind, const int32_t *sel,
                      int n_sel, int raw, void *out)
 {
-    float *dst = out;
     const struct fk_trace_info *in = &t->info;
     if (layer < 0 || layer >= in->n_layers)
         return fk_err(FK_EINVAL, "%s: layer %d out of range", t->path, layer);
@@ -542,66 +670,12 @@ static int read_rows(struct fk_trace *t, int layer, enum fk_kind kind, const int
     hid_t fsp = H5S_ALL, msp = H5S_ALL;
     enum fk_encoding enc = FK_ENC_F32;
     int rc = parse_encoding(t, ds, name, &enc);
-    if (rc == FK_OK && sel) {
-        hsize_t mdims[3] = {(hsize_t)H, (hsize_t)n_sel, (hsize_t)in->head_dim};
-        fsp = H5Dget_space(ds);
-        msp = H5Screate_simple(3, mdims, NULL);
-        herr_t e = fsp < 0 || msp < 0 ? -1 : H5Sselect_none(fsp);
-        /* runs of consecutive rows as one block each; the union is visited in file order,
-         * [h][row][d], which is the memory order of dst */
-        for (int i = 0; i < n_sel && e >= 0;) {
-            int j = i + 1;
-            while (j < n_sel && sel[j] == sel[j - 1] + 1)
-                j++;
-            hsize_t start[3] = {0, (hsize_t)sel[i], 0};
-            hsize_t count[3] = {(hsize_t)H, (hsize_t)(j - i), (hsize_t)in->head_dim};
-            e = H5Sselect_hyperslab(fsp, H5S_SELECT_OR, start, NULL, count, NULL);
-            i = j;
-        }
-        if (e < 0)
-            rc = fk_err(FK_ECORRUPT, "%s: cannot select %d rows of dataset %s", t->path, n_sel,
-                        name);
-    }
-    if (rc == FK_OK) {
-        if (enc == FK_ENC_F32) {
-            if (H5Dread(ds, H5T_NATIVE_FLOAT, msp, fsp, H5P_DEFAULT, dst) < 0)
-                rc = fk_err(FK_ECORRUPT, "%s: cannot read dataset %s (truncated?)", t->path,
-                            name);
-        } else {
-            /* 16-bit data: read raw (no HDF5 conversion, which is slow) into the upper half
-             * of dst, then widen in place from the front (the source stays ahead); or, when
-             * the caller keeps the words as stored, into dst itself. */
-            uint16_t *rw = raw ? (uint16_t *)out : (uint16_t *)dst + n;
-            hid_t mt;
-            if (enc == FK_ENC_F16) {
-                mt = fk_h5_f16_type();
-            } else { /* bf16 bits: copy them unchanged whatever the integer's signedness */
-                hid_t ft = H5Dget_type(ds);
-                mt = H5Tcopy(H5Tget_sign(ft) == H5T_SGN_2 ? H5T_NATIVE_INT16 : H5T_NATIVE_UINT16);
-                H5Tclose(ft);
-            }
-            if (enc == FK_ENC_F16)
-                H5Tset_order(mt, H5Tget_order(H5T_NATIVE_FLOAT));
-            if (H5Dread(ds, mt, msp, fsp, H5P_DEFAULT, rw) < 0) {
-                rc = fk_err(FK_ECORRUPT, "%s: cannot read dataset %s (truncated?)", t->path,
-                            name);
-            } else if (!raw) {
-                /* forward widening is safe: rw[j] sits at bytes 2n + 2j, and writing dst[i]
-                 * (bytes 4i .. 4i+3) only reaches rw[j] for j <= i, already read; blocks of
-                 * 256 keep that order. */
-                for (size_t i = 0; i < n; i += 256) {
-                    size_t c = n - i < 256 ? n - i : 256;
-                    uint16_t blk[256];
-                    memcpy(blk, rw + i, sizeof(uint16_t) * c);
-                    if (enc == FK_ENC_F16)
-                        fk_f16_to_f32(blk, dst + i, c);
-                    else
-                        fk_bf16_to_f32(blk, dst + i, c);
-                }
-            }
-            H5Tclose(mt);
-        }
-    }
+    if (rc == FK_OK && sel)
+        rc = select_rows(t, ds, name, H, sel, n_sel, &fsp, &msp);
+    if (rc == FK_OK && enc != FK_ENC_F32)
+        rc = read_16bit(t, ds, name, enc, msp, fsp, n, raw, out);
+    else if (rc == FK_OK && H5Dread(ds, H5T_NATIVE_FLOAT, msp, fsp, H5P_DEFAULT, out) < 0)
+        rc = fk_err(FK_ECORRUPT, "%s: cannot read dataset %s (truncated?)", t->path, name);
     if (msp != H5S_ALL && msp >= 0)
         H5Sclose(msp);
     if (fsp != H5S_ALL && fsp >= 0)
@@ -609,42 +683,8 @@ static int read_rows(struct fk_trace *t, int layer, enum fk_kind kind, const int
     H5Dclose(ds);
     if (rc != FK_OK)
         return rc;
-    if (raw && enc != FK_ENC_F32) {
-        /* non-finite words: the all-ones exponent */
-        const uint16_t *w = out;
-        uint16_t em = enc == FK_ENC_F16 ? 0x7c00 : 0x7f80;
-        for (size_t i = 0; i < n; i++)
-            if ((w[i] & em) == em) {
-                float v;
-                if (enc == FK_ENC_F16)
-                    fk_f16_to_f32(&w[i], &v, 1);
-                else
-                    fk_bf16_to_f32(&w[i], &v, 1);
-                size_t per_head = (size_t)rows * (size_t)in->head_dim;
-                size_t row = (i % per_head) / (size_t)in->head_dim;
-                rc = fk_err(FK_ECORRUPT,
-                            "%s: dataset %s: non-finite value %g at layer %d, head %zu, %s %zu, "
-                            "channel %zu",
-                            t->path, name, (double)v, layer, i / per_head,
-                            kind == FK_KIND_Q ? "query row" : "token",
-                            sel ? (size_t)sel[row] : row, i % (size_t)in->head_dim);
-                break;
-            }
-        return rc;
-    }
-    for (size_t i = 0; i < n; i++) {
-        if (!isfinite(dst[i])) {
-            size_t per_head = (size_t)rows * (size_t)in->head_dim;
-            size_t row = (i % per_head) / (size_t)in->head_dim;
-            return fk_err(FK_ECORRUPT,
-                          "%s: dataset %s: non-finite value %g at layer %d, head %zu, %s %zu, "
-                          "channel %zu",
-                          t->path, name, (double)dst[i], layer, i / per_head,
-                          kind == FK_KIND_Q ? "query row" : "token",
-                          sel ? (size_t)sel[row] : row, i % (size_t)in->head_dim);
-        }
-    }
-    return FK_OK;
+    struct rows_read r = {.name = name, .layer = layer, .rows = rows, .kind = kind, .sel = sel};
+    return check_finite(t, &r, enc, raw, n, out);
 }
 
 int fk_trace_read(struct fk_trace *t, int layer, enum fk_kind kind, float *dst)
