@@ -155,8 +155,11 @@ struct fk_codec_ops {
     void (*close)(void *state); /* accepts NULL and half-opened states */
 };
 
-/* Registry (codecs/fk_registry.c). */
+/* Registry (codecs/fk_registry.c, generated from the list in codecs/meson.build). */
 extern const struct fk_codec_ops *const fk_codecs[]; /* NULL-terminated */
+/* The codec whose cost the relative cost columns divide by, unless a sweep says otherwise
+ * ([sweep] cost_baseline): set next to the list in codecs/meson.build. */
+extern const char *const fk_default_cost_baseline;
 const struct fk_codec_ops *fk_codec_find(const char *name);
 const struct fk_option *fk_codec_option(const struct fk_codec_ops *ops, const char *name);
 

@@ -599,10 +599,16 @@ static int load_sweep_table(struct fk_sweep *s, const struct fk_toml_value *tab)
             int64_t x;
             FK_TRY(fk_toml_get_int(e->value, &x));
             s->base_seed = (uint64_t)x;
+        } else if (!strcmp(k, "cost_baseline")) {
+            FK_TRY(get_str(e->value, &str));
+            if (!fk_codec_find(str))
+                return entry_err(e, "cost_baseline names no codec (see `fadkv-bench codecs`)");
+            free(s->cost_baseline);
+            s->cost_baseline = xstrdup(str);
         } else if (strcmp(k, "traces") && strcmp(k, "dictionary")) {
             return entry_err(e, "unknown key in [sweep] (allowed: name, traces, dictionary, "
                                 "output, jobs, attention, attn_stride, attn_layers, recall, "
-                                "recall_every, repeats, base_seed)");
+                                "recall_every, repeats, base_seed, cost_baseline)");
         }
     }
     return FK_OK;
@@ -633,11 +639,12 @@ void fk_sweep_free(struct fk_sweep **sp)
     free(s->name);
     free(s->output);
     free(s->resolved);
+    free(s->cost_baseline);
     free(s);
     *sp = NULL;
 }
 
-static int resolve(struct fk_sweep *s, const struct fk_toml_value *root, int hash_content)
+static int check_top_keys(const struct fk_toml_value *root)
 {
     static const char *const top_keys[] = {"sweep", "dataset", "defaults", "codec", "exclude",
                                            NULL};
@@ -650,14 +657,13 @@ static int resolve(struct fk_sweep *s, const struct fk_toml_value *root, int has
             return entry_err(e, "unknown top-level key (allowed: [sweep], [[dataset]], "
                                 "[defaults], [[codec]], [[exclude]])");
     }
-    const struct fk_toml_value *sw = fk_toml_table_get(root, "sweep");
-    if (!sw || fk_toml_type(sw) != FK_TOML_TABLE)
-        return fk_err(FK_ECONFIG, "%s: missing [sweep] table (name, traces, output, ...)",
-                      s->path);
-    FK_TRY(load_sweep_table(s, sw));
-    if (!s->output)
-        return cfg_err(sw, "[sweep] needs output = \"results/NAME\"%s%s", "", "");
-    /* datasets: [sweep].traces/dictionary, and/or [[dataset]] blocks */
+    return FK_OK;
+}
+
+/* Datasets: [sweep].traces/dictionary, and/or [[dataset]] blocks. */
+static int load_datasets(struct fk_sweep *s, const struct fk_toml_value *root,
+                         const struct fk_toml_value *sw, int hash_content)
+{
     const struct fk_toml_value *dsa = fk_toml_table_get(root, "dataset");
     int n_ds = (fk_toml_table_get(sw, "traces") ? 1 : 0) + (int)fk_toml_array_len(dsa);
     if (n_ds == 0)
@@ -683,13 +689,19 @@ static int resolve(struct fk_sweep *s, const struct fk_toml_value *root, int has
     if (hash_content)
         for (int d = 0; d < s->n_datasets; d++)
             FK_TRY(hash_dataset(&s->datasets[d]));
-    const struct fk_toml_value *defs = fk_toml_table_get(root, "defaults");
+    return FK_OK;
+}
+
+/* [defaults] keys are options of some codec; [[exclude]] keys are codec, dataset or
+ * options, with string values where the key takes names. */
+static int check_defaults_excludes(const struct fk_toml_value *defs,
+                                   const struct fk_toml_value *excl)
+{
     for (size_t i = 0; defs && i < fk_toml_table_len(defs); i++) {
         const struct fk_toml_entry *e = fk_toml_table_at(defs, i);
         if (!is_known_option(e->key))
             return entry_err(e, "no codec has this option (see `fadkv-bench codecs`)");
     }
-    const struct fk_toml_value *excl = fk_toml_table_get(root, "exclude");
     for (size_t r = 0; excl && r < fk_toml_array_len(excl); r++) {
         const struct fk_toml_value *rule = fk_toml_array_at(excl, r);
         for (size_t i = 0; i < fk_toml_table_len(rule); i++) {
@@ -705,6 +717,80 @@ static int resolve(struct fk_sweep *s, const struct fk_toml_value *root, int has
                 return entry_err(e, "expected a string (a codec, dataset or option value name)");
         }
     }
+    return FK_OK;
+}
+
+/* Cell c's id and seed: a hash of the canonical cell, its data and the harness version. */
+static void cell_identity(const struct fk_sweep *s, struct fk_sweep_cell *cell)
+{
+    const struct fk_dataset *ds = &s->datasets[cell->dataset];
+    struct fk_sha256_ctx h;
+    fk_sha256_init(&h);
+    fk_sha256_update(&h, cell->canon, strlen(cell->canon));
+    fk_sha256_update(&h, FK_HARNESS_VERSION, strlen(FK_HARNESS_VERSION));
+    if (ds->content_hash)
+        fk_sha256_update(&h, ds->content_hash, 64);
+    char extra[128];
+    snprintf(extra, sizeof extra, ";attention=%d;stride=%d;recall=%d/%d;seed=%llu",
+             s->attention, s->attn_stride, s->recall, s->recall_every,
+             (unsigned long long)s->base_seed);
+    fk_sha256_update(&h, extra, strlen(extra));
+    uint8_t dg[32];
+    fk_sha256_final(&h, dg);
+    char hex[65];
+    fk_sha256_hex(dg, hex);
+    memcpy(cell->id, hex, 16);
+    cell->id[16] = 0;
+    uint64_t seed = 0;
+    for (int b = 0; b < 8; b++)
+        seed = seed << 8 | dg[8 + b];
+    cell->seed = seed ^ s->base_seed;
+}
+
+/* Ids and seeds of every cell, the canonical text of the whole sweep and its hash. */
+static int identify(struct fk_sweep *s)
+{
+    size_t tot = 512 + strlen(s->cost_baseline);
+    for (int c = 0; c < s->n_cells; c++)
+        tot += strlen(s->cells[c].canon) + 128;
+    s->resolved = malloc(tot);
+    if (!s->resolved)
+        return fk_err(FK_ENOMEM, "out of memory");
+    size_t n = (size_t)snprintf(s->resolved, tot,
+                                "sweep=%s;attention=%d;attn_stride=%d;recall=%d;recall_every=%d",
+                                s->name, s->attention, s->attn_stride, s->recall,
+                                s->recall_every);
+    /* the cost baseline labels no cell: named only when it is not the default */
+    if (strcmp(s->cost_baseline, fk_default_cost_baseline))
+        n += (size_t)snprintf(s->resolved + n, tot - n, ";cost_baseline=%s", s->cost_baseline);
+    n += (size_t)snprintf(s->resolved + n, tot - n, "\n");
+    for (int c = 0; c < s->n_cells; c++) {
+        cell_identity(s, &s->cells[c]);
+        n += (size_t)snprintf(s->resolved + n, tot - n, "%s %s\n", s->cells[c].id,
+                              s->cells[c].canon);
+    }
+    uint8_t dg[32];
+    fk_sha256(s->resolved, n, dg);
+    fk_sha256_hex(dg, s->config_hash);
+    return FK_OK;
+}
+
+static int resolve(struct fk_sweep *s, const struct fk_toml_value *root, int hash_content)
+{
+    FK_TRY(check_top_keys(root));
+    const struct fk_toml_value *sw = fk_toml_table_get(root, "sweep");
+    if (!sw || fk_toml_type(sw) != FK_TOML_TABLE)
+        return fk_err(FK_ECONFIG, "%s: missing [sweep] table (name, traces, output, ...)",
+                      s->path);
+    FK_TRY(load_sweep_table(s, sw));
+    if (!s->output)
+        return cfg_err(sw, "[sweep] needs output = \"results/NAME\"%s%s", "", "");
+    if (!s->cost_baseline && !(s->cost_baseline = xstrdup(fk_default_cost_baseline)))
+        return fk_err(FK_ENOMEM, "out of memory");
+    FK_TRY(load_datasets(s, root, sw, hash_content));
+    const struct fk_toml_value *defs = fk_toml_table_get(root, "defaults");
+    const struct fk_toml_value *excl = fk_toml_table_get(root, "exclude");
+    FK_TRY(check_defaults_excludes(defs, excl));
     const struct fk_toml_value *codecs = fk_toml_table_get(root, "codec");
     if (!codecs || fk_toml_array_len(codecs) == 0)
         return fk_err(FK_ECONFIG, "%s: no [[codec]] blocks: nothing to run", s->path);
@@ -718,47 +804,7 @@ static int resolve(struct fk_sweep *s, const struct fk_toml_value *root, int has
     if (s->n_cells == 0)
         return fk_err(FK_ECONFIG, "%s: no cells left to run ([[exclude]] rules drop every cell)",
                       s->path);
-    /* ids and seeds: hash of the canonical cell, its data and the harness version */
-    size_t tot = 256;
-    for (int c = 0; c < s->n_cells; c++)
-        tot += strlen(s->cells[c].canon) + 128;
-    s->resolved = malloc(tot);
-    if (!s->resolved)
-        return fk_err(FK_ENOMEM, "out of memory");
-    size_t n = (size_t)snprintf(s->resolved, tot,
-                                "sweep=%s;attention=%d;attn_stride=%d;recall=%d;recall_every=%d\n",
-                                s->name, s->attention, s->attn_stride, s->recall,
-                                s->recall_every);
-    for (int c = 0; c < s->n_cells; c++) {
-        struct fk_sweep_cell *cell = &s->cells[c];
-        const struct fk_dataset *ds = &s->datasets[cell->dataset];
-        struct fk_sha256_ctx h;
-        fk_sha256_init(&h);
-        fk_sha256_update(&h, cell->canon, strlen(cell->canon));
-        fk_sha256_update(&h, FK_HARNESS_VERSION, strlen(FK_HARNESS_VERSION));
-        if (ds->content_hash)
-            fk_sha256_update(&h, ds->content_hash, 64);
-        char extra[128];
-        snprintf(extra, sizeof extra, ";attention=%d;stride=%d;recall=%d/%d;seed=%llu",
-                 s->attention, s->attn_stride, s->recall, s->recall_every,
-                 (unsigned long long)s->base_seed);
-        fk_sha256_update(&h, extra, strlen(extra));
-        uint8_t dg[32];
-        fk_sha256_final(&h, dg);
-        char hex[65];
-        fk_sha256_hex(dg, hex);
-        memcpy(cell->id, hex, 16);
-        cell->id[16] = 0;
-        uint64_t seed = 0;
-        for (int b = 0; b < 8; b++)
-            seed = seed << 8 | dg[8 + b];
-        cell->seed = seed ^ s->base_seed;
-        n += (size_t)snprintf(s->resolved + n, tot - n, "%s %s\n", cell->id, cell->canon);
-    }
-    uint8_t dg[32];
-    fk_sha256(s->resolved, n, dg);
-    fk_sha256_hex(dg, s->config_hash);
-    return FK_OK;
+    return identify(s);
 }
 
 int fk_sweep_load(const char *path, const char *const *sets, int n_sets, int hash_content,
