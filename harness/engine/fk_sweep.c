@@ -871,7 +871,7 @@ double fk_sweep_cell_macs(const struct fk_sweep *s, const struct fk_sweep_cell *
     N = 4096;
     int na;
     if (ds->dict && fk_dict_atoms(ds->dict, &na) == FK_OK)
-        N = na; /* attributes only: loading the atoms here cost 0.5 s per call at paper scale */
+        N = na; /* attributes only: loading the atoms is slow at paper scale (docs/PERFORMANCE.md) */
     const struct fk_option *os = fk_codec_option(c->ops, "s"), *on = fk_codec_option(c->ops, "n");
     double sp = os ? fk_opts_get(c->opts, os) : 0, n = on ? fk_opts_get(c->opts, on) : 256;
     if (!strcmp(c->ops->name, "full"))
