@@ -15,10 +15,12 @@ mode=${1:-build}
 case "$mode" in build|run|test) ;; *) echo "usage: $0 [build|run|test]" >&2; exit 2 ;; esac
 
 # Packages: the C toolchain and libraries; gnuplot for figures; python3 with numpy/h5py
-# (Debian's, for the oracle tests and the dumper); sklearn only for the optional
-# scikit-learn comparison (`tests/sklearn_omp.py`), so it is not required here.
+# (Debian's, for the oracle tests and the dumper). The tests also need the oracles'
+# modules, scikit-learn (tests/sklearn_omp.py) and torch (tests/test_python_tools.py), so
+# that no oracle test is skipped.
 pkgs=(gcc libc6-dev pkg-config meson ninja-build git libhdf5-dev hdf5-tools libgsl-dev
       libopenblas-dev check gnuplot-nox python3 python3-numpy python3-h5py)
+[ "$mode" = test ] && pkgs+=(python3-sklearn python3-torch)
 missing=()
 for p in "${pkgs[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
