@@ -2027,15 +2027,15 @@ START_TEST(close_half_opened)
         void *st = NULL;
         struct rlimit old;
         fk_err_clear();
-        int limited = as_limit((size_t)32 << 20, &old);
-        int rc = ops->open(o, &big, &st);
-        char msg[256];
-        snprintf(msg, sizeof msg, "%s", fk_errmsg());
-        if (limited) /* before any assertion: a failed one leaves the test */
-            CHECK(setrlimit(RLIMIT_AS, &old) == 0);
-        REQUIRE(rc == FK_OK || msg[0], "%s: open() failed (%d) without a message", ops->name,
-                rc);
-        ops->close(st);
+        if (as_limit((size_t)32 << 20, &old)) { /* else the gigabytes would be real */
+            int rc = ops->open(o, &big, &st);
+            char msg[256];
+            snprintf(msg, sizeof msg, "%s", fk_errmsg());
+            CHECK(setrlimit(RLIMIT_AS, &old) == 0); /* before any failed assertion leaves */
+            REQUIRE(rc == FK_OK || msg[0], "%s: open() failed (%d) without a message",
+                    ops->name, rc);
+            ops->close(st);
+        }
         free(o);
     }
     free(s.x);
