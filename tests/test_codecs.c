@@ -24,6 +24,18 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#ifdef __SANITIZE_ADDRESS__
+/* close_half_opened asks codecs for impossible amounts of memory: malloc returns NULL
+ * under ASan as it does without it, and the codec's error path is what is tested. */
+const char *__asan_default_options(void);
+const char *__asan_default_options(void)
+{
+    return "allocator_may_return_null=1";
+}
+#endif
 
 /* Check's ck_assert* record every passing assertion with a write(2); these do not, so the
  * per-row and per-coordinate checks of the hot loops stay cheap. */
@@ -67,6 +79,7 @@ struct tgen {
     double p_novel;              /* decode: same */
     int n_dirs;                  /* novel vectors reuse n_dirs fixed directions (0: fresh) */
     int zero_every;              /* every zero_every-th vector is exactly zero (0: never) */
+    int const_every;             /* every const_every-th vector is constant, of an fp16 value */
 };
 
 static gsl_rng *rng_new(unsigned long seed)
@@ -156,6 +169,12 @@ static void tstream_init(struct tstream *s, const struct tdict *d, int H, int P,
         int t = i / H;
         if (g->zero_every && i % g->zero_every == g->zero_every - 1)
             continue;
+        if (g->const_every && i % g->const_every == g->const_every - 1) {
+            float c = (float)((int)gsl_rng_uniform_int(r, 64) - 32 + 0.5) / 8; /* 1/16 grid */
+            for (int k = 0; k < m; k++)
+                x[k] = c;
+            continue;
+        }
         double pn = t < P ? g->p_novel_prefill : g->p_novel;
         if (gsl_rng_uniform(r) < pn) {
             double norm = 1.0 + 2.0 * gsl_rng_uniform(r);
@@ -610,6 +629,24 @@ static void lint_option(const struct fk_codec_ops *ops, const struct fk_option *
     }
 }
 
+/* The declarations are consistent: known bits only, and what each one presupposes. */
+static void lint_caps(const struct fk_codec_ops *ops)
+{
+    unsigned caps = ops->caps;
+    unsigned known = FK_CAP_DICT | FK_CAP_GRAM | FK_CAP_SPARSE | FK_CAP_GROWS |
+                     FK_CAP_ADAPTS | FK_CAP_STATIC | FK_CAP_EXACT | FK_CAP_GRID;
+    REQUIRE(!(caps & ~known), "%s: unknown capability bits 0x%x", ops->name, caps & ~known);
+    REQUIRE(!(caps & FK_CAP_GRAM) || (caps & FK_CAP_DICT), "%s: FK_CAP_GRAM (the base "
+            "dictionary's Gram) without FK_CAP_DICT", ops->name);
+    REQUIRE(!(caps & FK_CAP_GROWS) || (caps & FK_CAP_SPARSE), "%s: FK_CAP_GROWS without "
+            "atoms (FK_CAP_SPARSE)", ops->name);
+    REQUIRE(!(caps & FK_CAP_EXACT) || !(caps & (FK_CAP_GRID | FK_CAP_ADAPTS)), "%s: "
+            "FK_CAP_EXACT with a lossy declaration", ops->name);
+    if (caps & FK_CAP_GRID)
+        REQUIRE(!(caps & FK_CAP_SPARSE) && fk_codec_option(ops, "bits"), "%s: FK_CAP_GRID "
+                "needs a dense codec with a `bits` option", ops->name);
+}
+
 START_TEST(options_lint)
 {
     int n_codecs = 0;
@@ -623,6 +660,7 @@ START_TEST(options_lint)
         CHECK(ops->open && ops->encode && ops->reconstruct && ops->stats && ops->close);
         if (ops->caps & FK_CAP_SPARSE)
             CHECK(ops->sparse_row && ops->atoms);
+        lint_caps(ops);
         ck_assert_uint_ge(ops->opts_size, sizeof(struct fk_common_opts));
         const struct fk_option *o = ops->options;
         ck_assert_ptr_nonnull(o);
@@ -702,7 +740,8 @@ static void check_stream_outcome(const struct trun *r, const struct tstream *s, 
 {
     const struct fk_codec_ops *ops = r->ops;
     int m = s->m, H = s->H;
-    int sparse = (ops->caps & FK_CAP_SPARSE) != 0;
+    int sparse = (ops->caps & FK_CAP_SPARSE) != 0, exact = (ops->caps & FK_CAP_EXACT) != 0;
+    int dict = (ops->caps & FK_CAP_DICT) != 0;
     struct fk_stream_stats st = stats_of(r);
     float *xh = malloc(sizeof(float) * (size_t)m);
     float *xs = malloc(sizeof(float) * (size_t)m);
@@ -723,6 +762,9 @@ static void check_stream_outcome(const struct trun *r, const struct tstream *s, 
         const struct fk_vec_out *o = &r->out[i];
         double err = row_err(r, x, h, t, xh);
         double xx = dot_fd(x, x, m);
+        for (int c = 0; c < m; c++)
+            REQUIRE(isfinite(xh[c]), "%s: row %d (head %d, token %d) reconstructs a non-finite "
+                    "value at coordinate %d", ops->name, i, h, t, c);
         if (o->flags & FK_VEC_ADAPTED)
             adapted++;
         if (xx == 0) {
@@ -744,9 +786,14 @@ static void check_stream_outcome(const struct trun *r, const struct tstream *s, 
                           "%.8f", ops->name, i, h, t, o->err, err);
             CHECK(isfinite(o->err_enc) && o->err_enc >= 0);
         }
-        if (!sparse) {
-            REQUIRE(!memcmp(xh, x, sizeof(float) * (size_t)m) && o->err == 0,
-                          "%s: row %d is not stored exactly", ops->name, i);
+        if (exact)
+            REQUIRE(!memcmp(xh, x, sizeof(float) * (size_t)m) && o->err == 0 &&
+                        o->err_enc == 0,
+                    "%s: row %d is not stored exactly (the codec declares FK_CAP_EXACT)",
+                    ops->name, i);
+        if (!sparse) { /* dense: every coordinate is stored */
+            REQUIRE(xx == 0 || o->nnz == m, "%s: dense row %d reports nnz %d, not head_dim %d",
+                    ops->name, i, o->nnz, m);
             continue;
         }
         int nnz = -1;
@@ -757,6 +804,14 @@ static void check_stream_outcome(const struct trun *r, const struct tstream *s, 
                       nnz, o->nnz);
         REQUIRE(nnz >= 0 && nnz <= s_max, "%s: row %d has nnz %d > s %d", ops->name, i,
                       nnz, s_max);
+        /* stored coefficients are what the `coef` format holds (bytes are billed for it) */
+        for (int k = 0; k < nnz; k++) {
+            float q = co->coef == FK_COEF_FP8    ? fk_fp8_decode(fk_fp8_encode(coef[k], NULL))
+                      : co->coef == FK_COEF_FP16 ? fk_fp16_decode(fk_fp16_encode(coef[k]))
+                                                 : coef[k];
+            REQUIRE(q == coef[k], "%s: row %d coefficient %d = %.9g is not a %s value",
+                    ops->name, i, k, coef[k], fk_coef_names[co->coef]);
+        }
         /* the reconstruction is sum coef_i d_idx_i over the current atoms */
         memset(xs, 0, sizeof(float) * (size_t)m);
         for (int k = 0; k < nnz; k++) {
@@ -771,15 +826,17 @@ static void check_stream_outcome(const struct trun *r, const struct tstream *s, 
         bytes += nnz * (b_val + 2) + b_ptr;
     }
     ck_assert_int_gt((int)zeros, 0);
-    if (sparse) {
+    if (sparse)
         REQUIRE(st.uses_total == nnz_sum, "%s: uses_total %llu, stored nnz %llu",
                       ops->name, (unsigned long long)st.uses_total,
                       (unsigned long long)nnz_sum);
+    /* the dictionary codecs' formula (spec 10.6); every class: check_bytes_model */
+    if (dict)
         REQUIRE(st.bytes_codes == bytes, "%s: bytes_codes %.0f, expected %.0f", ops->name,
                       st.bytes_codes, bytes);
-    } else {
-        CHECK(st.bytes_codes == 2.0 * m * s->T * H);
-    }
+    if (exact)
+        REQUIRE(st.bytes_codes == 2.0 * m * s->T * H, "%s: exact rows cost %.0f bytes, not "
+                "the fp16 reference's %.0f", ops->name, st.bytes_codes, 2.0 * m * s->T * H);
     REQUIRE(adapted == st.appends + st.replacements,
                   "%s: %llu vectors flagged adapted, appends + replacements = %llu", ops->name,
                   (unsigned long long)adapted,
@@ -817,7 +874,9 @@ static void assert_runs_equal(const struct trun *a, const struct trun *b, int n_
         const float *Aa = a->ops->atoms(a->st, &na), *Ab = b->ops->atoms(b->st, &nb);
         ck_assert_int_eq(na, nb);
         CHECK(!memcmp(Aa, Ab, sizeof(float) * (size_t)na * a->m));
-        CHECK(!memcmp(sa.ref_count, sb.ref_count, sizeof(uint32_t) * (size_t)na));
+        CHECK(!sa.ref_count == !sb.ref_count);
+        if (sa.ref_count)
+            CHECK(!memcmp(sa.ref_count, sb.ref_count, sizeof(uint32_t) * (size_t)na));
     }
     free(x1);
     free(x2);
@@ -840,7 +899,7 @@ START_TEST(every_codec_conforms)
             fk_blas_threads_set(blas0);
             trun_stream(&a, ops, o, &d, &s, kind, NULL, NULL);
             check_stream_outcome(&a, &s, o);
-            if (!strcmp(ops->name, "full")) {
+            if (ops->caps & FK_CAP_EXACT) {
                 struct fk_stream_stats st = stats_of(&a);
                 ck_assert_int_eq((int)st.appends + (int)st.replacements, 0);
             }
@@ -1541,6 +1600,450 @@ START_TEST(adapt_prefill_events)
 }
 END_TEST
 
+/* ---- 12. conformance by declaration: every class, every registered codec ---------------
+ *
+ * The checks a codec gets follow from what it declares (ops->caps, its options, what its
+ * callbacks return), never from its name, so a new codec is covered by adding it to
+ * codec_list. Classes: exact (FK_CAP_EXACT: bit-exact rows, err 0, billed as the fp16
+ * reference), lossy dense (every coordinate stored; FK_CAP_GRID: a per-row uniform grid of
+ * 2^bits levels), sparse over a dictionary (SPARSE | DICT: the dictionary checks above) and
+ * sparse over the codec's own atoms (SPARSE without DICT: when those atoms are orthonormal,
+ * the best nnz-term code is known exactly). Every codec so far stores every row it is
+ * given; a codec that drops tokens will declare that, and the row checks will then skip
+ * the rows it reports dropped. */
+
+static int coef_bytes(const void *opts)
+{
+    int coef = ((const struct fk_common_opts *)opts)->coef;
+    return coef == FK_COEF_FP8 ? 1 : coef == FK_COEF_FP16 ? 2 : 4;
+}
+
+/* Stored coefficients over every stored row (sparse codecs), recounted by sparse_row. */
+static double stored_nnz(const struct trun *r)
+{
+    double nz = 0;
+    for (int i = 0; i < r->n_tok * r->H; i++) {
+        int nnz = -1;
+        const int32_t *idx = NULL;
+        const float *coef = NULL;
+        REQ_OK(r->ops->sparse_row(r->st, i % r->H, i / r->H, &nnz, &idx, &coef));
+        nz += nnz;
+    }
+    return nz;
+}
+
+/* bytes_codes, stored rows and stored coefficients after every event. */
+struct tbytes {
+    int n;                       /* snapshots */
+    double bytes[512], rows[512], nnz[512];
+};
+
+static void bytes_hook(void *ctx, struct trun *r, const struct fk_event *ev, int after)
+{
+    struct tbytes *b = ctx;
+    struct fk_stream_stats st = stats_of(r);
+    if (!after) {
+        if (r->events == 0)
+            REQUIRE(st.bytes_codes == 0 && st.bytes_dict_seq == 0, "%s: %.0f + %.0f bytes "
+                    "accounted before any row was stored", r->ops->name, st.bytes_codes,
+                    st.bytes_dict_seq);
+        return;
+    }
+    REQUIRE(isfinite(st.bytes_codes) && st.bytes_codes > 0 && isfinite(st.bytes_dict_seq) &&
+                st.bytes_dict_seq >= 0,
+            "%s: after event %d: bytes_codes %g, bytes_dict_seq %g", r->ops->name, r->events,
+            st.bytes_codes, st.bytes_dict_seq);
+    if (b->n > 0 && !(r->ops->caps & FK_CAP_ADAPTS))
+        REQUIRE(st.bytes_codes >= b->bytes[b->n - 1], "%s: event %d lowered bytes_codes from "
+                "%.0f to %.0f, but no stored row can change", r->ops->name, r->events,
+                b->bytes[b->n - 1], st.bytes_codes);
+    CHECK(b->n < 512);
+    b->bytes[b->n] = st.bytes_codes;
+    b->rows[b->n] = (double)r->n_tok * r->H;
+    b->nnz[b->n] = (r->ops->caps & FK_CAP_SPARSE) ? stored_nnz(r) : 0;
+    b->n++;
+    (void)ev;
+}
+
+/* The accounting model: a dense row costs a fixed number of bytes; a sparse row a fixed
+ * overhead plus a fixed cost per stored coefficient, at least its value bytes (`coef`)
+ * plus one index byte. The constants are solved from two snapshots and must hold at all. */
+static void check_bytes_model(const struct trun *r, const struct tbytes *b, const void *opts)
+{
+    const struct fk_codec_ops *ops = r->ops;
+    int m = r->m;
+    CHECK(b->n >= 2);
+    if (!(ops->caps & FK_CAP_SPARSE)) {
+        double beta = b->bytes[0] / b->rows[0];
+        for (int k = 1; k < b->n; k++)
+            REQUIRE(fabs(b->bytes[k] - beta * b->rows[k]) <= 1e-9 * b->bytes[k],
+                    "%s: a dense row costs %g bytes after the prefill but %g after event %d",
+                    ops->name, beta, b->bytes[k] / b->rows[k], k + 1);
+        REQUIRE(beta <= 2.0 * m, "%s: a dense row costs %g bytes, more than the fp16 "
+                "reference's %d", ops->name, beta, 2 * m);
+        const struct fk_option *bo = fk_codec_option(ops, "bits");
+        if ((ops->caps & FK_CAP_GRID) && bo) {
+            int bits = (int)fk_opts_get(opts, bo);
+            REQUIRE(beta >= (m * bits + 7) / 8, "%s: a row of %d %d-bit codes costs %g bytes",
+                    ops->name, m, bits, beta);
+        }
+        return;
+    }
+    int b_val = coef_bytes(opts), best = 0;
+    double det = 0;
+    for (int k = 0; k < b->n; k++) {
+        REQUIRE(b->bytes[k] >= (b_val + 1) * b->nnz[k], "%s: after event %d, %.0f stored "
+                "coefficients cost only %.0f bytes (%d value bytes + an index each)",
+                ops->name, k + 1, b->nnz[k], b->bytes[k], b_val);
+        double dk = b->nnz[0] * b->rows[k] - b->nnz[k] * b->rows[0];
+        if (fabs(dk) > fabs(det)) {
+            det = dk;
+            best = k;
+        }
+    }
+    if (det == 0) { /* same coefficients per row throughout: bytes per row constant */
+        for (int k = 1; k < b->n; k++)
+            REQUIRE(fabs(b->bytes[k] * b->rows[0] - b->bytes[0] * b->rows[k]) <=
+                        1e-9 * b->bytes[k] * b->rows[0],
+                    "%s: bytes per row change at event %d", ops->name, k + 1);
+        return;
+    }
+    /* bytes = alpha nnz + gamma rows */
+    double alpha = (b->bytes[0] * b->rows[best] - b->bytes[best] * b->rows[0]) / det;
+    double gamma = (b->nnz[0] * b->bytes[best] - b->nnz[best] * b->bytes[0]) / det;
+    REQUIRE(alpha >= b_val + 1 - 1e-9 && gamma >= -1e-9, "%s: %.4g bytes per coefficient and "
+            "%.4g per row: a coefficient stored as %d bytes needs an index too", ops->name,
+            alpha, gamma, b_val);
+    for (int k = 0; k < b->n; k++)
+        REQUIRE(fabs(b->bytes[k] - alpha * b->nnz[k] - gamma * b->rows[k]) <=
+                    1e-6 * b->bytes[k],
+                "%s: after event %d, %.0f bytes for %.0f rows and %.0f coefficients; %.4g per "
+                "coefficient and %.4g per row elsewhere", ops->name, k + 1, b->bytes[k],
+                b->rows[k], b->nnz[k], alpha, gamma);
+}
+
+/* Orthonormal atoms (n_atoms <= m, A A^T = I): 1, else 0. */
+static int atoms_orthonormal(const float *A, int n, int m)
+{
+    if (n > m)
+        return 0;
+    for (int i = 0; i < n; i++)
+        for (int j = 0; j <= i; j++)
+            if (fabs(dot_fd(A + (size_t)i * m, A + (size_t)j * m, m) - (i == j)) > 1e-6)
+                return 0;
+    return 1;
+}
+
+static int cmp_desc(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x < y) - (x > y);
+}
+
+/* A sparse code over orthonormal atoms: the error of the stored support with exact
+ * coefficients is err_enc, and no other nnz atoms do better (the best nnz-term code keeps
+ * the nnz largest |<x, a_j>|). Returns 1 when the atoms are orthonormal. */
+static int check_best_terms(const struct trun *r, const struct tstream *s)
+{
+    const struct fk_codec_ops *ops = r->ops;
+    int m = r->m, na = 0;
+    const float *A = ops->atoms(r->st, &na);
+    if (!atoms_orthonormal(A, na, m))
+        return 0;
+    double *c2 = malloc(sizeof(double) * (size_t)(na + 1));
+    double *sorted = malloc(sizeof(double) * (size_t)(na + 1));
+    CHECK(c2 && sorted);
+    for (int i = 0; i < s->T * s->H; i++) {
+        const float *x = s->x + (size_t)i * m;
+        double xx = dot_fd(x, x, m), kept = 0;
+        if (xx == 0)
+            continue;
+        for (int j = 0; j < na; j++) {
+            double c = dot_fd(A + (size_t)j * m, x, m);
+            c2[j] = sorted[j] = c * c;
+        }
+        int nnz = 0;
+        const int32_t *idx = NULL;
+        const float *coef = NULL;
+        REQ_OK(ops->sparse_row(r->st, i % s->H, i / s->H, &nnz, &idx, &coef));
+        for (int k = 0; k < nnz; k++)
+            kept += c2[idx[k]];
+        qsort(sorted, (size_t)na, sizeof(double), cmp_desc);
+        double best = 0;
+        for (int k = 0; k < nnz && k < na; k++)
+            best += sorted[k];
+        /* orthonormal atoms: the error of a support with exact coefficients is xx minus
+         * its energy (the part outside the atoms' span included) */
+        double e_sup = sqrt(xx - kept > 0 ? (xx - kept) / xx : 0);
+        double e_best = sqrt(xx - best > 0 ? (xx - best) / xx : 0);
+        REQUIRE(e_sup <= e_best + 1e-6, "%s: row %d (head %d, token %d) keeps %d atoms that "
+                "leave a relative error of %.6f; the best %d of its orthonormal atoms leave "
+                "%.6f", ops->name, i, i % s->H, i / s->H, nnz, e_sup, nnz, e_best);
+        REQUIRE(fabs(r->out[i].err_enc - e_sup) <= 1e-5, "%s: row %d reports err_enc %.6f, but "
+                "its support with exact coefficients leaves %.6f", ops->name, i,
+                r->out[i].err_enc, e_sup);
+    }
+    free(c2);
+    free(sorted);
+    return 1;
+}
+
+static int cmp_float(const void *a, const void *b)
+{
+    float x = *(const float *)a, y = *(const float *)b;
+    return (x > y) - (x < y);
+}
+
+/* FK_CAP_GRID: each row takes at most 2^bits values, lies within half a grid step of the
+ * vector (plus fp16 rounding of the grid's origin and step), and a constant row of an fp16
+ * value comes back exactly. */
+static void check_grid(const struct trun *r, const struct tstream *s, int bits)
+{
+    const struct fk_codec_ops *ops = r->ops;
+    int m = r->m, levels = 1 << bits;
+    float *xh = malloc(sizeof(float) * (size_t)m), *v = malloc(sizeof(float) * (size_t)m);
+    CHECK(xh && v);
+    int constants = 0;
+    for (int i = 0; i < s->T * s->H; i++) {
+        const float *x = s->x + (size_t)i * m;
+        REQ_OK(ops->reconstruct(r->st, i % s->H, i / s->H, xh));
+        float lo = x[0], hi = x[0];
+        for (int c = 0; c < m; c++) {
+            lo = x[c] < lo ? x[c] : lo;
+            hi = x[c] > hi ? x[c] : hi;
+        }
+        if (lo == hi && fk_fp16_decode(fk_fp16_encode(lo)) == lo) {
+            constants++;
+            for (int c = 0; c < m; c++)
+                REQUIRE(xh[c] == x[c], "%s (bits %d): constant row %d (head %d, token %d) of "
+                        "%g comes back as %g at coordinate %d", ops->name, bits, i, i % s->H,
+                        i / s->H, x[c], xh[c], c);
+            continue;
+        }
+        double step = ((double)hi - lo) / (levels - 1);
+        double tol = step / 2 + ldexp(fabs(lo) + ((double)hi - lo), -9);
+        for (int c = 0; c < m; c++)
+            REQUIRE(fabs((double)x[c] - xh[c]) <= tol, "%s (bits %d): row %d coordinate %d: "
+                    "|x - x_hat| = |%g - %g| is more than half a step (%g) of the row's grid",
+                    ops->name, bits, i, c, x[c], xh[c], step / 2);
+        memcpy(v, xh, sizeof(float) * (size_t)m);
+        qsort(v, (size_t)m, sizeof(float), cmp_float);
+        int distinct = 1;
+        for (int c = 1; c < m; c++)
+            distinct += v[c] != v[c - 1];
+        REQUIRE(distinct <= levels, "%s (bits %d): row %d takes %d distinct values", ops->name,
+                bits, i, distinct);
+    }
+    ck_assert_int_gt(constants, 0);
+    free(xh);
+    free(v);
+}
+
+static const char *const coef_choices[] = {"fp8", "fp16", "fp32"};
+
+/* One codec, one kind, one option point: the checks of every class it declares. */
+static int run_by_class(const struct fk_codec_ops *ops, void *o, const struct tdict *d,
+                        const struct tstream *s, int kind)
+{
+    struct tbytes *b = calloc(1, sizeof *b);
+    ck_assert_ptr_nonnull(b);
+    struct trun r;
+    trun_stream(&r, ops, o, d, s, kind, bytes_hook, b);
+    check_stream_outcome(&r, s, o);
+    check_bytes_model(&r, b, o);
+    int orthonormal = 0;
+    if (ops->caps & FK_CAP_SPARSE) {
+        orthonormal = check_best_terms(&r, s);
+        if (((const struct fk_common_opts *)o)->coef == FK_COEF_FP32)
+            for (int i = 0; i < s->T * s->H; i++)
+                REQUIRE(fabsf(r.out[i].err - r.out[i].err_enc) <= 1e-5f, "%s: coefficients "
+                        "stored as fp32, yet vector %d reports err %.6f and err_enc %.6f",
+                        ops->name, i, r.out[i].err, r.out[i].err_enc);
+    }
+    const struct fk_option *bo = fk_codec_option(ops, "bits");
+    if ((ops->caps & FK_CAP_GRID) && bo)
+        check_grid(&r, s, (int)fk_opts_get(o, bo));
+    trun_close(&r);
+    free(b);
+    return orthonormal;
+}
+
+START_TEST(every_codec_by_class)
+{
+    struct tdict d;
+    tdict_init(&d, 96, 24, 6, 1, 11);
+    struct tstream s;
+    /* n_use < N: free atoms, so that fadkv can replace */
+    struct tgen g = {.n_use = 64, .k_gen = 3, .noise = 0.01, .p_novel_prefill = 0.3,
+                     .p_novel = 0.4, .n_dirs = 6, .zero_every = 17, .const_every = 13};
+    tstream_init(&s, &d, 3, 60, 160, &g, 12);
+    for (int ci = 0; fk_codecs[ci]; ci++) {
+        const struct fk_codec_ops *ops = fk_codecs[ci];
+        for (int kind = 0; kind < 2; kind++)
+            for (int k = 0; k < 3; k++) {
+                void *o = opts_small(ops, 4, 24);
+                opt_enum(ops, o, "coef", coef_choices[k]);
+                run_by_class(ops, o, &d, &s, kind);
+                free(o);
+            }
+        /* a grid quantiser at every width it offers */
+        const struct fk_option *bo = fk_codec_option(ops, "bits");
+        if (ops->caps & FK_CAP_GRID)
+            for (int bits = (int)bo->min; bits <= (int)bo->max; bits++) {
+                void *o = opts_small(ops, 4, 24);
+                opt_set(ops, o, "bits", bits);
+                run_by_class(ops, o, &d, &s, 0);
+                free(o);
+            }
+    }
+    free(s.x);
+    tdict_free(&d);
+}
+END_TEST
+
+/* A whole word of msg is the name of one of the codec's options. */
+static int names_an_option(const struct fk_codec_ops *ops, const char *msg)
+{
+    for (const struct fk_option *o = ops->options; o->name; o++) {
+        size_t n = strlen(o->name);
+        for (const char *p = strstr(msg, o->name); p; p = strstr(p + 1, o->name)) {
+            char before = p == msg ? ' ' : p[-1], after = p[n];
+            if (!is_name((char[]){before, 0}) && !is_name((char[]){after, 0}))
+                return 1;
+        }
+    }
+    return 0;
+}
+
+/* Every option at both ends of its range, the others at their defaults: check() either
+ * rejects the point with a message naming an option, or the codec opens and encodes at
+ * it. A codec without check() must run at every point of its table. */
+START_TEST(check_accepts_only_what_runs)
+{
+    struct tdict d;
+    tdict_init(&d, 512, 24, 6, 1, 131);
+    struct tgen g = {.n_use = 512, .k_gen = 3, .noise = 0.01, .p_novel_prefill = 0.3,
+                     .p_novel = 0.5, .zero_every = 7};
+    struct tstream s;
+    tstream_init(&s, &d, 2, 8, 24, &g, 132);
+    float *xh = malloc(sizeof(float) * (size_t)d.m);
+    CHECK(xh != NULL);
+    int rejected = 0;
+    for (int ci = 0; fk_codecs[ci]; ci++) {
+        const struct fk_codec_ops *ops = fk_codecs[ci];
+        int n_atoms = (ops->caps & FK_CAP_DICT) ? d.N : 0;
+        for (const struct fk_option *opt = ops->options; opt->name; opt++)
+            for (int end = 0; end < 2; end++) {
+                void *o = opts_new(ops);
+                double v = end ? opt->max : opt->min;
+                REQ_OK(fk_opts_set(ops, o, opt, v));
+                fk_err_clear();
+                int rc = ops->check ? ops->check(o, d.m, n_atoms) : FK_OK;
+                if (rc != FK_OK) {
+                    REQUIRE(names_an_option(ops, fk_errmsg()), "%s: check() rejects %s = %g "
+                            "with '%s', which names none of its options", ops->name,
+                            opt->name, v, fk_errmsg());
+                    rejected++;
+                    free(o);
+                    continue;
+                }
+                const struct fk_base_dict *base = NULL;
+                if (ops->caps & FK_CAP_DICT)
+                    base = (ops->caps & FK_CAP_GRAM) ? &d.with : &d.without;
+                struct fk_stream_env env = {.head_dim = d.m, .n_heads = s.H,
+                                            .n_tokens = s.T, .base = base};
+                struct trun r = {.ops = ops, .H = s.H, .m = d.m};
+                REQUIRE(ops->open(o, &env, &r.st) == FK_OK, "%s: check() accepts %s = %g, "
+                        "but open() fails: %s", ops->name, opt->name, v, fk_errmsg());
+                r.out = calloc((size_t)s.T * s.H, sizeof *r.out);
+                CHECK(r.out != NULL);
+                REQUIRE(trun_event(&r, &s, 0, s.T, 0, -1, NULL, NULL) == FK_OK, "%s: check() "
+                        "accepts %s = %g, but encode() fails: %s", ops->name, opt->name, v,
+                        fk_errmsg());
+                for (int i = 0; i < s.T * s.H; i++) {
+                    double e = row_err(&r, s.x + (size_t)i * d.m, i % s.H, i / s.H, xh);
+                    REQUIRE(isfinite(e) && isfinite(r.out[i].err) &&
+                                isfinite(r.out[i].err_enc),
+                            "%s: %s = %g: vector %d has err %g (reported %g, err_enc %g)",
+                            ops->name, opt->name, v, i, e, r.out[i].err, r.out[i].err_enc);
+                }
+                trun_close(&r);
+                free(o);
+            }
+    }
+    ck_assert_int_gt(rejected, 0); /* some point was rejected: the message check ran */
+    free(xh);
+    free(s.x);
+    tdict_free(&d);
+}
+END_TEST
+
+/* Caps the address space at its current size plus extra bytes (old: the limit to restore).
+ * Returns 0 when it cannot. */
+static int as_limit(size_t extra, struct rlimit *old)
+{
+    unsigned long pages = 0;
+    FILE *f = fopen("/proc/self/statm", "r");
+    if (!f)
+        return 0;
+    int ok = fscanf(f, "%lu", &pages) == 1;
+    fclose(f);
+    if (!ok || getrlimit(RLIMIT_AS, old) != 0)
+        return 0;
+    struct rlimit lim = *old;
+    lim.rlim_cur = (rlim_t)pages * (rlim_t)sysconf(_SC_PAGESIZE) + extra;
+    if (old->rlim_max != RLIM_INFINITY && lim.rlim_cur > old->rlim_max)
+        return 0;
+    return setrlimit(RLIMIT_AS, &lim) == 0;
+}
+
+/* close() accepts NULL, a state that stored nothing, a state whose encode() failed, and
+ * whatever open() leaves when it fails (the engine closes any non-NULL state). open()
+ * fails here for want of memory: 4M tokens of head_dim 128 with the address space capped
+ * at 32 MiB more than in use. ASan and LSan see the error paths. */
+START_TEST(close_half_opened)
+{
+    struct tdict d, d128;
+    tdict_init(&d, 48, 24, 0, 1, 141);
+    tdict_init(&d128, 48, 128, 0, 1, 142);
+    struct tgen g = {.n_use = 48, .k_gen = 3, .noise = 0.01};
+    struct tstream s;
+    tstream_init(&s, &d, 2, 4, 4, &g, 143);
+    for (int ci = 0; fk_codecs[ci]; ci++) {
+        const struct fk_codec_ops *ops = fk_codecs[ci];
+        ops->close(NULL);
+        void *o = opts_small(ops, 4, 24);
+        int dict = (ops->caps & FK_CAP_DICT) != 0, gram = (ops->caps & FK_CAP_GRAM) != 0;
+        struct trun r;
+        trun_open(&r, ops, o, &d, s.H, s.T, 0);
+        trun_close(&r); /* nothing stored */
+        trun_open(&r, ops, o, &d, s.H, s.T, 0);
+        fk_err_clear();
+        REQUIRE(trun_event(&r, &s, 1, 2, 1, 0, NULL, NULL) < 0 && fk_errmsg()[0],
+                "%s: encode() accepted token 1 before token 0", ops->name);
+        trun_close(&r);
+        struct fk_stream_env big = {.head_dim = 128, .n_heads = 4, .n_tokens = 1 << 22,
+                                    .base = dict ? (gram ? &d128.with : &d128.without) : NULL};
+        void *st = NULL;
+        struct rlimit old;
+        fk_err_clear();
+        if (as_limit((size_t)32 << 20, &old)) { /* else the gigabytes would be real */
+            int rc = ops->open(o, &big, &st);
+            char msg[256];
+            snprintf(msg, sizeof msg, "%s", fk_errmsg());
+            CHECK(setrlimit(RLIMIT_AS, &old) == 0); /* before any failed assertion leaves */
+            REQUIRE(rc == FK_OK || msg[0], "%s: open() failed (%d) without a message",
+                    ops->name, rc);
+            ops->close(st);
+        }
+        free(o);
+    }
+    free(s.x);
+    tdict_free(&d);
+    tdict_free(&d128);
+}
+END_TEST
+
 static Suite *codecs_suite(void)
 {
     Suite *s = suite_create("codecs");
@@ -1561,6 +2064,9 @@ static Suite *codecs_suite(void)
     tcase_add_test(tc, fadkv_pending_code_keeps_its_atoms);
     tcase_add_test(tc, multi_token_events);
     tcase_add_test(tc, adapt_prefill_events);
+    tcase_add_test(tc, every_codec_by_class);
+    tcase_add_test(tc, check_accepts_only_what_runs);
+    tcase_add_test(tc, close_half_opened);
     suite_add_tcase(s, tc);
     return s;
 }

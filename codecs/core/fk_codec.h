@@ -61,7 +61,14 @@ enum fk_cap {
                                * may encode decode tokens in large blocks before their
                                * eviction step (results then differ from event-by-event
                                * encoding only by BLAS rounding of the block size) */
+    FK_CAP_EXACT = 1u << 6,   /* reconstruct() returns every stored row bit-exactly (err 0) */
+    FK_CAP_GRID = 1u << 7,    /* rows rounded to a per-row grid of 2^bits levels (option
+                               * `bits`) from min to max, origin and step in fp16 */
 };
+/* Codec classes, by declaration (the conformance suite picks its checks from them):
+ * exact (FK_CAP_EXACT), lossy dense (neither EXACT nor SPARSE; FK_CAP_GRID for a per-row
+ * uniform quantiser), sparse over a dictionary (SPARSE | DICT), sparse over the codec's own
+ * atoms (SPARSE without DICT). Every codec stores every row it is given. */
 
 /* A shared, read-only base dictionary for one (layer, kind). */
 struct fk_base_dict {
