@@ -14,21 +14,48 @@ timing="wall_s cpu_us_per_vec cpu_time_rel cpu_s t_corr t_code t_adapt t_io t_en
 diffs=0
 say() { echo "$*"; diffs=$((diffs + 1)); }
 
-# A CSV, timing columns dropped, rows sorted. Its header is its first line, or HEADER (the
-# per-cell summaries have the rows of summary.csv without its header line).
-norm_csv() {  # FILE [HEADER]
-    { [ -z "${2:-}" ] || echo "$2"; cat "$1"; } | awk -F, -v timing=" $timing " '
-        NR == 1 { for (i = 1; i <= NF; i++) keep[i] = index(timing, " " $i " ") == 0 }
+# A CSV projected on the columns COLS (space-separated names), timing columns dropped, rows
+# sorted. Its header is its first line, or HEADER (the per-cell summaries hold the rows of
+# summary.csv without its header line).
+norm_csv() {  # FILE COLS [HEADER]
+    { [ -z "${3:-}" ] || echo "$3"; cat "$1"; } | awk -F, -v want=" $2 " -v timing=" $timing " '
+        NR == 1 { for (i = 1; i <= NF; i++)
+                      keep[i] = index(want, " " $i " ") && !index(timing, " " $i " ") }
         { line = ""; for (i = 1; i <= NF; i++) if (keep[i]) line = line (line == "" ? "" : ",") $i
           print line }' | { IFS= read -r h; echo "$h"; LC_ALL=C sort; }
 }
+# Names of the columns of FILE (or HEADER), one per line.
+columns() { { [ -z "${2:-}" ] || echo "$2"; head -n 1 "$1"; } | head -n 1 | tr ',' '\n'; }
+# 1 if column COL of FILE (or HEADER) holds a value in some row.
+column_used() {  # FILE COL [HEADER]
+    { [ -z "${3:-}" ] || echo "$3"; cat "$1"; } | awk -F, -v col="$2" '
+        NR == 1 { for (i = 1; i <= NF; i++) if ($i == col) c = i; next }
+        c && $c != "" { used = 1 } END { print used ? 1 : 0 }'
+}
+# Two CSVs compared on their common columns. A column only one side has (a codec added to
+# the registry brings a new option column) is a difference only where it holds a value.
 cmp_csv() {  # NAME FILE_A FILE_B [HEADER]
     if [ ! -f "$2" ] || [ ! -f "$3" ]; then
         [ -f "$2" ] || [ -f "$3" ] && say "$1: present on one side only"; return; fi
-    local out
-    out=$(diff <(norm_csv "$2" "${4:-}") <(norm_csv "$3" "${4:-}") | head -n 6)
+    local out ca cb common col side f
+    ca=$(columns "$2" "${4:-}"); cb=$(columns "$3" "${4:-}")
+    common=$(grep -Fxf <(echo "$cb") <<<"$ca" | tr '\n' ' ')
+    for side in a b; do
+        if [ $side = a ]; then f=$2; else f=$3; fi
+        for col in $(if [ $side = a ]; then grep -vFxf <(echo "$cb") <<<"$ca";
+                     else grep -vFxf <(echo "$ca") <<<"$cb"; fi); do
+            if [ "$(column_used "$f" "$col" "${4:-}")" = 1 ]; then
+                say "$1: column '$col' only in side $side, with values"
+            elif [ -z "${seen_col[$col]:-}" ]; then
+                echo "note: $1: column '$col' only in side $side (empty in every row)"
+                seen_col[$col]=1
+            fi
+        done
+    done
+    out=$(diff <(norm_csv "$2" "$common" "${4:-}") <(norm_csv "$3" "$common" "${4:-}") | head -n 6)
     [ -z "$out" ] || { say "$1 differs:"; echo "$out" | sed 's/^/    /'; }
 }
+declare -A seen_col=()
 norm_meta() { awk -F'\t' -v timing=" $timing " 'index(timing, " " $1 " ") == 0' "$1" | LC_ALL=C sort; }
 
 cmp_csv cells.csv "$a/cells.csv" "$b/cells.csv"
