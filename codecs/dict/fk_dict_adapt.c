@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT
  * The adaptations of the dictionary codecs (struct dc_adapt, dict/fk_dict_engine.h; spec
- * algorithms.md sections 5-8), run in phase C for a vector whose relative error exceeds
+ * algorithms.md sections 6-8), run in phase C for a vector whose relative error exceeds
  * delta:
  *   append   a new atom x/|x| (raw) or r/|r| then a refit (residual); the dictionary grows
  *            up to growth_cap or 32767 atoms (INT16 indices)
@@ -13,15 +13,14 @@
 #include "common/fk_err.h"
 #include "dict/fk_dict_engine.h"
 #include "dict/fk_dict_opts.h"
+#include "kernels/fk_dot.h"
 
 const char *const dc_append_names[] = {"raw", "residual", NULL};
 
+/* u = x / |x|, *norm = |x|. */
 static void unit(const float *x, int m, float *u, double *norm)
 {
-    double nn = 0;
-    for (int i = 0; i < m; i++)
-        nn += (double)x[i] * x[i];
-    nn = sqrt(nn);
+    double nn = sqrt(fk_dot_seq(x, x, m));
     for (int i = 0; i < m; i++)
         u[i] = (float)(x[i] / nn);
     *norm = nn;
@@ -166,9 +165,7 @@ static int replace_adapt(struct dc *d, const float *x, struct fk_code *c, int st
         for (int j = 0; j < d->Nt; j++) {
             if (d->dead[j])
                 continue;
-            double dot = 0;
-            for (int i = 0; i < d->m; i++)
-                dot += (double)A[(size_t)j * d->m + i] * u[i];
+            double dot = fk_dot_seq(A + (size_t)j * d->m, u, d->m);
             if (fabs(dot) >= d->o.adapt.coh_max) {
                 d->st.adapt_failed++;
                 return FK_OK;

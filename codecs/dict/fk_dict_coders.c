@@ -11,6 +11,7 @@
 #include "common/fk_err.h"
 #include "dict/fk_dict_engine.h"
 #include "dict/fk_dict_opts.h"
+#include "kernels/fk_dot.h"
 
 const char *const dc_omp_names[] = {"gram", "naive", NULL};
 
@@ -100,9 +101,7 @@ static int pl_encode(struct dc *d, const struct fk_dict_view *v, int nx, const f
     for (int i = 0; i < nx; i++) {
         const float *xi = x + (size_t)i * d->m, *ai = a + (size_t)i * d->Nt;
         struct fk_code *c = &out[i];
-        double xx = 0;
-        for (int j = 0; j < d->m; j++)
-            xx += (double)xi[j] * xi[j];
+        double xx = fk_dot_seq(xi, xi, d->m);
         memset(c, 0, sizeof *c);
         c->xx = xx;
         if (xx <= 1e-30) {

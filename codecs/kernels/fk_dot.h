@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: MIT
- * The double-precision inner products of the kernels, defined once: exact float products
- * summed in FK_DL double lanes, then the lanes in a fixed pairwise order. Nothing is
+ * The double-precision inner products of the codecs, defined once. fk_dot_fd: exact float
+ * products summed in FK_DL double lanes, then the lanes in a fixed pairwise order;
+ * fk_dot_seq: the same products summed one after the other (coordinate order). Nothing is
  * reassociated or contracted, so every FK_CLONES clone and every caller gets the same bits.
  * (The attention's dot product in harness/engine uses another lane order on purpose.)
  */
@@ -32,6 +33,15 @@ FK_CLONES static inline double fk_dot_fd(const float *restrict a, const float *r
     for (int l = 0; i + l < m; l++)
         acc[l] += (double)a[i + l] * b[i + l];
     return fk_lanes_sum(acc);
+}
+
+/* sum_i a_i b_i in double, summed in coordinate order (one accumulator). */
+static inline double fk_dot_seq(const float *a, const float *b, int m)
+{
+    double s = 0.0;
+    for (int i = 0; i < m; i++)
+        s += (double)a[i] * b[i];
+    return s;
 }
 
 #endif

@@ -295,14 +295,6 @@ static int check_finite(const float *x, int m)
     return -1;
 }
 
-static double dot_xx(const float *x, int m)
-{
-    double xx = 0.0;
-    for (int i = 0; i < m; i++)
-        xx += (double)x[i] * x[i];
-    return xx;
-}
-
 /* gamma = L^{-T} z for the k x k leading block (row-major, stride ld). */
 static void back_solve(const double *L, int ld, int k, const double *z, double *gamma)
 {
@@ -467,7 +459,7 @@ static void omp_init(struct gstate *g, const struct fk_dict_view *d, const float
     g->n = d->n_atoms;
     g->active = 0;
     int m = d->m, n = d->n_atoms;
-    g->xx = dot_xx(x, m);
+    g->xx = fk_dot_seq(x, x, m);
     g->s_eff = omp_start(g->xx, tol_rel, s, m, live, out);
     if (g->s_eff <= 0)
         return;
