@@ -2022,6 +2022,17 @@ START_TEST(close_half_opened)
         REQUIRE(trun_event(&r, &s, 1, 2, 1, 0, NULL, NULL) < 0 && fk_errmsg()[0],
                 "%s: encode() accepted token 1 before token 0", ops->name);
         trun_close(&r);
+        if (dict) { /* a dictionary of another head_dim: refused, the half-open state freed */
+            struct fk_stream_env other = {.head_dim = 24, .n_heads = 2, .n_tokens = 4,
+                                          .base = gram ? &d128.with : &d128.without};
+            void *so = NULL;
+            fk_err_clear();
+            int rc = ops->open(o, &other, &so);
+            REQUIRE(rc < 0 && strstr(fk_errmsg(), "head_dim"),
+                    "%s: open() with a head_dim 128 dictionary for head_dim 24 gave %d (%s)",
+                    ops->name, rc, fk_errmsg());
+            ops->close(so);
+        }
         struct fk_stream_env big = {.head_dim = 128, .n_heads = 4, .n_tokens = 1 << 22,
                                     .base = dict ? (gram ? &d128.with : &d128.without) : NULL};
         void *st = NULL;

@@ -14,6 +14,7 @@
 #include "kernels/fk_sparse.h"
 
 #include "common/fk_err.h"
+#include "kernels/fk_dot.h"
 #include "kernels/fk_simd.h"
 
 #include <cblas.h>
@@ -294,14 +295,6 @@ static int check_finite(const float *x, int m)
     return -1;
 }
 
-static double dot_xx(const float *x, int m)
-{
-    double xx = 0.0;
-    for (int i = 0; i < m; i++)
-        xx += (double)x[i] * x[i];
-    return xx;
-}
-
 /* gamma = L^{-T} z for the k x k leading block (row-major, stride ld). */
 static void back_solve(const double *L, int ld, int k, const double *z, double *gamma)
 {
@@ -466,7 +459,7 @@ static void omp_init(struct gstate *g, const struct fk_dict_view *d, const float
     g->n = d->n_atoms;
     g->active = 0;
     int m = d->m, n = d->n_atoms;
-    g->xx = dot_xx(x, m);
+    g->xx = fk_dot_seq(x, x, m);
     g->s_eff = omp_start(g->xx, tol_rel, s, m, live, out);
     if (g->s_eff <= 0)
         return;
@@ -655,17 +648,7 @@ int fk_omp_gram_batch(const struct fk_dict_view *d, int nx, const float *x, cons
 
 /* ---- naive mode ----------------------------------------------------------------------- */
 
-#define DL 16 /* double accumulator lanes of the naive mode's inner products */
 #define FL 8  /* float accumulator lanes of the candidate correlations */
-
-/* Sum of n lanes (a power of two) in a fixed pairwise order. */
-static inline double lsum_d(double *acc, int n)
-{
-    for (int w = n / 2; w >= 1; w /= 2)
-        for (int l = 0; l < w; l++)
-            acc[l] += acc[l + w];
-    return acc[0];
-}
 
 /* Sum of 8 float lanes in a fixed pairwise order. */
 static inline float lsum8(const float *a)
@@ -674,20 +657,6 @@ static inline float lsum8(const float *a)
     for (int l = 0; l < 4; l++)
         b[l] = a[l] + a[l + 4];
     return (b[0] + b[2]) + (b[1] + b[3]);
-}
-
-/* sum_i a_i b_i in double (exact float products, DL lanes, fixed order: the same bits in
- * every clone, as nothing is reassociated or contracted). */
-FK_CLONES static double dot_fd(const float *restrict a, const float *restrict b, int m)
-{
-    double acc[DL] = {0};
-    int i = 0;
-    for (; i + DL <= m; i += DL)
-        for (int l = 0; l < DL; l++)
-            acc[l] += (double)a[i + l] * b[i + l];
-    for (int l = 0; i + l < m; l++)
-        acc[l] += (double)a[i + l] * b[i + l];
-    return lsum_d(acc, DL);
 }
 
 /* d . r in float: FL lanes of fused multiply-adds over whole groups of FL coordinates, then
@@ -856,13 +825,13 @@ FK_CLONES static void resid_naive(const float *restrict atoms, int m, const floa
         r[i] = (float)rx[i];
 }
 
-/* ||rx||^2 with DL lanes. */
+/* ||rx||^2 with FK_DL lanes. */
 static double energy_naive(const double *rx, int m)
 {
-    double acc[DL] = {0};
+    double acc[FK_DL] = {0};
     for (int i = 0; i < m; i++)
-        acc[i % DL] += rx[i] * rx[i];
-    return lsum_d(acc, DL);
+        acc[i % FK_DL] += rx[i] * rx[i];
+    return fk_lanes_sum(acc);
 }
 
 /* Candidate-restricted argmax for naive mode: |c_i| largest, ties to the smaller atom id. */
@@ -958,7 +927,7 @@ int fk_omp_naive(const struct fk_dict_view *d, const float *x, const float *a,
         if (cand[p] < 0 || cand[p] >= n)
             return fk_err(FK_EINVAL, "fk_omp_naive: candidate %d is atom %d, outside 0..%d", p,
                           cand[p], n - 1);
-    double xx = dot_fd(x, x, m);
+    double xx = fk_dot_fd(x, x, m);
     int s_eff = omp_start(xx, tol_rel, s, m, count_live(d->dead, cand, nc), out);
     if (s_eff <= 0)
         return FK_OK;
@@ -1002,9 +971,9 @@ int fk_omp_naive(const struct fk_dict_view *d, const float *x, const float *a,
             out->iters++;
             int k = out->k;
             const float *dj = d->atoms + (size_t)j * m;
-            double gjj = dot_fd(dj, dj, m);
+            double gjj = fk_dot_fd(dj, dj, m);
             for (int l = 0; l < k; l++)
-                ws.w[l] = dot_fd(d->atoms + (size_t)out->idx[l] * m, dj, m);
+                ws.w[l] = fk_dot_fd(d->atoms + (size_t)out->idx[l] * m, dj, m);
             double ww = fwd_solve(ws.L, ld, k, ws.w, ws.w);
             double delta2 = gjj - ww;
             ws.mask[j] = 1;
@@ -1020,7 +989,7 @@ int fk_omp_naive(const struct fk_dict_view *d, const float *x, const float *a,
             if (a)
                 aj = a[j];
             else
-                aj = dot_fd(dj, x, m);
+                aj = fk_dot_fd(dj, x, m);
             double wz = 0.0;
             for (int l = 0; l < k; l++)
                 wz += ws.w[l] * ws.z[l];

@@ -19,6 +19,7 @@
 #include "kernels/fk_sparse.h"
 
 #include "common/fk_err.h"
+#include "kernels/fk_dot.h"
 #include "kernels/fk_simd.h"
 
 #include <math.h>
@@ -30,7 +31,6 @@
 #define CHUNK 1024    /* atoms per call of the key pass */
 #define SAMPLE 256    /* keys sampled for the threshold estimate */
 #define CAND_SORT 64  /* candidates up to this: resolved by insertion sort */
-#define DL 16         /* double accumulator lanes of the refinement's inner products */
 #define RCHUNK 64     /* residual coordinates per chunk */
 
 
@@ -337,36 +337,13 @@ int fk_topn(const float *a, const uint8_t *dead, int n_atoms, int n, int sort, i
     return n_eff;
 }
 
-/* Sum of DL lanes in a fixed pairwise order. */
-static inline double lanes_sum(double *acc)
-{
-    for (int w = DL / 2; w >= 1; w /= 2)
-        for (int l = 0; l < w; l++)
-            acc[l] += acc[l + w];
-    return acc[0];
-}
-
-/* sum_i a_i b_i in double: exact float products, DL lanes, fixed order (vectorises; the
- * same bits in every clone since there is no reassociation and no contraction). */
-FK_CLONES static double dot_fd(const float *restrict a, const float *restrict b, int m)
-{
-    double acc[DL] = {0};
-    int i = 0;
-    for (; i + DL <= m; i += DL)
-        for (int l = 0; l < DL; l++)
-            acc[l] += (double)a[i + l] * b[i + l];
-    for (int l = 0; i + l < m; l++)
-        acc[l] += (double)a[i + l] * b[i + l];
-    return lanes_sum(acc);
-}
-
 /* ||x - D_S gam||^2 and ||x||^2 in double (each residual coordinate subtracts the atoms in
  * support order). */
 FK_CLONES static double resid_refine(const float *restrict atoms, const int32_t *idx,
                                      const double *gam, int k, int m, const float *restrict x,
                                      double *xx_out)
 {
-    double acc[DL] = {0}, accx[DL] = {0};
+    double acc[FK_DL] = {0}, accx[FK_DL] = {0};
     double r[RCHUNK];
     for (int i0 = 0; i0 < m; i0 += RCHUNK) {
         int len = m - i0 < RCHUNK ? m - i0 : RCHUNK;
@@ -379,12 +356,12 @@ FK_CLONES static double resid_refine(const float *restrict atoms, const int32_t 
                 r[i] -= g * at[i];
         }
         for (int i = 0; i < len; i++) {
-            acc[i % DL] += r[i] * r[i];
-            accx[i % DL] += (double)x[i0 + i] * x[i0 + i];
+            acc[i % FK_DL] += r[i] * r[i];
+            accx[i % FK_DL] += (double)x[i0 + i] * x[i0 + i];
         }
     }
-    *xx_out = lanes_sum(accx);
-    return lanes_sum(acc);
+    *xx_out = fk_lanes_sum(accx);
+    return fk_lanes_sum(acc);
 }
 
 int fk_refine(const struct fk_dict_view *d, const float *x, double lambda0, double rho,
@@ -413,9 +390,9 @@ int fk_refine(const struct fk_dict_view *d, const float *x, double lambda0, doub
     double as[FK_SMAX], gam[FK_SMAX], res[FK_SMAX];
     for (int p = 0; p < k; p++) {
         const float *dp = d->atoms + (size_t)code->idx[p] * m;
-        as[p] = dot_fd(dp, x, m);
+        as[p] = fk_dot_fd(dp, x, m);
         for (int q = 0; q <= p; q++) {
-            double v = dot_fd(dp, d->atoms + (size_t)code->idx[q] * m, m);
+            double v = fk_dot_fd(dp, d->atoms + (size_t)code->idx[q] * m, m);
             g[p * k + q] = v;
             g[q * k + p] = v;
         }

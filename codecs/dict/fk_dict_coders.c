@@ -1,0 +1,118 @@
+/* SPDX-License-Identifier: MIT
+ * The coders of the dictionary codecs (struct dc_coder, dict/fk_dict_engine.h; spec
+ * algorithms.md sections 3.2-3.6, cost model 10.7):
+ *   omp  OMP over all live atoms: Batch-OMP in Gram mode (vectors interleaved, the same
+ *        codes as one at a time), or naive OMP recomputing D^T r (omp_mode, reference mode)
+ *   gm   Top-n pool of |D^T x|, greedy OMP in the pool, then ridge refinement
+ *   pl   top-s of |D^T x| as the support, then ridge refinement
+ */
+#include <string.h>
+
+#include "common/fk_err.h"
+#include "dict/fk_dict_engine.h"
+#include "dict/fk_dict_opts.h"
+#include "kernels/fk_dot.h"
+
+const char *const dc_omp_names[] = {"gram", "naive", NULL};
+
+static double cost_omp(int m, double Nt, int iters)
+{
+    double c = 0;
+    for (int k = 1; k <= iters; k++)
+        c += m * Nt + Nt + 2.0 * k * m + (double)k * k;
+    return c;
+}
+
+static double cost_gm(int m, double Nt, int n, int iters, int s)
+{
+    double c = m * Nt + Nt + (double)s * s * s / 6 + 2.0 * s * s;
+    for (int k = 1; k <= iters; k++)
+        c += (double)m * n + n + 2.0 * k * m + (double)k * k;
+    return c;
+}
+
+static double cost_pl(int m, double Nt, int s)
+{
+    return m * Nt + Nt + m * s * (s + 1) / 2.0 + (double)s * s * s / 6 + 2.0 * s * s +
+           (double)m * s;
+}
+
+/* ---- omp ------------------------------------------------------------------------------ */
+
+static size_t omp_work_floats(int n_atoms, int m, int s)
+{
+    return fk_omp_batch_work_floats(n_atoms, m, s); /* the lanes of fk_omp_gram_batch */
+}
+
+static int omp_wants_gram(const struct dc_code_opts *o)
+{
+    return o->omp_mode == OMP_GRAM;
+}
+
+static int omp_encode(struct dc *d, const struct fk_dict_view *v, int nx, const float *x,
+                      const float *a, struct fk_code *out)
+{
+    const struct dc_code_opts *o = &d->o.code;
+    if (v->gram_row)
+        FK_TRY(fk_omp_gram_batch(v, nx, x, a, (size_t)d->Nt, o->s, o->tol, d->work, out));
+    for (int i = 0; i < nx; i++) {
+        struct fk_code *c = &out[i];
+        if (!v->gram_row)
+            FK_TRY(fk_omp_naive(v, x + (size_t)i * d->m, a + (size_t)i * d->Nt, NULL, 0, o->s,
+                                o->tol, d->work, c));
+        d->st.macs += cost_omp(d->m, d->Nt, c->iters > c->k ? c->iters : c->k);
+    }
+    return FK_OK;
+}
+
+const struct dc_coder dc_coder_omp = {
+    .work_floats = omp_work_floats, .wants_gram = omp_wants_gram, .encode = omp_encode,
+};
+
+/* ---- gm and pl: a screened support, then ridge refinement ------------------------------ */
+
+static int refine(struct dc *d, const struct fk_dict_view *v, const float *x, struct fk_code *c)
+{
+    const struct dc_code_opts *o = &d->o.code;
+    if (c->k > 0 && !(c->flags & FK_CODE_ZERO))
+        FK_TRY(fk_refine(v, x, o->lambda0, o->rho, o->refine_iters, c));
+    return FK_OK;
+}
+
+static int gm_encode(struct dc *d, const struct fk_dict_view *v, int nx, const float *x,
+                     const float *a, struct fk_code *out)
+{
+    for (int i = 0; i < nx; i++) {
+        const float *xi = x + (size_t)i * d->m, *ai = a + (size_t)i * d->Nt;
+        struct fk_code *c = &out[i];
+        int np = fk_topn(ai, d->dead, d->Nt, d->o.code.n, 0, d->pool, d->work);
+        FK_TRY(fk_omp_naive(v, xi, ai, d->pool, np, d->o.code.s, 0, d->work, c));
+        d->st.macs += cost_gm(d->m, d->Nt, np, c->iters > c->k ? c->iters : c->k, c->k);
+        FK_TRY(refine(d, v, xi, c));
+    }
+    return FK_OK;
+}
+
+const struct dc_coder dc_coder_gm = {.encode = gm_encode};
+
+static int pl_encode(struct dc *d, const struct fk_dict_view *v, int nx, const float *x,
+                     const float *a, struct fk_code *out)
+{
+    for (int i = 0; i < nx; i++) {
+        const float *xi = x + (size_t)i * d->m, *ai = a + (size_t)i * d->Nt;
+        struct fk_code *c = &out[i];
+        double xx = fk_dot_seq(xi, xi, d->m);
+        memset(c, 0, sizeof *c);
+        c->xx = xx;
+        if (xx <= 1e-30) {
+            c->flags = FK_CODE_ZERO;
+            continue;
+        }
+        c->k = fk_topn(ai, d->dead, d->Nt, d->o.code.s, 1, c->idx, d->work);
+        d->st.macs += cost_pl(d->m, d->Nt, c->k);
+        FK_TRY(refine(d, v, xi, c));
+    }
+    return FK_OK;
+}
+
+const struct dc_coder dc_coder_pl = {.encode = pl_encode};

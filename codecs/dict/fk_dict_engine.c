@@ -1,0 +1,548 @@
+/* SPDX-License-Identifier: MIT
+ * The dictionary engine (dict/fk_dict_engine.h): the state of a stream group, the stored
+ * codes and the eviction-event protocol every dictionary codec shares.
+ *
+ * Eviction-event protocol (spec section 4): phase A encodes every vector against the state
+ * at the start of the event; phase B commits the codes that need no adaptation and pins
+ * their atoms; phase C adapts the rest in (token, head) order. Results do not depend on
+ * threads.
+ *
+ * The universal dictionary is shared and never written: a stream that adapts first copies
+ * it (copy-on-write of the whole block, 2 MiB at N = 4096, m = 128) and grows or rewrites
+ * its copy. Gram rows of appended atoms are maintained incrementally (m * N_t MACs per
+ * append) for OMP in Gram mode instead of recomputing D^T D.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/fk_clock.h"
+#include "common/fk_err.h"
+#include "dict/fk_dict_engine.h"
+
+/* ---- dictionary access ---------------------------------------------------------------- */
+
+const float *dc_atoms(const struct dc *d)
+{
+    return d->atoms ? d->atoms : d->base->atoms;
+}
+
+static const float *dc_gram_row(void *ctx, int j, float *scratch)
+{
+    struct dc *d = ctx;
+    int A = d->Nt - d->N;
+    if (j >= d->N)
+        return d->ga[j - d->N];
+    const float *g0 = d->base->gram + (size_t)j * (size_t)d->N;
+    if (A == 0)
+        return g0;
+    memcpy(scratch, g0, sizeof(float) * (size_t)d->N);
+    for (int a = 0; a < A; a++)
+        scratch[d->N + a] = d->ga[a][j];
+    return scratch;
+}
+
+struct fk_dict_view dc_view(struct dc *d)
+{
+    struct fk_dict_view v = {
+        .m = d->m, .n_atoms = d->Nt, .atoms = dc_atoms(d), .dead = d->dead,
+        .gram_row = NULL, .gram_ctx = d,
+    };
+    if (d->use_gram)
+        v.gram_row = dc_gram_row;
+    return v;
+}
+
+/* Copy-on-write of the universal dictionary before the first change. */
+int dc_own_atoms(struct dc *d)
+{
+    if (d->atoms)
+        return FK_OK;
+    d->atoms = malloc(sizeof(float) * (size_t)d->acap * (size_t)d->m);
+    if (!d->atoms)
+        return fk_err(FK_ENOMEM, "out of memory (dictionary copy)");
+    memcpy(d->atoms, d->base->atoms, sizeof(float) * (size_t)d->N * (size_t)d->m);
+    return FK_OK;
+}
+
+static size_t dc_work_floats(const struct dc *d, size_t n_atoms)
+{
+    size_t w = fk_omp_work_floats((int)n_atoms, d->m, d->o.code.s + 1) + 2 * n_atoms + 64;
+    if (d->coder->work_floats) {
+        size_t wc = d->coder->work_floats((int)n_atoms, d->m, d->o.code.s);
+        w = wc > w ? wc : w;
+    }
+    return w;
+}
+
+#define DC_GROW(p, n, type)                                                                 \
+    do {                                                                                    \
+        type *np_ = realloc((p), sizeof(type) * (n));                                       \
+        if (!np_)                                                                           \
+            return fk_err(FK_ENOMEM, "out of memory (%zu atoms)", (size_t)(n));           \
+        (p) = np_;                                                                          \
+    } while (0)
+
+/* Per-atom arrays for at least `need` atoms (need <= cap), zero-initialised (pinned: -1);
+ * dc_open allocates them with it (acap 0, need N).
+ * The appended part of the capacity doubles (64, 128, ...): memory follows the atoms a
+ * stream actually appends, not the worst case its length would allow (N + T x heads). */
+static int dc_reserve(struct dc *d, int need)
+{
+    if (need <= d->acap)
+        return FK_OK;
+    long n = need; /* at open: exactly the base atoms */
+    if (d->acap > 0) {
+        n = (long)d->N + 2L * (d->acap - d->N);
+        n = n < (long)d->N + 64 ? (long)d->N + 64 : n;
+        n = n < need ? need : n;
+    }
+    n = n > d->cap ? d->cap : n;
+    size_t o = (size_t)d->acap, c = (size_t)n;
+    if (d->atoms)
+        DC_GROW(d->atoms, c * (size_t)d->m, float);
+    DC_GROW(d->dead, c, uint8_t);
+    DC_GROW(d->ref_count, c, uint32_t);
+    DC_GROW(d->prefill_use, c, uint32_t);
+    DC_GROW(d->use_total, c, uint32_t);
+    DC_GROW(d->last_use, c, int32_t);
+    DC_GROW(d->ema, c, double);
+    DC_GROW(d->is_adapted, c, uint8_t);
+    DC_GROW(d->pinned, c, int32_t);
+    DC_GROW(d->pool, c, int32_t);
+    DC_GROW(d->corr, (size_t)DC_BLK * c, float);
+    size_t wf = dc_work_floats(d, c);
+    DC_GROW(d->work, wf, float);
+    d->work_floats = wf;
+    memset(d->dead + o, 0, c - o);
+    memset(d->ref_count + o, 0, sizeof(uint32_t) * (c - o));
+    memset(d->prefill_use + o, 0, sizeof(uint32_t) * (c - o));
+    memset(d->use_total + o, 0, sizeof(uint32_t) * (c - o));
+    memset(d->last_use + o, 0, sizeof(int32_t) * (c - o));
+    memset(d->is_adapted + o, 0, c - o);
+    for (size_t j = o; j < c; j++) {
+        d->ema[j] = 0;
+        d->pinned[j] = -1;
+    }
+    d->acap = (int)n;
+    return FK_OK;
+}
+
+/* Appends unit atom u; maintains Gram rows when OMP runs in Gram mode. */
+int dc_append_atom(struct dc *d, const float *u)
+{
+    FK_TRY(dc_reserve(d, d->Nt + 1));
+    FK_TRY(dc_own_atoms(d));
+    int j = d->Nt;
+    memcpy(d->atoms + (size_t)j * (size_t)d->m, u, sizeof(float) * (size_t)d->m);
+    d->dead[j] = 0;
+    d->Nt++;
+    struct fk_dict_view v = dc_view(d);
+    if (v.gram_row) {
+        int a = j - d->N;
+        if (a + 1 > d->ga_cols) { /* room for one more column in every row */
+            int cols = d->ga_cols ? d->ga_cols * 2 : 64;
+            while (cols < a + 1)
+                cols *= 2;
+            if (cols > d->cap - d->N)
+                cols = d->cap - d->N;
+            for (int r = 0; r < a; r++) {
+                float *nr = realloc(d->ga[r], sizeof(float) * ((size_t)d->N + (size_t)cols));
+                if (!nr)
+                    return fk_err(FK_ENOMEM, "out of memory (Gram rows of appended atoms)");
+                d->ga[r] = nr;
+            }
+            d->ga_cols = cols;
+        }
+        if (a >= d->ga_slots) {
+            int slots = d->ga_slots ? d->ga_slots * 2 : 64;
+            float **ns = realloc(d->ga, sizeof(float *) * (size_t)slots);
+            if (!ns)
+                return fk_err(FK_ENOMEM, "out of memory (Gram rows of appended atoms)");
+            memset(ns + d->ga_slots, 0, sizeof(float *) * (size_t)(slots - d->ga_slots));
+            d->ga = ns;
+            d->ga_slots = slots;
+        }
+        float *row = malloc(sizeof(float) * ((size_t)d->N + (size_t)d->ga_cols));
+        if (!row)
+            return fk_err(FK_ENOMEM, "out of memory (Gram rows of appended atoms)");
+        d->ga[a] = row;
+        fk_correlate(&v, u, 1, row); /* row[i] = d_i . u for i < Nt */
+        for (int r = 0; r < a; r++)
+            d->ga[r][j] = row[d->N + r];
+        d->st.macs += (double)d->m * d->Nt;
+    }
+    return FK_OK;
+}
+
+/* ---- codes ---------------------------------------------------------------------------- */
+
+static float quantise(struct dc *d, double c)
+{
+    switch (d->o.c.coef) {
+    case FK_COEF_FP8: return fk_fp8_decode(fk_fp8_encode(c, &d->st.saturated));
+    case FK_COEF_FP16: return fk_fp16_decode(fk_fp16_encode((float)c));
+    default: return (float)c;
+    }
+}
+
+static double row_err2(const struct dc *d, const float *x, int k, const int32_t *idx,
+                       const float *coef, float *xh)
+{
+    const float *A = dc_atoms(d);
+    memset(xh, 0, sizeof(float) * (size_t)d->m);
+    for (int i = 0; i < k; i++) {
+        const float *a = A + (size_t)idx[i] * (size_t)d->m;
+        for (int c = 0; c < d->m; c++)
+            xh[c] += coef[i] * a[c];
+    }
+    double e = 0;
+    for (int c = 0; c < d->m; c++) {
+        double r = (double)x[c] - xh[c];
+        e += r * r;
+    }
+    return e;
+}
+
+static void use_atom(struct dc *d, int j, int phase, int step, int delta)
+{
+    if (delta < 0) {
+        d->ref_count[j]--;
+        return;
+    }
+    d->ref_count[j]++;
+    d->use_total[j]++;
+    d->st.uses_total++;
+    if (d->is_adapted[j])
+        d->st.uses_adapted++;
+    if (phase == 0) {
+        d->prefill_use[j]++;
+        return;
+    }
+    if (!d->adapt || !d->adapt->reads_activity)
+        return; /* only a replacement reads the activity (a pow per atom use saved) */
+    int dt = step - d->last_use[j];
+    d->ema[j] = d->ema[j] * pow(d->o.adapt.ema_gamma, dt > 0 ? dt : 0) + 1.0;
+    d->last_use[j] = step;
+}
+
+/* Stores code c as row `token` of `head` (a new row, or a rewrite of a stored one) and
+ * fills out. Within an event, new rows may be committed out of token order (phase B before
+ * phase C); the event was checked to hold exactly the next tokens of each head. */
+void dc_commit(struct dc *d, int head, int token, const float *x, const struct fk_code *c,
+               int phase, int step, struct fk_vec_out *out, uint32_t flags, int rewrite)
+{
+    struct dc_rows *r = &d->heads[head];
+    size_t off = (size_t)token * (size_t)d->stride;
+    if (rewrite) {
+        for (int i = 0; i < r->nnz[token]; i++)
+            use_atom(d, r->idx[off + i], phase, step, -1);
+        d->nnz_total -= (uint64_t)r->nnz[token];
+    } else {
+        if (token + 1 > r->n)
+            r->n = token + 1;
+        d->rows_total++;
+    }
+    r->nnz[token] = c->k;
+    for (int i = 0; i < c->k; i++) {
+        r->idx[off + i] = c->idx[i];
+        r->coef[off + i] = quantise(d, c->coef[i]);
+        use_atom(d, c->idx[i], phase, step, 1);
+        d->pinned[c->idx[i]] = d->event_id;
+    }
+    d->nnz_total += (uint64_t)c->k;
+    if (!out)
+        return;
+    out->nnz = c->k;
+    out->flags = flags;
+    if (c->flags & FK_CODE_ZERO) {
+        out->flags |= FK_VEC_ZERO;
+        out->err = out->err_enc = 0;
+        return;
+    }
+    if (c->flags & FK_CODE_PREMATURE) {
+        out->flags |= FK_VEC_PREMATURE;
+        d->st.premature++;
+    }
+    out->err_enc = (float)sqrt(c->err2 / c->xx);
+    out->err = (float)sqrt(row_err2(d, x, c->k, r->idx + off, r->coef + off, d->xbuf) / c->xx);
+}
+
+/* ---- coders --------------------------------------------------------------------------- */
+/* ---- ops ------------------------------------------------------------------------------ */
+
+void dc_close(void *state)
+{
+    struct dc *d = state;
+    if (!d)
+        return;
+    if (d->heads)
+        for (int h = 0; h < d->env.n_heads; h++) {
+            free(d->heads[h].nnz);
+            free(d->heads[h].idx);
+            free(d->heads[h].coef);
+        }
+    free(d->heads);
+    free(d->atoms);
+    free(d->dead);
+    for (int r = 0; d->ga && r < d->ga_slots; r++)
+        free(d->ga[r]);
+    free(d->ga);
+    free(d->ref_count);
+    free(d->prefill_use);
+    free(d->use_total);
+    free(d->last_use);
+    free(d->ema);
+    free(d->is_adapted);
+    free(d->pinned);
+    free(d->corr);
+    free(d->work);
+    free(d->pool);
+    free(d->xbuf);
+    free(d->rbuf);
+    free(d->codes);
+    free(d->needs);
+    free(d);
+}
+
+int dc_check(const struct dc_adapt *adapt, int screened, const void *opts, int head_dim,
+             int n_atoms)
+{
+    (void)head_dim;
+    const struct dc_opts *o = opts;
+    const struct dc_code_opts *co = &o->code;
+    if (screened && co->s > co->n)
+        return fk_err(FK_ECONFIG, "s = %d must not exceed the pool size n = %d", co->s, co->n);
+    if (screened && n_atoms > 0 && co->n > n_atoms)
+        return fk_err(FK_ECONFIG, "pool size n = %d exceeds the dictionary's N = %d atoms",
+                      co->n, n_atoms);
+    if (n_atoms > 0 && co->s > n_atoms)
+        return fk_err(FK_ECONFIG, "s = %d exceeds the dictionary's N = %d atoms", co->s,
+                      n_atoms);
+    if (o->ptr_bytes != 2 && o->ptr_bytes != 4)
+        return fk_err(FK_ECONFIG, "ptr_bytes = %d: expected 2 or 4", o->ptr_bytes);
+    if (adapt && adapt->check)
+        FK_TRY(adapt->check(o, n_atoms));
+    return FK_OK;
+}
+
+/* The stored rows: T + 1 per head, s + 1 coefficient slots each. */
+static int dc_alloc_rows(struct dc *d)
+{
+    size_t T = (size_t)d->env.n_tokens + 1;
+    d->heads = calloc((size_t)d->env.n_heads, sizeof *d->heads);
+    int ok = d->heads != NULL;
+    for (int h = 0; ok && h < d->env.n_heads; h++) {
+        d->heads[h].nnz = calloc(T, sizeof(int32_t));
+        d->heads[h].idx = malloc(sizeof(int32_t) * T * (size_t)d->stride);
+        d->heads[h].coef = malloc(sizeof(float) * T * (size_t)d->stride);
+        ok = d->heads[h].nnz && d->heads[h].idx && d->heads[h].coef;
+    }
+    return ok;
+}
+
+int dc_open(const struct dc_coder *coder, const struct dc_adapt *adapt, const void *opts,
+            const struct fk_stream_env *env, void **state)
+{
+    if (!env->base)
+        return fk_err(FK_EINVAL, "dictionary codec opened without a dictionary");
+    struct dc *d = calloc(1, sizeof *d);
+    if (!d)
+        return fk_err(FK_ENOMEM, "out of memory");
+    d->coder = coder;
+    d->adapt = adapt;
+    memcpy(&d->o, opts, sizeof d->o);
+    d->env = *env;
+    d->base = env->base;
+    d->m = env->head_dim;
+    d->N = d->Nt = env->base->n_atoms;
+    d->stride = d->o.code.s + 1;
+    d->delta = env->kind == 0 ? d->o.adapt.delta_k : d->o.adapt.delta_v;
+    d->last_adapt_step = -1;
+    d->cap = adapt ? adapt->cap(d) : d->N;
+    if (d->m != env->base->m) {
+        int m = d->m; /* read before the state is freed */
+        dc_close(d);
+        return fk_err(FK_EINVAL, "dictionary head_dim %d != stream head_dim %d", env->base->m,
+                      m);
+    }
+    int gram = coder->wants_gram && coder->wants_gram(&d->o.code);
+    if (gram && !env->base->gram && !env->reference) {
+        dc_close(d);
+        return fk_err(FK_EINVAL, "omp_mode = gram needs the dictionary's Gram matrix");
+    }
+    d->use_gram = gram && env->base->gram && !env->reference && (!adapt || adapt->keeps_gram);
+    d->xbuf = malloc(sizeof(float) * (size_t)d->m);
+    d->rbuf = malloc(sizeof(float) * (size_t)d->m);
+    int ok = dc_alloc_rows(d) && d->xbuf && d->rbuf;
+    if (!ok || dc_reserve(d, d->N) < 0) { /* per-atom arrays, grown as atoms are appended */
+        dc_close(d);
+        return fk_err(FK_ENOMEM, "out of memory (codec state)");
+    }
+    if (env->base->dead)
+        memcpy(d->dead, env->base->dead, (size_t)d->N);
+    *state = d;
+    return FK_OK;
+}
+
+static int dc_grow_codes(struct dc *d, int n)
+{
+    if (n <= d->codes_cap)
+        return FK_OK;
+    struct fk_code *c = realloc(d->codes, sizeof *c * (size_t)n);
+    if (!c)
+        return fk_err(FK_ENOMEM, "out of memory (event codes)");
+    d->codes = c;
+    uint8_t *nd = realloc(d->needs, (size_t)n);
+    if (!nd)
+        return fk_err(FK_ENOMEM, "out of memory (event codes)");
+    d->needs = nd;
+    d->codes_cap = n;
+    return FK_OK;
+}
+
+int dc_encode_fresh(struct dc *d, const float *x, struct fk_code *c)
+{
+    struct fk_dict_view v = dc_view(d);
+    fk_correlate(&v, x, 1, d->corr);
+    return d->coder->encode(d, &v, 1, x, d->corr, c);
+}
+
+/* The event must hold exactly the next tokens of each head, each once, in order. */
+static int check_event(struct dc *d, const struct fk_event *ev)
+{
+    for (int h = 0; h < d->env.n_heads; h++)
+        d->heads[h].expect = d->heads[h].n;
+    for (int i = 0; i < ev->n; i++) {
+        int h = ev->head[i], t = ev->token[i];
+        if (h < 0 || h >= d->env.n_heads || t != d->heads[h].expect || t >= d->env.n_tokens)
+            return fk_err(FK_EINVAL, "event vector %d: (head %d, token %d) is not the next row "
+                          "of that head", i, h, t);
+        d->heads[h].expect++;
+    }
+    return FK_OK;
+}
+
+/* Phase A of nb vectors x [nb][m]: codes into d->codes, d->needs set where adaptation is
+ * due. One correlation SGEMM per DC_BLK vectors (reference mode: one vector at a time). */
+static int encode_span(struct dc *d, const float *x, int nb, int can_adapt)
+{
+    int blk = d->env.reference ? 1 : DC_BLK;
+    for (int c0 = 0; c0 < nb; c0 += blk) {
+        int nc = nb - c0 < blk ? nb - c0 : blk;
+        const float *xb = x + (size_t)c0 * d->m;
+        struct fk_dict_view v = dc_view(d);
+        double t0 = fk_thread_cpu_s();
+        fk_correlate(&v, xb, nc, d->corr);
+        double t1 = fk_thread_cpu_s();
+        d->st.t_corr += t1 - t0;
+        FK_TRY(d->coder->encode(d, &v, nc, xb, d->corr, &d->codes[c0]));
+        for (int i = 0; i < nc; i++) {
+            const struct fk_code *c = &d->codes[c0 + i];
+            d->needs[c0 + i] = can_adapt && !(c->flags & FK_CODE_ZERO) &&
+                               c->err2 > d->delta * d->delta * c->xx;
+        }
+        d->st.t_code += fk_thread_cpu_s() - t1;
+    }
+    return FK_OK;
+}
+
+int dc_encode(void *state, const struct fk_event *ev, struct fk_vec_out *out)
+{
+    struct dc *d = state;
+    int m = d->m;
+    d->event_id++;
+    int can_adapt = d->adapt && (ev->phase == 1 || d->o.adapt.adapt_prefill);
+    int step = ev->phase == 1 ? ev->step : 0;
+    /* Without adaptation, blocks are committed as they are coded (bounded memory);
+     * with it, the whole event is coded first (phase A), then committed (B, C). */
+    FK_TRY(check_event(d, ev));
+    int span = can_adapt ? ev->n : (ev->n < DC_BLK ? ev->n : DC_BLK);
+    FK_TRY(dc_grow_codes(d, span > 0 ? span : 1));
+    for (int b0 = 0; b0 < ev->n; b0 += span) {
+        int nb = ev->n - b0 < span ? ev->n - b0 : span;
+        FK_TRY(encode_span(d, ev->x + (size_t)b0 * m, nb, can_adapt));
+        /* pin every atom an event's code uses, committed now (phase B) or kept later when
+         * its adaptation fails (phase C): a replacement must never damage either */
+        for (int i = 0; i < nb; i++)
+            for (int k = 0; k < d->codes[i].k; k++)
+                d->pinned[d->codes[i].idx[k]] = d->event_id;
+        /* phase B: commit codes that need no adaptation */
+        for (int i = 0; i < nb; i++) {
+            int g = b0 + i, h = ev->head[g], t = ev->token[g];
+            if (!d->needs[i])
+                dc_commit(d, h, t, ev->x + (size_t)g * m, &d->codes[i], ev->phase, step,
+                          &out[g], 0, 0);
+        }
+        /* phase C: adapt the rest in (token, head) order */
+        double ta = fk_thread_cpu_s();
+        for (int i = 0; i < nb; i++) {
+            if (!d->needs[i])
+                continue;
+            int g = b0 + i;
+            uint32_t flags = 0;
+            const float *x = ev->x + (size_t)g * m;
+            FK_TRY(d->adapt->adapt(d, x, &d->codes[i], step, &flags));
+            if (flags & FK_VEC_ADAPTED)
+                d->last_adapt_step = step;
+            dc_commit(d, ev->head[g], ev->token[g], x, &d->codes[i], ev->phase, step, &out[g],
+                      flags, 0);
+        }
+        d->st.t_adapt += fk_thread_cpu_s() - ta;
+    }
+    return FK_OK;
+}
+
+int dc_sparse_row(const void *state, int head, int token, int *nnz, const int32_t **idx,
+                  const float **coef)
+{
+    const struct dc *d = state;
+    if (head < 0 || head >= d->env.n_heads || token < 0 || token >= d->heads[head].n)
+        return fk_err(FK_EINVAL, "no stored row (head %d, token %d)", head, token);
+    const struct dc_rows *r = &d->heads[head];
+    size_t off = (size_t)token * d->stride;
+    *nnz = r->nnz[token];
+    *idx = r->idx + off;
+    *coef = r->coef + off;
+    return FK_OK;
+}
+
+int dc_reconstruct(const void *state, int head, int token, float *out)
+{
+    const struct dc *d = state;
+    int nnz = 0;
+    const int32_t *idx = NULL;
+    const float *coef = NULL;
+    FK_TRY(dc_sparse_row(state, head, token, &nnz, &idx, &coef));
+    const float *A = dc_atoms(d);
+    memset(out, 0, sizeof(float) * (size_t)d->m);
+    for (int i = 0; i < nnz; i++)
+        for (int c = 0; c < d->m; c++)
+            out[c] += coef[i] * A[(size_t)idx[i] * d->m + c];
+    return FK_OK;
+}
+
+const float *dc_atoms_op(const void *state, int *n_atoms)
+{
+    const struct dc *d = state;
+    *n_atoms = d->Nt;
+    return dc_atoms(d);
+}
+
+void dc_stats(const void *state, struct fk_stream_stats *st)
+{
+    const struct dc *d = state;
+    *st = d->st;
+    st->n_atoms = d->Nt;
+    st->n_base = d->N;
+    int b_val = d->o.c.coef == FK_COEF_FP8 ? 1 : d->o.c.coef == FK_COEF_FP16 ? 2 : 4;
+    int b_idx = d->cap > DC_IDX16_MAX ? 4 : 2;
+    st->bytes_codes = (double)d->nnz_total * (b_val + b_idx) +
+                      (double)d->rows_total * d->o.ptr_bytes;
+    if (d->adapt)
+        st->bytes_dict_seq = d->adapt->dict_bytes(d);
+    st->ref_count = d->ref_count;
+    st->prefill_use = d->prefill_use;
+    st->use_total = d->use_total;
+    st->is_adapted = d->is_adapted;
+}
