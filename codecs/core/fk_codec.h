@@ -159,6 +159,10 @@ struct fk_codec_ops {
      * the next encode). */
     const float *(*atoms)(const void *state, int *n_atoms);
     void (*stats)(const void *state, struct fk_stream_stats *st);
+    /* (optional) The cost model's estimate of the multiply-adds to code one vector of
+     * head_dim m with these options over n_atoms atoms (0: no dictionary), before any run:
+     * the sweep's estimate for progress and --dry-run. NULL: m (a copy). */
+    double (*estimate_macs)(const void *opts, int m, int n_atoms);
     void (*close)(void *state); /* accepts NULL and half-opened states */
 };
 

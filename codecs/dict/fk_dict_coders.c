@@ -65,8 +65,16 @@ static int omp_encode(struct dc *d, const struct fk_dict_view *v, int nx, const 
     return FK_OK;
 }
 
+/* Batch-OMP in Gram mode: the correlations, then s steps over N atoms. */
+static double omp_estimate(const struct dc_code_opts *o, int m, int N)
+{
+    double s = o->s;
+    return (double)m * N + N * s * (s + 1) / 2 + s * N;
+}
+
 const struct dc_coder dc_coder_omp = {
     .work_floats = omp_work_floats, .wants_gram = omp_wants_gram, .encode = omp_encode,
+    .estimate = omp_estimate,
 };
 
 /* ---- gm and pl: a screened support, then ridge refinement ------------------------------ */
@@ -93,7 +101,14 @@ static int gm_encode(struct dc *d, const struct fk_dict_view *v, int nx, const f
     return FK_OK;
 }
 
-const struct dc_coder dc_coder_gm = {.encode = gm_encode};
+/* The correlations and the Top-n pool, then s greedy steps inside the pool of n. */
+static double gm_estimate(const struct dc_code_opts *o, int m, int N)
+{
+    double s = o->s, n = o->n;
+    return (double)m * N + N + s * (m * n + n);
+}
+
+const struct dc_coder dc_coder_gm = {.encode = gm_encode, .estimate = gm_estimate};
 
 static int pl_encode(struct dc *d, const struct fk_dict_view *v, int nx, const float *x,
                      const float *a, struct fk_code *out)
@@ -115,4 +130,11 @@ static int pl_encode(struct dc *d, const struct fk_dict_view *v, int nx, const f
     return FK_OK;
 }
 
-const struct dc_coder dc_coder_pl = {.encode = pl_encode};
+/* The correlations and the Top-s selection, then one least-squares solve on s atoms. */
+static double pl_estimate(const struct dc_code_opts *o, int m, int N)
+{
+    double s = o->s;
+    return (double)m * N + N + m * s * (s + 1) / 2;
+}
+
+const struct dc_coder dc_coder_pl = {.encode = pl_encode, .estimate = pl_estimate};

@@ -77,6 +77,8 @@ struct dc_coder {
      * out [nx], adding the cost model to d->st.macs. Uses d->work and d->pool. */
     int (*encode)(struct dc *d, const struct fk_dict_view *v, int nx, const float *x,
                   const float *a, struct fk_code *out);
+    /* Multiply-adds to code one vector over N atoms, estimated before any run. */
+    double (*estimate)(const struct dc_code_opts *o, int m, int N);
 };
 
 /* An adaptation: what the engine does in phase C for a vector whose error exceeds delta. */
@@ -191,6 +193,10 @@ void dc_close(void *state);
     static int NAME##_open(const void *opts, const struct fk_stream_env *env, void **state) \
     {                                                                                     \
         return dc_open(CODER, ADAPT, opts, env, state);                                   \
+    }                                                                                     \
+    static double NAME##_estimate(const void *opts, int m, int n_atoms)                   \
+    {                                                                                     \
+        return (CODER)->estimate(&((const struct dc_opts *)opts)->code, m, n_atoms);      \
     }
 
 /* The fk_codec_ops fields of codec NAME beyond name, summary, options and caps: its
@@ -198,6 +204,7 @@ void dc_close(void *state);
 #define DC_OPS(NAME)                                                                      \
     .check = NAME##_check, .open = NAME##_open, .opts_size = sizeof(struct dc_opts),      \
     .encode = dc_encode, .reconstruct = dc_reconstruct, .sparse_row = dc_sparse_row,      \
-    .atoms = dc_atoms_op, .stats = dc_stats, .close = dc_close
+    .atoms = dc_atoms_op, .stats = dc_stats, .close = dc_close,                           \
+    .estimate_macs = NAME##_estimate
 
 #endif

@@ -41,11 +41,20 @@ static int fadkv_check(const void *opts, int head_dim, int n_atoms)
     return dc_check(&dc_adapt_replace, 1, opts, head_dim, n_atoms);
 }
 
+static const struct dc_coder *fadkv_coder(const struct dc_opts *o)
+{
+    return o->code.inner ? &dc_coder_pl : &dc_coder_gm;
+}
+
 static int fadkv_open(const void *opts, const struct fk_stream_env *env, void **state)
 {
+    return dc_open(fadkv_coder(opts), &dc_adapt_replace, opts, env, state);
+}
+
+static double fadkv_estimate(const void *opts, int m, int n_atoms)
+{
     const struct dc_opts *o = opts;
-    const struct dc_coder *coder = o->code.inner ? &dc_coder_pl : &dc_coder_gm;
-    return dc_open(coder, &dc_adapt_replace, opts, env, state);
+    return fadkv_coder(o)->estimate(&o->code, m, n_atoms);
 }
 
 const struct fk_codec_ops fk_codec_fadkv = {

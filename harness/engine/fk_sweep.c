@@ -871,14 +871,6 @@ double fk_sweep_cell_macs(const struct fk_sweep *s, const struct fk_sweep_cell *
     N = 4096;
     int na;
     if (ds->dict && fk_dict_atoms(ds->dict, &na) == FK_OK)
-        N = na; /* attributes only: loading the atoms is slow at paper scale (docs/PERFORMANCE.md) */
-    const struct fk_option *os = fk_codec_option(c->ops, "s"), *on = fk_codec_option(c->ops, "n");
-    double sp = os ? fk_opts_get(c->opts, os) : 0, n = on ? fk_opts_get(c->opts, on) : 256;
-    if (!strcmp(c->ops->name, "full"))
-        return vec * m;
-    if (!strcmp(c->ops->name, "lexico") || !strcmp(c->ops->name, "lexico-adp"))
-        return vec * (m * N + N * sp * (sp + 1) / 2 + sp * N); /* Batch-OMP (Gram mode) */
-    if (!strcmp(c->ops->name, "pl"))
-        return vec * (m * N + N + m * sp * (sp + 1) / 2);
-    return vec * (m * N + N + sp * (m * n + n));
+        N = na; /* attributes only: loading the atoms is slow at paper scale */
+    return vec * (c->ops->estimate_macs ? c->ops->estimate_macs(c->opts, (int)m, (int)N) : m);
 }
