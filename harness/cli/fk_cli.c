@@ -34,6 +34,10 @@ int fk_cli_train_dict(int argc, char **argv);
 int fk_cli_bench_replay(int argc, char **argv);
 extern const char *gsl_version;
 
+/* Codec that cells.csv's cost_mac_rel and cpu_time_rel are relative to (until the sweep
+ * has a cost_baseline key). */
+#define FK_COST_BASELINE "lexico-adp"
+
 static volatile sig_atomic_t g_stop;
 
 static void on_signal(int sig)
@@ -208,27 +212,19 @@ static int write_provenance(const struct fk_sweep *s, int jobs)
     }
     unsigned maj, min, rel;
     H5get_libversion(&maj, &min, &rel);
-    char buf[8192];
-    int n = snprintf(buf, sizeof buf,
-                     "{\n  \"harness\": \"fadkv-bench %s\",\n  \"git\": \"%s\",\n"
-                     "  \"config\": \"%s\",\n  \"config_hash\": \"%s\",\n"
-                     "  \"sweep\": \"%s\",\n  \"cells\": %d,\n  \"jobs\": %d,\n"
-                     "  \"hdf5\": \"%u.%u.%u\",\n  \"gsl\": \"%s\",\n  \"openblas\": \"%s\",\n"
-                     "  \"openblas_kernels\": \"%s\",\n"
-                     "  \"blas_threads_per_worker\": 1,\n  \"cpu\": \"%s\",\n"
-                     "  \"online_cpus\": %ld,\n  \"precision\": \"float32 data, float32 BLAS "
-                     "dot products, double triangular solves and energies\"\n}\n",
-                     FK_VERSION, FK_GIT_VERSION, s->path, s->config_hash, s->name, s->n_cells,
-                     jobs, maj, min, rel, gsl_version, openblas_get_config(),
-                     openblas_get_corename(), cpu, sysconf(_SC_NPROCESSORS_ONLN));
-    if (n < 0 || (size_t)n >= sizeof buf)
-        return fk_err(FK_EINVAL, "%s/provenance.json: %d bytes exceed %zu (config path or sweep "
-                      "name too long?)", s->output, n, sizeof buf - 1);
-    char p[4200];
-    snprintf(p, sizeof p, "%s/provenance.json", s->output);
-    FK_TRY(fk_write_atomic(p, buf, (size_t)n));
-    snprintf(p, sizeof p, "%s/resolved.txt", s->output);
-    return fk_write_atomic(p, s->resolved, strlen(s->resolved));
+    char harness[64], hdf5[48];
+    snprintf(harness, sizeof harness, "fadkv-bench %s", FK_VERSION);
+    snprintf(hdf5, sizeof hdf5, "%u.%u.%u", maj, min, rel);
+    struct fk_provenance p = {
+        .harness = harness, .git = FK_GIT_VERSION, .config = s->path,
+        .config_hash = s->config_hash, .sweep = s->name, .cells = s->n_cells, .jobs = jobs,
+        .hdf5 = hdf5, .gsl = gsl_version, .openblas = openblas_get_config(),
+        .openblas_kernels = openblas_get_corename(), .blas_threads_per_worker = 1, .cpu = cpu,
+        .online_cpus = sysconf(_SC_NPROCESSORS_ONLN),
+        .precision = "float32 data, float32 BLAS dot products, double triangular solves and "
+                     "energies"};
+    FK_TRY(fk_store_provenance_write(s->output, &p));
+    return fk_store_resolved_write(s->output, s->resolved, strlen(s->resolved));
 }
 
 static void free_loaded(const struct fk_sweep *s, struct loaded *ld)
@@ -607,12 +603,12 @@ static int cmd_sweep(int argc, char **argv)
                 fprintf(stderr, "%s  %.1f s, %.0f vec/s, rel_err %.4f, ETA %s\n",
                         tty ? "" : "   ", dt, vecs / (dt > 0 ? dt : 1), err, etas);
         }
-        if (fk_results_tables(s->output, ids, s->n_cells) < 0) {
+        if (fk_results_tables(s->output, ids, s->n_cells, FK_COST_BASELINE) < 0) {
             rc = fail("writing cells.csv");
             break;
         }
     }
-    if (fk_results_tables(s->output, ids, s->n_cells) < 0 && !rc)
+    if (fk_results_tables(s->output, ids, s->n_cells, FK_COST_BASELINE) < 0 && !rc)
         rc = fail("writing cells.csv");
     fk_replay_pool_free(&pool);
     free_loaded(s, ld);

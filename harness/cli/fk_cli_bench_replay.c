@@ -26,6 +26,10 @@
 #include "engine/fk_sweep.h"
 #include "formats/fk_trace.h"
 
+/* Codec that cells.csv's cost columns are relative to (as in fk_cli.c, until the sweep
+ * has a cost_baseline key). */
+#define FK_COST_BASELINE "lexico-adp"
+
 int fk_cli_bench_replay(int argc, char **argv);
 
 /* Kernel-benchmark data from a trace: layer 0's K dictionary (copied) and the K rows of the
@@ -299,7 +303,7 @@ int fk_cli_bench_replay(int argc, char **argv)
                s->attn_stride, ov_lines, ov_with, ov_without,
                100.0 * (ov_with - ov_without) / ov_without);
     if (rc == FK_OK)
-        rc = fk_results_tables(s->output, ids, n_ids);
+        rc = fk_results_tables(s->output, ids, n_ids, FK_COST_BASELINE);
     free(ids);
     long rss = peak_rss_kib();
     if (rc == FK_OK)
