@@ -15,6 +15,7 @@
 
 #include "common/fk_clock.h"
 #include "common/fk_err.h"
+#include "core/fk_codec.h"
 #include "report/fk_plotdata.h"
 
 int fk_cli_plot(int argc, char **argv);
@@ -29,7 +30,8 @@ static void plot_usage(FILE *f)
                "  --out DIR      output directory (default RESULTS_DIR/figures)\n"
                "  --format F     png, pdf or svg; repeatable (default: png and pdf)\n"
                "  --cost-baseline CODEC  codec Table 4's costs are relative to (default: the\n"
-               "                 one cells.csv was computed with)\n");
+               "                 one cells.csv was computed with; with no baseline cell, the\n"
+               "                 exact-OMP codec with a growing dictionary)\n");
 }
 
 static int is_file(const char *p)
@@ -122,6 +124,16 @@ static int run_gnuplot(const char *vars, const char *script)
     return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 }
 
+/* The sweep's default cost baseline, for results without a baseline cell: the registry's
+ * exact-OMP codec with a growing dictionary (FK_CAP_GRAM and FK_CAP_GROWS), or NULL. */
+static const char *default_baseline(void)
+{
+    for (int i = 0; fk_codecs[i]; i++)
+        if ((fk_codecs[i]->caps & FK_CAP_GRAM) && (fk_codecs[i]->caps & FK_CAP_GROWS))
+            return fk_codecs[i]->name;
+    return NULL;
+}
+
 int fk_cli_plot(int argc, char **argv)
 {
     const char *res = NULL, *out = NULL, *baseline = NULL;
@@ -173,7 +185,8 @@ int fk_cli_plot(int argc, char **argv)
     }
     double t0 = fk_wall_s();
     static struct fk_plot_titles titles;
-    struct fk_plot_opts po = {.titles = &titles, .cost_baseline = baseline};
+    struct fk_plot_opts po = {.titles = &titles, .cost_baseline = baseline,
+                              .default_cost_baseline = default_baseline()};
     char common[PATH_MAX + 16];
     snprintf(common, sizeof common, "%s/common.gp", plots);
     if (fk_plot_titles_load(common, &titles) < 0) {

@@ -1530,6 +1530,8 @@ int fk_plotdata_export(const char *results_dir, const char *out_dir,
     st.titles = opts ? opts->titles : NULL;
     st.cost_baseline = opts && opts->cost_baseline ? opts->cost_baseline
                        : st.fs ? fk_store_cost_baseline(st.fs) : NULL;
+    if (!st.cost_baseline && opts)
+        st.cost_baseline = opts->default_cost_baseline;
     set->n_cells = st.n;
     set->n_datasets = st.n_ds;
     for (int d = 0; d < st.n_ds && rc == FK_OK; d++) {

@@ -62,7 +62,9 @@ int fk_plot_titles_load(const char *gp_path, struct fk_plot_titles *t);
 struct fk_plot_opts {
     const struct fk_plot_titles *titles; /* display names; NULL: codec names */
     const char *cost_baseline;   /* codec of Table 4's cost columns; NULL: the one cells.csv
-                                  * was computed with (fk_store_cost_baseline) */
+                                  * was computed with (fk_store_cost_baseline), else
+                                  * default_cost_baseline */
+    const char *default_cost_baseline; /* when the tables show none (no baseline cell) */
 };
 
 /* Writes every figure's data file into out_dir/data (created if needed) and Table 4 into
