@@ -1,28 +1,34 @@
 /* SPDX-License-Identifier: MIT
- * Figure export, regression gate and CSV reader (harness/fk_plotdata.c, fk_cli_check.c):
+ * Figure export, regression gate and CSV reader (report/fk_plotdata.c, report/fk_check.c,
+ * store/fk_csv.c), and the JSON reader and writer (common/fk_json.c):
  * the CSV reader on quoting corner cases; the bootstrap interval against the exact bootstrap
  * distribution of a 3-point sample and against the normal-theory interval of a 40-point
  * sample; `check` on a hand-made results store (identical data passes, a drift beyond rtol
  * fails, within rtol passes, missing / extra rows are reported, cell ids do not matter, NaN
- * handling, --update); the exporter skips figures with a note when the store lacks their data.
+ * handling, update); the exporter skips figures with a note when the store lacks their data;
+ * JSON escaping round-trips and syntax errors name line:col; provenance.json round-trips
+ * through the store; a path past PATH_MAX is an error, not a truncation.
  * The end-to-end merge / shard test is tests/test_sweep_tools.sh.
  */
 #include "common/fk_err.h"
+#include "common/fk_json.h"
+#include "common/fk_str.h"
+#include "report/fk_check.h"
 #include "report/fk_plotdata.h"
 #include "formats/fk_trace.h"
+#include "store/fk_results.h"
 
 #include <check.h>
 #include <gsl/gsl_randist.h>
 #include <gsl/gsl_rng.h>
 #include <gsl/gsl_statistics_double.h>
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
-
-int fk_cli_check(int argc, char **argv);
 
 static char g_dir[256];
 
@@ -160,47 +166,47 @@ static void summary(double v, const char *id1, int drop_last, int extra)
     put("res/summary.csv", s);
 }
 
-/* Runs check with stdout captured into out (cap bytes); returns its exit status. */
-static int run_check(const char *extra1, const char *extra2, char *out, size_t cap)
+/* Runs the gate in-process (rtol / atol: the defaults of the CLI unless given); returns
+ * 0 pass, 1 regression, 2 error like the CLI. r is freed by the caller. */
+static int run_check(int update, double rtol, double atol, struct fk_check_result *r)
 {
-    char base[512], res[512], cap_path[512];
+    char base[512], res[512];
     snprintf(base, sizeof base, "%s/baseline.csv", g_dir);
     snprintf(res, sizeof res, "%s/res", g_dir);
-    snprintf(cap_path, sizeof cap_path, "%s/stdout.txt", g_dir);
-    char *argv[10] = {"check", "--baseline", base, "--results", res};
-    int argc = 5;
-    if (extra1)
-        argv[argc++] = (char *)extra1;
-    if (extra2)
-        argv[argc++] = (char *)extra2;
-    fflush(stdout);
-    int saved = dup(1);
-    FILE *f = fopen(cap_path, "w");
-    ck_assert_ptr_nonnull(f);
-    dup2(fileno(f), 1);
-    int rc = fk_cli_check(argc, argv);
-    fflush(stdout);
-    dup2(saved, 1);
-    close(saved);
-    fclose(f);
-    f = fopen(cap_path, "r");
-    size_t n = fread(out, 1, cap - 1, f);
-    out[n] = 0;
-    fclose(f);
-    return rc;
+    struct fk_check_opts o = {.baseline = base, .results = res, .rtol = rtol, .atol = atol,
+                              .update = update};
+    if (fk_check_run(&o, r) < 0)
+        return 2;
+    return r->fail ? 1 : 0;
 }
+
+/* 1 when r holds a finding of kind k with this key (and metric, for drifts). */
+static int has_diff(const struct fk_check_result *r, enum fk_check_kind k, const char *key,
+                    int metric)
+{
+    for (int i = 0; i < r->n_diffs; i++)
+        if (r->diffs[i].kind == k && !strcmp(r->diffs[i].key, key) &&
+            (k != FK_CHECK_DRIFT || r->diffs[i].metric == metric))
+            return 1;
+    return 0;
+}
+
+#define RTOL 1e-4
+#define ATOL 1e-7
 
 START_TEST(check_gate)
 {
     make_dir();
-    char p[512], out[16384];
+    char p[512];
+    struct fk_check_result r;
     snprintf(p, sizeof p, "%s/res", g_dir);
     ck_assert_int_eq(mkdir(p, 0755), 0);
     put("res/cells.csv", cells_csv);
     summary(0.1, "aaaaaaaaaaaaaaa1", 0, 0);
-    /* --update writes the baseline (16 rows, the failed cell has none) */
-    ck_assert_int_eq(run_check("--update", NULL, out, sizeof out), 0);
-    ck_assert_ptr_nonnull(strstr(out, "wrote 16 row(s)"));
+    /* update writes the baseline (16 rows, the failed cell has none) */
+    ck_assert_int_eq(run_check(1, RTOL, ATOL, &r), 0);
+    ck_assert_int_eq(r.written, 16);
+    fk_check_result_free(&r);
     snprintf(p, sizeof p, "%s/baseline.csv", g_dir);
     struct fk_csv b;
     ck_assert_int_eq(fk_csv_load(p, &b), FK_OK);
@@ -214,41 +220,166 @@ START_TEST(check_gate)
     ck_assert(has_default && has_s4);    /* lexico at defaults; gm: only s differs (n=256) */
     fk_csv_free(&b);
     /* identical: pass */
-    ck_assert_int_eq(run_check(NULL, NULL, out, sizeof out), 0);
-    ck_assert_ptr_nonnull(strstr(out, "PASS: 16 row(s) compared"));
+    ck_assert_int_eq(run_check(0, RTOL, ATOL, &r), 0);
+    ck_assert_int_eq(r.matched, 16);
+    ck_assert_int_eq(r.n_diffs, 0);
+    fk_check_result_free(&r);
     /* within rtol: pass; beyond: fail, naming the metric and the row */
     summary(0.1 * (1 + 5e-5), "aaaaaaaaaaaaaaa1", 0, 0);
-    ck_assert_int_eq(run_check(NULL, NULL, out, sizeof out), 0);
+    ck_assert_int_eq(run_check(0, RTOL, ATOL, &r), 0);
+    fk_check_result_free(&r);
     summary(0.1 * (1 + 5e-3), "aaaaaaaaaaaaaaa1", 0, 0);
-    ck_assert_int_eq(run_check(NULL, NULL, out, sizeof out), 1);
-    ck_assert_ptr_nonnull(strstr(out, "REGRESSION"));
-    ck_assert_ptr_nonnull(strstr(out, "rel_err_mean"));
-    ck_assert_ptr_nonnull(strstr(out, "lexico,ds,default,0,t0.h5,0,K"));
-    ck_assert_int_eq(run_check("--rtol", "1e-2", out, sizeof out), 0);
-    ck_assert_int_eq(run_check("--atol", "1e-3", out, sizeof out), 0);
+    ck_assert_int_eq(run_check(0, RTOL, ATOL, &r), 1);
+    ck_assert_int_eq(r.drift, 1);
+    ck_assert(has_diff(&r, FK_CHECK_DRIFT, "lexico,ds,default,0,t0.h5,0,K", 0));
+    ck_assert_str_eq(fk_check_metrics[0], "rel_err_mean");
+    fk_check_result_free(&r);
+    ck_assert_int_eq(run_check(0, 1e-2, ATOL, &r), 0);
+    fk_check_result_free(&r);
+    ck_assert_int_eq(run_check(0, RTOL, 1e-3, &r), 0);
+    fk_check_result_free(&r);
     /* another cell id (new harness version), same configuration: still matched */
     put("res/cells.csv", "cell_id,codec,dataset,status,n_b,s,n,n_traces,traces,dictionary,"
                          "seed,attn_stride,rel_err_mean\n"
                          "bbbbbbbbbbbbbbb1,lexico,ds,ok,128,8,,2,t0.h5;t1.h5,d.h5,9,16,0.5\n"
                          "aaaaaaaaaaaaaaa2,gm,ds,ok,128,4,256,2,t0.h5;t1.h5,d.h5,2,16,0.6\n");
     summary(0.1, "bbbbbbbbbbbbbbb1", 0, 0);
-    ck_assert_int_eq(run_check(NULL, NULL, out, sizeof out), 0);
+    ck_assert_int_eq(run_check(0, RTOL, ATOL, &r), 0);
+    fk_check_result_free(&r);
     /* a missing row fails, an extra row is reported and passes */
     summary(0.1, "bbbbbbbbbbbbbbb1", 1, 0);
-    ck_assert_int_eq(run_check(NULL, NULL, out, sizeof out), 1);
-    ck_assert_ptr_nonnull(strstr(out, "MISSING"));
-    ck_assert_ptr_nonnull(strstr(out, "gm,ds,s=4,0,t1.h5,1,V"));
+    ck_assert_int_eq(run_check(0, RTOL, ATOL, &r), 1);
+    ck_assert_int_eq(r.missing, 1);
+    ck_assert(has_diff(&r, FK_CHECK_MISSING, "gm,ds,s=4,0,t1.h5,1,V", 0));
+    fk_check_result_free(&r);
     summary(0.1, "bbbbbbbbbbbbbbb1", 0, 1);
-    ck_assert_int_eq(run_check(NULL, NULL, out, sizeof out), 0);
-    ck_assert_ptr_nonnull(strstr(out, "EXTRA"));
-    ck_assert_ptr_nonnull(strstr(out, "1 extra"));
+    ck_assert_int_eq(run_check(0, RTOL, ATOL, &r), 0);
+    ck_assert_int_eq(r.extra, 1);
+    ck_assert(has_diff(&r, FK_CHECK_EXTRA, "gm,ds,s=4,0,t2.h5,0,K", 0));
+    fk_check_result_free(&r);
     /* NaN in the results where the baseline has a number: a drift */
     put("res/cells.csv", cells_csv);
     summary(NAN, "aaaaaaaaaaaaaaa1", 0, 0);
-    ck_assert_int_eq(run_check(NULL, NULL, out, sizeof out), 1);
-    /* bad usage */
-    char *bad[] = {"check", "--results", "x"};
-    ck_assert_int_eq(fk_cli_check(3, bad), 2);
+    ck_assert_int_eq(run_check(0, RTOL, ATOL, &r), 1);
+    fk_check_result_free(&r);
+    /* bad use: no baseline, a negative tolerance */
+    struct fk_check_opts bad = {.results = "x"};
+    ck_assert_int_eq(fk_check_run(&bad, &r), FK_EINVAL);
+    bad.baseline = "y";
+    bad.rtol = -1;
+    ck_assert_int_eq(fk_check_run(&bad, &r), FK_EINVAL);
+    rm_dir();
+}
+END_TEST
+
+/* ---- JSON ------------------------------------------------------------------------------------ */
+
+START_TEST(json_round_trip)
+{
+    struct fk_json_w w;
+    memset(&w, 0, sizeof w);
+    fk_json_begin_object(&w);
+    fk_json_key(&w, "s");
+    fk_json_str(&w, "a \"q\" \\ /\n\t\x01 \xc3\xa9");
+    fk_json_key(&w, "n");
+    fk_json_int(&w, -12);
+    fk_json_key(&w, "a");
+    fk_json_begin_array(&w);
+    fk_json_str(&w, "x");
+    fk_json_num(&w, 0.5);
+    fk_json_bool(&w, 1);
+    fk_json_end_array(&w);
+    fk_json_end_object(&w);
+    char *text;
+    size_t len;
+    ck_assert_int_eq(fk_json_finish(&w, &text, &len), FK_OK);
+    ck_assert_str_eq(text, "{\n  \"s\": \"a \\\"q\\\" \\\\ /\\n\\t\\u0001 \xc3\xa9\",\n"
+                           "  \"n\": -12,\n  \"a\": [\"x\", 0.5, true]\n}\n");
+    struct fk_json *v;
+    ck_assert_int_eq(fk_json_parse(text, "t.json", &v), FK_OK);
+    ck_assert_str_eq(fk_json_get(v, "s")->str, "a \"q\" \\ /\n\t\x01 \xc3\xa9");
+    ck_assert(fk_json_get(v, "n")->num == -12);
+    ck_assert_int_eq(fk_json_get(v, "a")->n, 3);
+    ck_assert_ptr_null(fk_json_get(v, "nope"));
+    fk_json_free(&v);
+    free(text);
+    /* \u escapes, surrogate pairs */
+    ck_assert_int_eq(fk_json_parse("{\"k\": \"\\u00e9\\ud83d\\ude00\"}", "u", &v), FK_OK);
+    ck_assert_str_eq(fk_json_get(v, "k")->str, "\xc3\xa9\xf0\x9f\x98\x80");
+    fk_json_free(&v);
+    /* errors name line:col */
+    static const char *const bad[][2] = {
+        {"{\n  \"a\": 1,\n}", "b.json:3:1"},       /* trailing comma */
+        {"{\"a\": 01}", "b.json:1:8"},              /* leading zero */
+        {"{\"a\": \"x\\q\"}", "b.json:1:9"},        /* bad escape */
+        {"{\"a\": 1} x", "b.json:1:10"},            /* text after the value */
+        {"{\"a\" 1}", "b.json:1:6"},                /* missing colon */
+        {"[1, 2", "b.json:1:6"},                    /* unterminated */
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        ck_assert_int_eq(fk_json_parse(bad[i][0], "b.json", &v), FK_ECORRUPT);
+        ck_assert_msg(strstr(fk_errmsg(), bad[i][1]), "%s: %s", bad[i][0], fk_errmsg());
+    }
+    /* misuse of the writer */
+    memset(&w, 0, sizeof w);
+    fk_json_begin_object(&w);
+    fk_json_str(&w, "no key");
+    fk_json_end_object(&w);
+    ck_assert_int_eq(fk_json_finish(&w, &text, &len), FK_EINVAL);
+}
+END_TEST
+
+/* ---- provenance and paths ------------------------------------------------------------------ */
+
+START_TEST(provenance_round_trip)
+{
+    make_dir();
+    const char *shards[] = {"a", "b \"q\""};
+    struct fk_provenance p = {.merged_from = shards, .n_merged_from = 2, .harness = "h",
+                              .config = "c\\d.toml", .config_hash = "abc", .cells = 3,
+                              .jobs = FK_PROV_NONE, .blas_threads_per_worker = 1,
+                              .online_cpus = -1, .cpu = "x\ty"};
+    ck_assert_int_eq(fk_store_provenance_write(g_dir, &p), FK_OK);
+    char path[512];
+    snprintf(path, sizeof path, "%s/provenance.json", g_dir);
+    char *t1 = fk_slurp(path, NULL);
+    ck_assert_ptr_nonnull(t1);
+    ck_assert_str_eq(t1, "{\n  \"merged_from\": [\"a\", \"b \\\"q\\\"\"],\n  \"harness\": \"h\",\n"
+                         "  \"config\": \"c\\\\d.toml\",\n  \"config_hash\": \"abc\",\n"
+                         "  \"cells\": 3,\n  \"blas_threads_per_worker\": 1,\n"
+                         "  \"cpu\": \"x\\ty\",\n  \"online_cpus\": -1\n}\n");
+    struct fk_provenance q;
+    ck_assert_msg(fk_store_provenance_read(g_dir, &q) == FK_OK, "%s", fk_errmsg());
+    ck_assert_str_eq(q.config, "c\\d.toml");
+    ck_assert_str_eq(q.cpu, "x\ty");
+    ck_assert_int_eq(q.cells, 3);
+    ck_assert_int_eq(q.jobs, FK_PROV_NONE);
+    q.merged_from = shards;
+    q.n_merged_from = 2;
+    ck_assert_int_eq(fk_store_provenance_write(g_dir, &q), FK_OK);
+    fk_store_provenance_free(&q);
+    char *t2 = fk_slurp(path, NULL);
+    ck_assert_str_eq(t1, t2);
+    free(t1);
+    free(t2);
+    /* no config_hash, a wrong type: errors naming the file */
+    put("provenance.json", "{\"cells\": \"3\", \"config_hash\": \"x\"}\n");
+    ck_assert_int_eq(fk_store_provenance_read(g_dir, &q), FK_ECORRUPT);
+    ck_assert_ptr_nonnull(strstr(fk_errmsg(), "provenance.json:1:11"));
+    put("provenance.json", "{}\n");
+    ck_assert_int_eq(fk_store_provenance_read(g_dir, &q), FK_ECORRUPT);
+    /* a directory name near PATH_MAX: the store refuses instead of truncating */
+    char *longdir = malloc(PATH_MAX);
+    ck_assert_ptr_nonnull(longdir);
+    memset(longdir, 'd', PATH_MAX - 10);
+    longdir[0] = '/';
+    longdir[PATH_MAX - 10] = 0;
+    char *q2 = NULL;
+    ck_assert_int_eq(fk_store_path(&q2, longdir, "provenance.json"), FK_EINVAL);
+    ck_assert_ptr_null(q2);
+    ck_assert_ptr_nonnull(strstr(fk_errmsg(), "path too long"));
+    ck_assert_int_eq(fk_store_provenance_write(longdir, &p), FK_EINVAL);
+    free(longdir);
     rm_dir();
 }
 END_TEST
@@ -280,7 +411,7 @@ START_TEST(export_skips_absent)
     struct fk_plot_set set;
     char out[512];
     snprintf(out, sizeof out, "%s/fig", g_dir);
-    ck_assert_msg(fk_plotdata_export(g_dir, out, &set) == FK_OK, "%s", fk_errmsg());
+    ck_assert_msg(fk_plotdata_export(g_dir, out, NULL, &set) == FK_OK, "%s", fk_errmsg());
     int drawn = 0;
     for (int i = 0; i < set.n_figs; i++) {
         const struct fk_plot_fig *f = &set.figs[i];
@@ -324,6 +455,8 @@ static Suite *plot_suite(void)
     tcase_add_test(tc, boot_exact_small);
     tcase_add_test(tc, boot_normal_theory);
     tcase_add_test(tc, check_gate);
+    tcase_add_test(tc, json_round_trip);
+    tcase_add_test(tc, provenance_round_trip);
     tcase_add_test(tc, export_skips_absent);
     suite_add_tcase(s, tc);
     return s;

@@ -459,7 +459,7 @@ START_TEST(test_results_commit)
     ck_assert_int_eq(fk_results_commit(out, &m, &r), FK_OK);
     ck_assert(fk_results_done(out, m.id));
     const char *ids[1] = {m.id};
-    ck_assert_int_eq(fk_results_tables(out, ids, 1), FK_OK);
+    ck_assert_int_eq(fk_results_tables(out, ids, 1, NULL), FK_OK);
     /* cells.csv's rel_err_mean equals the mean over kinds of the mean over layers */
     double want = 0;
     for (int k = 0; k < 2; k++) {

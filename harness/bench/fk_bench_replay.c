@@ -231,7 +231,7 @@ static int bench_cells(struct bench *b, const struct fk_bench_replay_hooks *h,
         ids[n_ids++] = s->cells[c].id;
     }
     if (rc == FK_OK)
-        rc = fk_results_tables(s->output, ids, n_ids);
+        rc = fk_results_tables(s->output, ids, n_ids, s->cost_baseline);
     free(ids);
     if (rc == FK_OK)
         out->cells_rss_kib = peak_rss_kib();

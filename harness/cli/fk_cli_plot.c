@@ -15,18 +15,24 @@
 
 #include "common/fk_clock.h"
 #include "common/fk_err.h"
+#include "core/fk_codec.h"
 #include "report/fk_plotdata.h"
+#include "store/fk_results.h"
 
 int fk_cli_plot(int argc, char **argv);
 
 static void plot_usage(FILE *f)
 {
     fprintf(f, "usage: fadkv-bench plot RESULTS_DIR [--out DIR] [--format png|pdf|svg]...\n"
+               "                         [--cost-baseline CODEC]\n"
                "  Writes DIR/data/*.dat (figure data), DIR/table4.md and DIR/table4.tex, and\n"
                "  draws every figure with gnuplot (scripts in plots/, found via FK_SRCDIR,\n"
                "  next to the executable or in the current directory).\n"
                "  --out DIR      output directory (default RESULTS_DIR/figures)\n"
-               "  --format F     png, pdf or svg; repeatable (default: png and pdf)\n");
+               "  --format F     png, pdf or svg; repeatable (default: png and pdf)\n"
+               "  --cost-baseline CODEC  codec Table 4's costs are relative to (default: the\n"
+               "                 one cells.csv was computed with; with no baseline cell, the\n"
+               "                 exact-OMP codec with a growing dictionary)\n");
 }
 
 static int is_file(const char *p)
@@ -119,9 +125,25 @@ static int run_gnuplot(const char *vars, const char *script)
     return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 }
 
+/* The cost baseline of results without a baseline cell: the one their sweep recorded in
+ * provenance.json ([sweep] cost_baseline), else the default of the codec list. Copied into
+ * buf. */
+static const char *default_baseline(const char *dir, char *buf, size_t cap)
+{
+    struct fk_provenance p;
+    snprintf(buf, cap, "%s", fk_default_cost_baseline);
+    if (dir && fk_store_has_provenance(dir) && fk_store_provenance_read(dir, &p) == FK_OK) {
+        if (p.cost_baseline)
+            snprintf(buf, cap, "%s", p.cost_baseline);
+        fk_store_provenance_free(&p);
+    }
+    return buf;
+}
+
 int fk_cli_plot(int argc, char **argv)
 {
-    const char *res = NULL, *out = NULL;
+    const char *res = NULL, *out = NULL, *baseline = NULL;
+    char dbase[128];
     const char *fmts[8];
     int n_fmt = 0;
     for (int i = 1; i < argc; i++) {
@@ -129,6 +151,8 @@ int fk_cli_plot(int argc, char **argv)
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
             plot_usage(stdout);
             return 0;
+        } else if (!strcmp(a, "--cost-baseline") && i + 1 < argc) {
+            baseline = argv[++i];
         } else if (!strcmp(a, "--out") && i + 1 < argc) {
             out = argv[++i];
         } else if (!strcmp(a, "--format") && i + 1 < argc) {
@@ -167,8 +191,17 @@ int fk_cli_plot(int argc, char **argv)
         return 1;
     }
     double t0 = fk_wall_s();
+    static struct fk_plot_titles titles;
+    struct fk_plot_opts po = {.titles = &titles, .cost_baseline = baseline,
+                              .default_cost_baseline = default_baseline(res, dbase, sizeof dbase)};
+    char common[PATH_MAX + 16];
+    snprintf(common, sizeof common, "%s/common.gp", plots);
+    if (fk_plot_titles_load(common, &titles) < 0) {
+        fprintf(stderr, "fadkv-bench plot: %s (codecs are shown by name)\n", fk_errmsg());
+        po.titles = NULL;
+    }
     struct fk_plot_set set;
-    if (fk_plotdata_export(res, out, &set) < 0) {
+    if (fk_plotdata_export(res, out, &po, &set) < 0) {
         fprintf(stderr, "fadkv-bench plot: %s\n", fk_errmsg());
         return 1;
     }

@@ -5,9 +5,12 @@
  * representative cell: the finished cell with the fewest options off the most common value
  * of that option among the dataset's cells, then the fewest off the codec's defaults, then
  * the first in sweep order. The Fig. 1 diagnostics (pool recall,
- * correlation profile, inactive atoms) use the representative cell of the first codec
- * present in the order lexico, lexico-adp, gm, fadkv, pl. Several datasets give one file
- * per dataset (suffix ".<dataset>").
+ * correlation profile, inactive atoms) use the representative cell of the first codec with
+ * sparse codes over a dictionary (FK_CAP_SPARSE) present, static dictionaries first, then
+ * exact OMP (FK_CAP_GRAM), then registry order. Fig. 3c shows the codec whose options
+ * include tau_c, delta_k and delta_v. Codecs are listed in registry order, then codecs
+ * unknown to this build in sweep order. Several datasets give one file per dataset (suffix
+ * ".<dataset>").
  *
  * Aggregation. Per-sequence values come from summary.csv (one row per cell x trace x layer
  * x kind) or from cells/<id>.h5; a sequence's value is the mean over its layers (and kinds
@@ -32,195 +35,7 @@
 #include "common/fk_err.h"
 #include "formats/fk_h5.h"
 #include "common/fk_str.h"
-
-/* ---- CSV ------------------------------------------------------------------------------- */
-
-struct strvec {
-    char **v;                    /* [n] owned strings */
-    int n;                       /* strings held */
-    int cap;                     /* allocated entries */
-};
-
-static int sv_push(struct strvec *a, char *s)
-{
-    if (!s)
-        return fk_err(FK_ENOMEM, "out of memory");
-    if (a->n == a->cap) {
-        int nc = a->cap ? a->cap * 2 : 32;
-        char **nv = realloc(a->v, sizeof(char *) * (size_t)nc);
-        if (!nv) {
-            free(s);
-            return fk_err(FK_ENOMEM, "out of memory");
-        }
-        a->v = nv;
-        a->cap = nc;
-    }
-    a->v[a->n++] = s;
-    return FK_OK;
-}
-
-static void sv_free(struct strvec *a)
-{
-    for (int i = 0; i < a->n; i++)
-        free(a->v[i]);
-    free(a->v);
-    memset(a, 0, sizeof *a);
-}
-
-/* Parses one record starting at *p; fields go to out; *p moves past the record's newline. */
-static int csv_record(const char *path, int line, const char **p, struct strvec *out)
-{
-    const char *s = *p;
-    for (;;) {
-        size_t cap = 64, n = 0;
-        char *f = malloc(cap);
-        if (!f)
-            return fk_err(FK_ENOMEM, "out of memory");
-        if (*s == '"') {
-            s++;
-            for (;;) {
-                if (!*s) {
-                    free(f);
-                    return fk_err(FK_ECORRUPT, "%s:%d: unterminated quoted field", path, line);
-                }
-                if (*s == '"' && s[1] == '"') {
-                    s++;
-                } else if (*s == '"') {
-                    s++;
-                    break;
-                }
-                if (n + 2 > cap) {
-                    char *nf = realloc(f, cap *= 2);
-                    if (!nf) {
-                        free(f);
-                        return fk_err(FK_ENOMEM, "out of memory");
-                    }
-                    f = nf;
-                }
-                f[n++] = *s++;
-            }
-            if (*s && *s != ',' && *s != '\n' && *s != '\r') {
-                free(f);
-                return fk_err(FK_ECORRUPT, "%s:%d: expected ',' after a quoted field", path,
-                              line);
-            }
-        } else {
-            while (*s && *s != ',' && *s != '\n' && *s != '\r') {
-                if (n + 2 > cap) {
-                    char *nf = realloc(f, cap *= 2);
-                    if (!nf) {
-                        free(f);
-                        return fk_err(FK_ENOMEM, "out of memory");
-                    }
-                    f = nf;
-                }
-                f[n++] = *s++;
-            }
-        }
-        f[n] = 0;
-        FK_TRY(sv_push(out, f));
-        if (*s == ',') {
-            s++;
-            continue;
-        }
-        if (*s == '\r')
-            s++;
-        if (*s == '\n')
-            s++;
-        break;
-    }
-    *p = s;
-    return FK_OK;
-}
-
-void fk_csv_free(struct fk_csv *c)
-{
-    for (int j = 0; j < c->n_cols; j++)
-        free(c->head[j]);
-    free(c->head);
-    for (int i = 0; i < c->n_rows; i++) {
-        for (int j = 0; j < c->n_cols; j++)
-            free(c->rows[i][j]);
-        free(c->rows[i]);
-    }
-    free(c->rows);
-    memset(c, 0, sizeof *c);
-}
-
-int fk_csv_load(const char *path, struct fk_csv *out)
-{
-    memset(out, 0, sizeof *out);
-    char *text = fk_slurp(path, NULL);
-    if (!text)
-        return fk_err(FK_EIO, "%s: cannot read (%s)", path, strerror(errno));
-    const char *p = text;
-    struct strvec rec = {0};
-    int rc = csv_record(path, 1, &p, &rec);
-    if (rc == FK_OK && (rec.n == 0 || (rec.n == 1 && !rec.v[0][0])))
-        rc = fk_err(FK_ECORRUPT, "%s:1: expected a header line", path);
-    if (rc < 0) {
-        sv_free(&rec);
-        free(text);
-        return rc;
-    }
-    out->head = rec.v;
-    out->n_cols = rec.n;
-    int cap = 0, line = 1;
-    while (*p && rc == FK_OK) {
-        line++;
-        if (*p == '\n' || *p == '\r') {
-            p += *p == '\r' && p[1] == '\n' ? 2 : 1;
-            continue;
-        }
-        struct strvec r = {0};
-        rc = csv_record(path, line, &p, &r);
-        if (rc == FK_OK && r.n > out->n_cols)
-            rc = fk_err(FK_ECORRUPT, "%s:%d: %d fields, the header has %d", path, line, r.n,
-                        out->n_cols);
-        while (rc == FK_OK && r.n < out->n_cols)
-            rc = sv_push(&r, strdup(""));
-        if (rc == FK_OK && out->n_rows == cap) {
-            cap = cap ? cap * 2 : 256;
-            char ***nr = realloc(out->rows, sizeof(char **) * (size_t)cap);
-            if (!nr)
-                rc = fk_err(FK_ENOMEM, "out of memory");
-            else
-                out->rows = nr;
-        }
-        if (rc < 0) {
-            sv_free(&r);
-            break;
-        }
-        out->rows[out->n_rows++] = r.v;
-    }
-    free(text);
-    if (rc < 0)
-        fk_csv_free(out);
-    return rc;
-}
-
-int fk_csv_col(const struct fk_csv *c, const char *name)
-{
-    for (int j = 0; j < c->n_cols; j++)
-        if (!strcmp(c->head[j], name))
-            return j;
-    return -1;
-}
-
-double fk_csv_num(const struct fk_csv *c, int row, int col)
-{
-    if (col < 0 || row < 0 || row >= c->n_rows)
-        return NAN;
-    const char *s = c->rows[row][col];
-    char *end;
-    double v = strtod(s, &end);
-    return end == s ? NAN : v;
-}
-
-static const char *csv_str(const struct fk_csv *c, int row, int col)
-{
-    return col < 0 ? "" : c->rows[row][col];
-}
+#include "store/fk_results.h"
 
 /* ---- bootstrap ------------------------------------------------------------------------- */
 
@@ -303,23 +118,21 @@ static void bnum(struct fk_sb *b, double v)
 
 #define MAX_TRACES 1024
 
-static const char *const codec_order[] = {"full", "lexico", "lexico-adp", "gm", "pl", "fadkv",
-                                          NULL};
-static const char *const codec_title[] = {"Full KV", "Lexico", "Lexico-ADP", "GM", "PL",
-                                          "FAD-KV"};
-
 int fk_plot_codec_style(const char *codec)
 {
-    for (int i = 0; codec_order[i]; i++)
-        if (!strcmp(codec_order[i], codec))
-            return i + 1;
-    return 7;
+    for (int i = 0; fk_codecs[i]; i++)
+        if (!strcmp(fk_codecs[i]->name, codec))
+            return i + 1 < FK_PLOT_STYLES ? i + 1 : FK_PLOT_STYLES;
+    return FK_PLOT_STYLES;
 }
 
-static const char *codec_display(const char *codec)
+/* Registry position of a codec, or -1 when this build does not know it. */
+static int registry_index(const char *codec)
 {
-    int s = fk_plot_codec_style(codec);
-    return s <= 6 ? codec_title[s - 1] : codec;
+    for (int i = 0; fk_codecs[i]; i++)
+        if (!strcmp(fk_codecs[i]->name, codec))
+            return i;
+    return -1;
 }
 
 /* Per-sequence aggregates of one cell (from summary.csv). */
@@ -349,8 +162,11 @@ struct cell {
 struct store {
     const char *dir;             /* results directory */
     const char *data_dir;        /* output directory of data files */
-    struct fk_csv cells;         /* cells.csv */
-    struct fk_csv sum;           /* summary.csv */
+    struct fk_store *fs;         /* the results directory's tables */
+    const struct fk_csv *cells;  /* cells.csv */
+    const struct fk_csv *sum;    /* summary.csv */
+    const struct fk_plot_titles *titles; /* display names (NULL: codec names) */
+    const char *cost_baseline;   /* codec of Table 4's cost columns, or NULL */
     struct cell *c;              /* [n] finished cells, sweep order */
     int n;                       /* finished cells */
     char **datasets;             /* [n_ds] dataset names, first-seen order (not owned) */
@@ -360,12 +176,12 @@ struct store {
 
 static double cnum(const struct store *st, const struct cell *c, const char *col)
 {
-    return fk_csv_num(&st->cells, c->row, fk_csv_col(&st->cells, col));
+    return fk_csv_num(st->cells, c->row, fk_csv_col(st->cells, col));
 }
 
 static const char *cstr(const struct store *st, const struct cell *c, const char *col)
 {
-    return csv_str(&st->cells, c->row, fk_csv_col(&st->cells, col));
+    return fk_csv_str(st->cells, c->row, fk_csv_col(st->cells, col));
 }
 
 static const struct fk_codec_ops *find_ops(const char *name)
@@ -389,8 +205,8 @@ static int count_nondefault(const struct store *st, const struct cell *c)
     for (const struct fk_option *o = ops->options; o->name; o++) {
         char v[64];
         fk_opts_format(def, o, v, sizeof v);
-        int col = fk_csv_col(&st->cells, o->name);
-        if (col >= 0 && strcmp(csv_str(&st->cells, c->row, col), v))
+        int col = fk_csv_col(st->cells, o->name);
+        if (col >= 0 && strcmp(fk_csv_str(st->cells, c->row, col), v))
             n++;
     }
     free(def);
@@ -401,7 +217,7 @@ static int count_nondefault(const struct store *st, const struct cell *c)
  * finished cells of its dataset (first such value in sweep order on ties). */
 static int count_offmode(const struct store *st, const struct cell *c)
 {
-    const struct fk_csv *t = &st->cells;
+    const struct fk_csv *t = st->cells;
     int n = 0;
     for (int j = st->col_first_opt; j < st->col_end_opt; j++) {
         const char *v = t->rows[c->row][j];
@@ -429,16 +245,13 @@ static int count_offmode(const struct store *st, const struct cell *c)
 
 static int load_seqs(struct store *st)
 {
-    const struct fk_csv *s = &st->sum;
+    const struct fk_csv *s = st->sum;
     int ci = fk_csv_col(s, "cell_id"), ct = fk_csv_col(s, "trace"), ck = fk_csv_col(s, "kind");
     int ce = fk_csv_col(s, "rel_err_mean"), ckl = fk_csv_col(s, "attn_kl");
     int cd = fk_csv_col(s, "dict_size_norm_final"), cb = fk_csv_col(s, "bytes");
     int cbf = fk_csv_col(s, "bytes_full"), cm = fk_csv_col(s, "macs");
     int cv = fk_csv_col(s, "n_vectors"), cz = fk_csv_col(s, "n_zero");
     int cc = fk_csv_col(s, "cpu_s");
-    if (ci < 0 || ct < 0 || ck < 0)
-        return fk_err(FK_ECORRUPT, "%s/summary.csv: expected columns cell_id, trace, kind",
-                      st->dir);
     for (int i = 0; i < s->n_rows; i++) {
         struct cell *c = NULL;
         for (int j = 0; j < st->n && !c; j++)
@@ -493,21 +306,13 @@ static int store_load(struct store *st, const char *dir, const char *data_dir)
     memset(st, 0, sizeof *st);
     st->dir = dir;
     st->data_dir = data_dir;
-    char p[4200];
-    snprintf(p, sizeof p, "%s/cells.csv", dir);
-    FK_TRY(fk_csv_load(p, &st->cells));
-    snprintf(p, sizeof p, "%s/summary.csv", dir);
-    FK_TRY(fk_csv_load(p, &st->sum));
-    const struct fk_csv *t = &st->cells;
-    int ci = fk_csv_col(t, "cell_id"), cc = fk_csv_col(t, "codec");
-    int cd = fk_csv_col(t, "dataset"), cs = fk_csv_col(t, "status");
-    if (ci < 0 || cc < 0 || cd < 0 || cs < 0)
-        return fk_err(FK_ECORRUPT, "%s/cells.csv: expected columns cell_id, codec, dataset, "
-                      "status", dir);
-    st->col_first_opt = cs + 1;
-    st->col_end_opt = fk_csv_col(t, "n_traces");
-    if (st->col_end_opt < 0)
-        st->col_end_opt = st->col_first_opt;
+    FK_TRY(fk_store_open(dir, &st->fs));
+    st->cells = &st->fs->cells;
+    st->sum = &st->fs->summary;
+    const struct fk_csv *t = st->cells;
+    int ci = st->fs->c_id, cc = st->fs->c_codec, cd = st->fs->c_dataset, cs = st->fs->c_status;
+    st->col_first_opt = st->fs->c_first_opt;
+    st->col_end_opt = st->fs->c_end_opt;
     st->c = calloc((size_t)t->n_rows + 1, sizeof *st->c);
     st->datasets = calloc((size_t)t->n_rows + 1, sizeof(char *));
     if (!st->c || !st->datasets)
@@ -539,8 +344,7 @@ static void store_free(struct store *st)
         free(st->c[i].seq);
     free(st->c);
     free(st->datasets);
-    fk_csv_free(&st->cells);
-    fk_csv_free(&st->sum);
+    fk_store_close(&st->fs);
 }
 
 /* The representative cell of (dataset, codec): lowest n_diff, then first. */
@@ -557,16 +361,16 @@ static struct cell *representative(struct store *st, const char *ds, const char 
     return best;
 }
 
-/* Codecs present in a dataset, fixed order first, then others in sweep order. */
+/* Codecs present in a dataset, registry order first, then unknown ones in sweep order. */
 static int codecs_in(struct store *st, const char *ds, const char **out, int cap)
 {
     int n = 0;
-    for (int k = 0; codec_order[k]; k++)
-        if (representative(st, ds, codec_order[k]) && n < cap)
-            out[n++] = codec_order[k];
+    for (int k = 0; fk_codecs[k]; k++)
+        if (representative(st, ds, fk_codecs[k]->name) && n < cap)
+            out[n++] = fk_codecs[k]->name;
     for (int i = 0; i < st->n; i++) {
         struct cell *c = &st->c[i];
-        if (strcmp(c->dataset, ds) || fk_plot_codec_style(c->codec) <= 6)
+        if (strcmp(c->dataset, ds) || registry_index(c->codec) >= 0)
             continue;
         int seen = 0;
         for (int j = 0; j < n; j++)
@@ -575,6 +379,15 @@ static int codecs_in(struct store *st, const char *ds, const char **out, int cap
             out[n++] = c->codec;
     }
     return n;
+}
+
+/* The display name of a codec (plots/common.gp ctitle), else its name. */
+static const char *codec_display(const struct store *st, const char *codec)
+{
+    for (int i = 0; st->titles && i < st->titles->n; i++)
+        if (!strcmp(st->titles->name[i], codec))
+            return st->titles->title[i];
+    return codec;
 }
 
 /* ---- figure bookkeeping ----------------------------------------------------------------- */
@@ -658,102 +471,45 @@ static void data_path(const struct store *st, const struct fk_plot_fig *f, const
 
 /* ---- HDF5 cell files -------------------------------------------------------------------- */
 
-struct h5cell {
-    hid_t f;                     /* open cells/<id>.h5, or -1 */
-    char path[4200];             /* its path */
-    int n_tr, n_layers;          /* groups T00.. and L00.. present */
-};
-
-static int h5_exists(hid_t loc, const char *name)
+/* Opens the cell's series file (fk_store_series_open). */
+static int h5cell_open(const struct store *st, const struct cell *c, struct fk_cell_series *h)
 {
-    return H5Lexists(loc, name, H5P_DEFAULT) > 0;
-}
-
-static int h5cell_open(const struct store *st, const struct cell *c, struct h5cell *h)
-{
-    memset(h, 0, sizeof *h);
-    snprintf(h->path, sizeof h->path, "%s/cells/%s.h5", st->dir, c->id);
-    h->f = H5Fopen(h->path, H5F_ACC_RDONLY, H5P_DEFAULT);
-    if (h->f < 0)
-        return fk_err(FK_EIO, "%s: cannot open", h->path);
-    char g[64];
-    for (;;) {
-        snprintf(g, sizeof g, "T%02d", h->n_tr);
-        if (!h5_exists(h->f, g))
-            break;
-        h->n_tr++;
-    }
-    for (;;) {
-        snprintf(g, sizeof g, "T00/L%02d", h->n_layers);
-        if (h->n_tr == 0 || !h5_exists(h->f, g))
-            break;
-        h->n_layers++;
-    }
-    return FK_OK;
-}
-
-static void h5cell_close(struct h5cell *h)
-{
-    if (h->f >= 0)
-        H5Fclose(h->f);
-    h->f = -1;
-}
-
-/* Reads T<t>/L<l>/<K|V>/<name> as doubles (malloc'd, *n values); *out NULL when absent. */
-static int h5_series(struct h5cell *h, int t, int l, int k, const char *name, double **out,
-                     int *n)
-{
-    char p[128];
-    snprintf(p, sizeof p, "T%02d/L%02d/%s/%s", t, l, k ? "V" : "K", name);
-    *out = NULL;
-    *n = 0;
-    if (!h5_exists(h->f, p))
-        return FK_OK;
-    char g[64];
-    snprintf(g, sizeof g, "T%02d/L%02d/%s", t, l, k ? "V" : "K");
-    if (!h5_exists(h->f, g))
-        return FK_OK;
-    hid_t ds = H5Dopen2(h->f, p, H5P_DEFAULT);
-    if (ds < 0)
-        return fk_err(FK_ECORRUPT, "%s: dataset %s: cannot open", h->path, p);
-    int rank;
-    hsize_t dims[8];
-    int rc = fk_h5_shape(ds, h->path, p, &rank, dims);
-    if (rc == FK_OK && rank != 1)
-        rc = fk_err(FK_ECORRUPT, "%s: dataset %s: expected 1 dimension, found %d", h->path, p,
-                    rank);
-    double *v = NULL;
-    if (rc == FK_OK) {
-        v = malloc(sizeof(double) * (size_t)(dims[0] ? dims[0] : 1));
-        if (!v)
-            rc = fk_err(FK_ENOMEM, "out of memory");
-    }
-    if (rc == FK_OK && dims[0] &&
-        H5Dread(ds, H5T_NATIVE_DOUBLE, H5S_ALL, H5S_ALL, H5P_DEFAULT, v) < 0)
-        rc = fk_err(FK_ECORRUPT, "%s: dataset %s: read failed", h->path, p);
-    H5Dclose(ds);
-    if (rc < 0) {
-        free(v);
-        return rc;
-    }
-    *out = v;
-    *n = (int)dims[0];
-    return FK_OK;
+    int rc = fk_store_series_open(st->dir, c->id, h);
+    if (rc < 0)
+        fk_store_series_close(h);
+    return rc;
 }
 
 static long dict_atoms(const char *path);
 
 /* ---- Fig. 1 ----------------------------------------------------------------------------- */
 
+/* Diagnostic rank of a codec: sparse codes needed (else -1); static dictionaries first,
+ * then exact OMP over the Gram matrix, then registry order. */
+static int diag_rank(const struct fk_codec_ops *ops, int index)
+{
+    if (!(ops->caps & FK_CAP_SPARSE))
+        return -1;
+    return ((ops->caps & FK_CAP_ADAPTS) ? 2000 : 0) + ((ops->caps & FK_CAP_GRAM) ? 0 : 1000) +
+           index;
+}
+
+/* The cell of the Fig. 1 diagnostics: the representative cell of the best-ranked codec. */
 static struct cell *diag_cell(struct store *st, const char *ds)
 {
-    static const char *const pri[] = {"lexico", "lexico-adp", "gm", "fadkv", "pl", NULL};
-    for (int i = 0; pri[i]; i++) {
-        struct cell *c = representative(st, ds, pri[i]);
-        if (c)
-            return c;
+    struct cell *best = NULL;
+    int best_rank = -1;
+    for (int i = 0; fk_codecs[i]; i++) {
+        int r = diag_rank(fk_codecs[i], i);
+        if (r < 0 || (best && r >= best_rank))
+            continue;
+        struct cell *c = representative(st, ds, fk_codecs[i]->name);
+        if (c) {
+            best = c;
+            best_rank = r;
+        }
     }
-    return NULL;
+    return best;
 }
 
 static const int recall_ns[8] = {8, 16, 32, 64, 128, 256, 512, 1024};
@@ -768,15 +524,15 @@ static int fig1a(struct store *st, struct fk_plot_set *set, const char *ds, stru
         fig_skip(f, "dataset %s has no dictionary codec cell", ds);
         return FK_OK;
     }
-    struct h5cell h;
+    struct fk_cell_series h;
     if (h5cell_open(st, c, &h) < 0) {
         fig_skip(f, "%s", fk_errmsg());
         return FK_OK;
     }
-    int T = h.n_tr, rc = FK_OK, any = 0;
+    int T = h.n_traces, rc = FK_OK, any = 0;
     double *seq = calloc((size_t)(T ? T : 1) * 16, sizeof(double));
     if (!seq) {
-        h5cell_close(&h);
+        fk_store_series_close(&h);
         return fk_err(FK_ENOMEM, "out of memory");
     }
     for (int t = 0; t < T && rc == FK_OK; t++)
@@ -787,7 +543,7 @@ static int fig1a(struct store *st, struct fk_plot_set *set, const char *ds, stru
                 for (int l = 0; l < h.n_layers && rc == FK_OK; l++) {
                     double *v;
                     int nv;
-                    rc = h5_series(&h, t, l, k, "pool_recall", &v, &nv);
+                    rc = fk_store_series_read(&h, t, l, k, "pool_recall", &v, &nv);
                     if (rc == FK_OK && v && q < nv && isfinite(v[q])) {
                         s += v[q];
                         n++;
@@ -797,7 +553,7 @@ static int fig1a(struct store *st, struct fk_plot_set *set, const char *ds, stru
                 seq[((size_t)k * 8 + q) * (size_t)T + t] = n ? s / n : NAN;
                 any |= n > 0;
             }
-    h5cell_close(&h);
+    fk_store_series_close(&h);
     struct fk_sb b = {0};
     fk_sb_printf(&b, "# Fig. 1a: recall of full-OMP atoms in the top-n screened pool\n"
                 "# cell %s (%s, dataset %s), %d sequence(s); mean over layers, then over "
@@ -831,10 +587,10 @@ static int fig1a(struct store *st, struct fk_plot_set *set, const char *ds, stru
     fig_var(f, "data", p);
     char t[512];
     if (N > 0)
-        snprintf(t, sizeof t, "%s, %s, N = %ld, s = %s", ds, codec_display(c->codec), N,
+        snprintf(t, sizeof t, "%s, %s, N = %ld, s = %s", ds, codec_display(st, c->codec), N,
                  cstr(st, c, "s"));
     else
-        snprintf(t, sizeof t, "%s, %s, s = %s", ds, codec_display(c->codec), cstr(st, c, "s"));
+        snprintf(t, sizeof t, "%s, %s, s = %s", ds, codec_display(st, c->codec), cstr(st, c, "s"));
     fig_text(f, "subtitle", t);
     return FK_OK;
 }
@@ -855,31 +611,31 @@ static int fig1b(struct store *st, struct fk_plot_set *set, const char *ds, stru
         fig_skip(f, "dataset %s has no dictionary codec cell", ds);
         return FK_OK;
     }
-    struct h5cell h;
+    struct fk_cell_series h;
     if (h5cell_open(st, c, &h) < 0) {
         fig_skip(f, "%s", fk_errmsg());
         return FK_OK;
     }
-    int S = h.n_tr * h.n_layers, rc = FK_OK, R = 256;
+    int S = h.n_traces * h.n_layers, rc = FK_OK, R = 256;
     double *prof = calloc((size_t)2 * (S ? S : 1) * R, sizeof(double));
     int cnt[2] = {0, 0};
     if (!prof) {
-        h5cell_close(&h);
+        fk_store_series_close(&h);
         return fk_err(FK_ENOMEM, "out of memory");
     }
-    for (int t = 0; t < h.n_tr && rc == FK_OK; t++)
+    for (int t = 0; t < h.n_traces && rc == FK_OK; t++)
         for (int l = 0; l < h.n_layers && rc == FK_OK; l++)
             for (int k = 0; k < 2 && rc == FK_OK; k++) {
                 double *v;
                 int nv;
-                rc = h5_series(&h, t, l, k, "corr_profile", &v, &nv);
+                rc = fk_store_series_read(&h, t, l, k, "corr_profile", &v, &nv);
                 if (rc == FK_OK && v && nv >= R && isfinite(v[0])) {
                     memcpy(prof + ((size_t)k * S + cnt[k]) * R, v, sizeof(double) * R);
                     cnt[k]++;
                 }
                 free(v);
             }
-    h5cell_close(&h);
+    fk_store_series_close(&h);
     if (rc < 0 || !cnt[0] || !cnt[1]) {
         free(prof);
         if (rc == FK_OK)
@@ -918,7 +674,7 @@ static int fig1b(struct store *st, struct fk_plot_set *set, const char *ds, stru
     FK_TRY(buf_write(&b, p));
     fig_var(f, "data", p);
     char t[512];
-    snprintf(t, sizeof t, "%s, %s", ds, codec_display(c->codec));
+    snprintf(t, sizeof t, "%s, %s", ds, codec_display(st, c->codec));
     fig_text(f, "subtitle", t);
     return FK_OK;
 }
@@ -927,7 +683,7 @@ static int fig1b(struct store *st, struct fk_plot_set *set, const char *ds, stru
 static int layer_values(struct store *st, const struct cell *c, const char *metric, int *n_l,
                         int *n_t, double **out)
 {
-    const struct fk_csv *s = &st->sum;
+    const struct fk_csv *s = st->sum;
     int ci = fk_csv_col(s, "cell_id"), ct = fk_csv_col(s, "trace");
     int cl = fk_csv_col(s, "layer"), ck = fk_csv_col(s, "kind"), cm = fk_csv_col(s, metric);
     int L = 0, T = c->n_seq;
@@ -1006,7 +762,7 @@ static int fig1c(struct store *st, struct fk_plot_set *set, const char *ds, stru
     FK_TRY(buf_write(&b, p));
     fig_var(f, "data", p);
     char t[512];
-    snprintf(t, sizeof t, "%s, %s", ds, codec_display(c->codec));
+    snprintf(t, sizeof t, "%s, %s", ds, codec_display(st, c->codec));
     fig_text(f, "subtitle", t);
     return FK_OK;
 }
@@ -1033,7 +789,7 @@ static int fig1d(struct store *st, struct fk_plot_set *set, const char *ds)
         bnum(&b, o);
         bnum(&b, cnum(st, c, "inactive_k"));
         bnum(&b, cnum(st, c, "inactive_v"));
-        fk_sb_printf(&b, " \"%s\" %s\n", codec_display(c->codec), c->id);
+        fk_sb_printf(&b, " \"%s\" %s\n", codec_display(st, c->codec), c->id);
         rows++;
     }
     if (!rows) {
@@ -1061,22 +817,22 @@ static int fig1d(struct store *st, struct fk_plot_set *set, const char *ds)
 static int cell_series(struct store *st, const struct cell *c, int mode, double **out, int *n,
                        int *n_t, int *bin, int *steps)
 {
-    struct h5cell h;
+    struct fk_cell_series h;
     *out = NULL;
     *n = *n_t = 0;
     if (h5cell_open(st, c, &h) < 0)
         return FK_OK;    /* no series: the figure is skipped with a note */
-    int T = h.n_tr, len = -1, rc = FK_OK;
+    int T = h.n_traces, len = -1, rc = FK_OK;
     for (int t = 0; t < T && rc == FK_OK; t++) {
         double *v;
         int nv;
-        rc = h5_series(&h, t, 0, 0, mode ? "step_n" : "dict_size_norm", &v, &nv);
+        rc = fk_store_series_read(&h, t, 0, 0, mode ? "step_n" : "dict_size_norm", &v, &nv);
         free(v);
         if (rc == FK_OK && v && (len < 0 || nv < len))
             len = nv;
     }
     if (rc < 0 || len <= 0) {
-        h5cell_close(&h);
+        fk_store_series_close(&h);
         return rc;
     }
     int B = BIN;
@@ -1090,7 +846,7 @@ static int cell_series(struct store *st, const struct cell *c, int mode, double 
     if (!acc || !cnt) {
         free(acc);
         free(cnt);
-        h5cell_close(&h);
+        fk_store_series_close(&h);
         return fk_err(FK_ENOMEM, "out of memory");
     }
     for (int t = 0; t < T && rc == FK_OK; t++)
@@ -1098,9 +854,9 @@ static int cell_series(struct store *st, const struct cell *c, int mode, double 
             for (int k = 0; k < 2 && rc == FK_OK; k++) {
                 double *a = NULL, *w = NULL;
                 int na = 0, nw = 0;
-                rc = h5_series(&h, t, l, k, mode ? "step_err_sum" : "dict_size_norm", &a, &na);
+                rc = fk_store_series_read(&h, t, l, k, mode ? "step_err_sum" : "dict_size_norm", &a, &na);
                 if (rc == FK_OK && mode)
-                    rc = h5_series(&h, t, l, k, "step_n", &w, &nw);
+                    rc = fk_store_series_read(&h, t, l, k, "step_n", &w, &nw);
                 if (rc == FK_OK && a && na >= len && (!mode || (w && nw >= len))) {
                     for (int i = 0; i < N; i++) {
                         double s = 0, sn = 0;
@@ -1121,7 +877,7 @@ static int cell_series(struct store *st, const struct cell *c, int mode, double 
                 free(a);
                 free(w);
             }
-    h5cell_close(&h);
+    fk_store_series_close(&h);
     for (size_t i = 0; i < (size_t)T * N; i++)
         acc[i] = cnt[i] ? acc[i] / cnt[i] : NAN;
     free(cnt);
@@ -1152,8 +908,9 @@ static int fig3_series(struct store *st, struct fk_plot_set *set, const char *ds
                  : "normalised dictionary size N_t/N",
             mode ? "bin_start bin_centre" : "step");
     for (int i = 0; i < nc && rc == FK_OK; i++) {
-        if (!strcmp(cod[i], "full"))
-            continue;
+        const struct fk_codec_ops *ops = fk_codec_find(cod[i]);
+        if (ops && !(ops->caps & FK_CAP_DICT))
+            continue;    /* no dictionary: the uncompressed reference, not a line here */
         struct cell *c = representative(st, ds, cod[i]);
         double *v;
         int N, T, B = BIN, L = 0;
@@ -1252,11 +1009,11 @@ static void other_opts(const struct store *st, const struct cell *c, const char 
     out[0] = 0;
     for (int j = st->col_first_opt; j < st->col_end_opt && n + 1 < cap; j++) {
         char pat[80];
-        snprintf(pat, sizeof pat, ",%s,", st->cells.head[j]);
+        snprintf(pat, sizeof pat, ",%s,", st->cells->head[j]);
         if (strstr(skip, pat))
             continue;
-        n += (size_t)snprintf(out + n, cap - n, "%s=%s;", st->cells.head[j],
-                              st->cells.rows[c->row][j]);
+        n += (size_t)snprintf(out + n, cap - n, "%s=%s;", st->cells->head[j],
+                              st->cells->rows[c->row][j]);
     }
 }
 
@@ -1328,47 +1085,63 @@ static int heat_write(struct store *st, struct fk_plot_fig *f, const struct axis
     return FK_OK;
 }
 
-/* Fig. 3c: fadkv cells varying tau_c and (delta_k, delta_v), per dataset. */
+/* 1 when the codec has the options of the Fig. 3c grid (tau_c, delta_k, delta_v). */
+static int has_tau_delta(const char *codec)
+{
+    const struct fk_codec_ops *ops = fk_codec_find(codec);
+    return ops && fk_codec_option(ops, "tau_c") && fk_codec_option(ops, "delta_k") &&
+           fk_codec_option(ops, "delta_v");
+}
+
+static const char fig3c_skip[] = ",tau_c,delta_k,delta_v,";
+
+/* Number of distinct tau_c x (delta_k/delta_v) points of the group of cell c (same dataset,
+ * codec and other options). */
+static int fig3c_score(const struct store *st, const struct cell *c, const char *key)
+{
+    struct axis ax = {0}, ay = {0};
+    for (int j = 0; j < st->n; j++) {
+        const struct cell *d = &st->c[j];
+        char k2[2048];
+        if (strcmp(d->dataset, c->dataset) || strcmp(d->codec, c->codec))
+            continue;
+        other_opts(st, d, fig3c_skip, k2, sizeof k2);
+        if (strcmp(k2, key))
+            continue;
+        char yl[48];
+        snprintf(yl, sizeof yl, "%s/%s", cstr(st, d, "delta_k"), cstr(st, d, "delta_v"));
+        axis_add(&ax, cstr(st, d, "tau_c"), 0, 0);
+        axis_add(&ay, yl, 0, 0);
+    }
+    return ax.n * ay.n;
+}
+
+/* Fig. 3c: cells of the tau_c / delta codec varying tau_c and (delta_k, delta_v), per
+ * dataset. */
 static int fig3c(struct store *st, struct fk_plot_set *set, const char *ds)
 {
     struct fk_plot_fig *f = fig_add(set, "fig3c_tau_delta", ds, st->n_ds, "fig3c_tau_delta");
     if (!f)
         return fk_err(FK_ENOMEM, "out of memory");
-    static const char skip[] = ",tau_c,delta_k,delta_v,";
     char best_key[2048] = "", key[2048];
+    const char *codec = NULL;
     int best = 0;
-    /* the group (other options equal) with the most distinct (tau_c, delta) pairs */
+    /* the group (codec and other options equal) with the most distinct (tau_c, delta) pairs */
     for (int i = 0; i < st->n; i++) {
         const struct cell *c = &st->c[i];
-        if (strcmp(c->dataset, ds) || strcmp(c->codec, "fadkv"))
+        if (strcmp(c->dataset, ds) || !has_tau_delta(c->codec))
             continue;
-        other_opts(st, c, skip, key, sizeof key);
-        struct axis ax = {0}, ay = {0};
-        int pairs = 0;
-        for (int j = 0; j < st->n; j++) {
-            const struct cell *d = &st->c[j];
-            char k2[2048];
-            if (strcmp(d->dataset, ds) || strcmp(d->codec, "fadkv"))
-                continue;
-            other_opts(st, d, skip, k2, sizeof k2);
-            if (strcmp(k2, key))
-                continue;
-            char yl[48];
-            snprintf(yl, sizeof yl, "%s/%s", cstr(st, d, "delta_k"), cstr(st, d, "delta_v"));
-            int nx = ax.n, ny = ay.n;
-            axis_add(&ax, cstr(st, d, "tau_c"), 0, 0);
-            axis_add(&ay, yl, 0, 0);
-            pairs += ax.n != nx || ay.n != ny;
-        }
-        int score = ax.n * ay.n;
-        if (ax.n * ay.n > 1 && score > best) {
+        other_opts(st, c, fig3c_skip, key, sizeof key);
+        int score = fig3c_score(st, c, key);
+        if (score > 1 && score > best) {
             best = score;
+            codec = c->codec;
             snprintf(best_key, sizeof best_key, "%s", key);
         }
-        (void)pairs;
     }
     if (!best) {
-        fig_skip(f, "no fadkv cells varying tau_c or delta_k/delta_v in dataset %s", ds);
+        fig_skip(f, "no cells of a codec with options tau_c, delta_k, delta_v varying them in "
+                 "dataset %s", ds);
         return FK_OK;
     }
     struct axis ax = {0}, ay = {0};
@@ -1376,9 +1149,9 @@ static int fig3c(struct store *st, struct fk_plot_set *set, const char *ds)
     int np = 0;
     for (int j = 0; j < st->n && np < 4096; j++) {
         const struct cell *d = &st->c[j];
-        if (strcmp(d->dataset, ds) || strcmp(d->codec, "fadkv"))
+        if (strcmp(d->dataset, ds) || strcmp(d->codec, codec))
             continue;
-        other_opts(st, d, skip, key, sizeof key);
+        other_opts(st, d, fig3c_skip, key, sizeof key);
         if (strcmp(key, best_key))
             continue;
         char yl[48];
@@ -1395,12 +1168,12 @@ static int fig3c(struct store *st, struct fk_plot_set *set, const char *ds)
             pt[np++] = (struct hm_pt){d, x, y};
     }
     char what[2300];
-    snprintf(what, sizeof what, "Fig. 3c: fadkv on dataset %s, tau_c (x) by delta_k/delta_v "
-             "(y); other options: %s", ds, best_key);
+    snprintf(what, sizeof what, "Fig. 3c: %s on dataset %s, tau_c (x) by delta_k/delta_v "
+             "(y); other options: %s", codec, ds, best_key);
     FK_TRY(heat_write(st, f, &ax, &ay, pt, np, what));
     char t[512];
-    snprintf(t, sizeof t, "%s, FAD-KV, s = %s, n = %s", ds, cstr(st, pt[0].c, "s"),
-             cstr(st, pt[0].c, "n"));
+    snprintf(t, sizeof t, "%s, %s, s = %s, n = %s", ds, codec_display(st, codec),
+             cstr(st, pt[0].c, "s"), cstr(st, pt[0].c, "n"));
     fig_text(f, "subtitle", t);
     return FK_OK;
 }
@@ -1423,7 +1196,7 @@ static int fig3d(struct store *st, struct fk_plot_set *set, const char *codec)
         if (natoms[i] == -2)
             natoms[i] = dict_atoms(cstr(st, &st->c[i], "dictionary"));
     }
-    /* group: codec + traces + other options; prefer fadkv, then the most pairs */
+    /* group: codec + traces + other options; the one with the most pairs */
     char best_key[4096] = "", key[4096];
     int best = 0;
     for (int i = 0; i < st->n; i++) {
@@ -1489,10 +1262,10 @@ static int fig3d(struct store *st, struct fk_plot_set *set, const char *codec)
     FK_TRY(heat_write(st, f, &ax, &ay, pt, np, what));
     char t[512];
     if (cstr(st, pt[0].c, "n")[0])
-        snprintf(t, sizeof t, "%s, n = %s", codec_display(pt[0].c->codec),
+        snprintf(t, sizeof t, "%s, n = %s", codec_display(st, pt[0].c->codec),
                  cstr(st, pt[0].c, "n"));
     else
-        snprintf(t, sizeof t, "%s", codec_display(pt[0].c->codec));
+        snprintf(t, sizeof t, "%s", codec_display(st, pt[0].c->codec));
     fig_text(f, "subtitle", t);
     fig_var(f, "xtitle", known ? "dictionary atoms N" : "dataset (dictionary)");
     return FK_OK;
@@ -1604,20 +1377,21 @@ static double seq_value(const struct store *st, const struct cell *c, const stru
 }
 
 struct t4col {
-    const char *head_md;         /* Markdown header */
+    const char *head_md;         /* Markdown header (rel: followed by the baseline and ")") */
     const char *head_tex;        /* LaTeX header */
     const char *col;             /* cells.csv column of the headline value */
     double scale;                /* headline multiplier */
     const char *fmt;             /* printf format of value and interval */
+    int rel;                     /* relative to the cost baseline */
 };
 
 static const struct t4col t4cols[] = {
-    {"Cost (MACs, rel. Lexico-ADP)", "Cost (MACs)", "cost_mac_rel", 1, "%.3f"},
-    {"CPU time (rel. Lexico-ADP)", "CPU time", "cpu_time_rel", 1, "%.3f"},
-    {"KV GB/seq", "KV GB/seq", "bytes_per_seq", 1e-9, "%.5f"},
-    {"Bytes/token", "Bytes/token", "bytes_per_token", 1, "%.1f"},
-    {"N_T/N", "$N_T/N$", "dict_size_norm_final", 1, "%.3f"},
-    {"Rel. error", "Rel.\\ error", "rel_err_mean", 1, "%.4f"},
+    {"Cost (MACs, rel. ", "Cost (MACs)", "cost_mac_rel", 1, "%.3f", 1},
+    {"CPU time (rel. ", "CPU time", "cpu_time_rel", 1, "%.3f", 1},
+    {"KV GB/seq", "KV GB/seq", "bytes_per_seq", 1e-9, "%.5f", 0},
+    {"Bytes/token", "Bytes/token", "bytes_per_token", 1, "%.1f", 0},
+    {"N_T/N", "$N_T/N$", "dict_size_norm_final", 1, "%.3f", 0},
+    {"Rel. error", "Rel.\\ error", "rel_err_mean", 1, "%.4f", 0},
 };
 
 static void t4_cell(struct fk_sb *md, struct fk_sb *tex, const struct t4col *col, double v,
@@ -1650,8 +1424,10 @@ static int table4(struct store *st, struct fk_plot_set *set, const char *out_dir
                  "from %s -->\n\n| Dataset | Method | Cell |", st->dir);
     fk_sb_printf(&tex, "%% Table 4 (decoding cost and KV memory); generated by fadkv-bench plot\n"
                   "\\begin{tabular}{ll");
+    const char *base = st->cost_baseline ? codec_display(st, st->cost_baseline) : "baseline";
     for (int j = 0; j < nc; j++) {
-        fk_sb_printf(&md, " %s |", t4cols[j].head_md);
+        fk_sb_printf(&md, " %s%s%s |", t4cols[j].head_md, t4cols[j].rel ? base : "",
+                     t4cols[j].rel ? ")" : "");
         fk_sb_printf(&tex, "r");
     }
     fk_sb_printf(&md, "\n|---|---|---|");
@@ -1669,16 +1445,17 @@ static int table4(struct store *st, struct fk_plot_set *set, const char *out_dir
         int n = codecs_in(st, ds, cod, 64);
         for (int i = 0; i < n && rc == FK_OK; i++) {
             struct cell *c = representative(st, ds, cod[i]);
-            /* reference for the cost columns: cells.csv's rule (lexico-adp, same dataset, s) */
+            /* reference for the cost columns: cells.csv's rule (the cost baseline, same
+             * dataset, s) */
             struct cell *ref = NULL;
-            for (int j = 0; j < st->n && !ref; j++)
-                if (!strcmp(st->c[j].codec, "lexico-adp") && !strcmp(st->c[j].dataset, ds) &&
+            for (int j = 0; st->cost_baseline && j < st->n && !ref; j++)
+                if (!strcmp(st->c[j].codec, st->cost_baseline) && !strcmp(st->c[j].dataset, ds) &&
                     !strcmp(cstr(st, &st->c[j], "s"), cstr(st, c, "s")) &&
                     cstr(st, c, "s")[0])
                     ref = &st->c[j];
             double fpt = cnum(st, c, "bytes_full_per_seq") / cnum(st, c, "tokens_per_seq");
-            fk_sb_printf(&md, "| %s | %s | %s |", ds, codec_display(c->codec), c->id);
-            fk_sb_printf(&tex, "%s & %s", ds, codec_display(c->codec));
+            fk_sb_printf(&md, "| %s | %s | %s |", ds, codec_display(st, c->codec), c->id);
+            fk_sb_printf(&tex, "%s & %s", ds, codec_display(st, c->codec));
             for (int j = 0; j < nc && rc == FK_OK; j++) {
                 double v = cnum(st, c, t4cols[j].col) * t4cols[j].scale, half = NAN;
                 if (c->n_seq > 1) {
@@ -1689,7 +1466,7 @@ static int table4(struct store *st, struct fk_plot_set *set, const char *out_dir
                     }
                     for (int t = 0; t < c->n_seq; t++) {
                         x[t] = seq_value(st, c, &c->seq[t], j, fpt);
-                        if (j < 2) {
+                        if (t4cols[j].rel) {
                             const struct seqv *r = NULL;
                             for (int u = 0; ref && u < ref->n_seq && !r; u++)
                                 if (!strcmp(ref->seq[u].trace, c->seq[t].trace))
@@ -1715,10 +1492,10 @@ static int table4(struct store *st, struct fk_plot_set *set, const char *out_dir
     fk_sb_printf(&tex, "\\hline\n\\end{tabular}\n");
     fk_sb_printf(&md, "\nOne row per (dataset, codec): the representative cell (options closest to "
                  "the dataset's common values). Cost and CPU time are per encoded vector, "
-                 "relative to the Lexico-ADP cell of the same dataset and s. Bytes/token and GB/seq are "
+                 "relative to the %s cell of the same dataset and s. Bytes/token and GB/seq are "
                  "replay memory (codes + buffer + appended atoms; the shared universal "
                  "dictionary excluded). Rel. error: mean over K/V, layers and sequences.%s\n",
-            multi ? " ± is half the 95% bootstrap interval over sequences (2000 resamples)."
+            base, multi ? " ± is half the 95% bootstrap interval over sequences (2000 resamples)."
                   : "");
     if (rc < 0 || !rows) {
         free(md.s);
@@ -1737,31 +1514,24 @@ static int table4(struct store *st, struct fk_plot_set *set, const char *out_dir
 
 /* ---- entry ------------------------------------------------------------------------------- */
 
-static int mkdir_p(const char *dir)
-{
-    char b[4096];
-    snprintf(b, sizeof b, "%s", dir);
-    for (char *p = b + 1; *p; p++) {
-        if (*p != '/')
-            continue;
-        *p = 0;
-        if (mkdir(b, 0755) != 0 && errno != EEXIST)
-            return fk_err(FK_EIO, "%s: cannot create directory (%s)", b, strerror(errno));
-        *p = '/';
-    }
-    if (mkdir(b, 0755) != 0 && errno != EEXIST)
-        return fk_err(FK_EIO, "%s: cannot create directory (%s)", b, strerror(errno));
-    return FK_OK;
-}
-
-int fk_plotdata_export(const char *results_dir, const char *out_dir, struct fk_plot_set *set)
+int fk_plotdata_export(const char *results_dir, const char *out_dir,
+                       const struct fk_plot_opts *opts, struct fk_plot_set *set)
 {
     memset(set, 0, sizeof *set);
-    char data_dir[4096];
-    snprintf(data_dir, sizeof data_dir, "%s/data", out_dir);
-    FK_TRY(mkdir_p(data_dir));
+    char *data_dir;
+    FK_TRY(fk_store_path(&data_dir, out_dir, "data"));
+    int rc = fk_store_mkdir_p(data_dir);
+    if (rc < 0) {
+        free(data_dir);
+        return rc;
+    }
     struct store st;
-    int rc = store_load(&st, results_dir, data_dir);
+    rc = store_load(&st, results_dir, data_dir);
+    st.titles = opts ? opts->titles : NULL;
+    st.cost_baseline = opts && opts->cost_baseline ? opts->cost_baseline
+                       : st.fs ? fk_store_cost_baseline(st.fs) : NULL;
+    if (!st.cost_baseline && opts)
+        st.cost_baseline = opts->default_cost_baseline;
     set->n_cells = st.n;
     set->n_datasets = st.n_ds;
     for (int d = 0; d < st.n_ds && rc == FK_OK; d++) {
@@ -1817,6 +1587,7 @@ int fk_plotdata_export(const char *results_dir, const char *out_dir, struct fk_p
     if (rc == FK_OK)
         rc = table4(&st, set, out_dir);
     store_free(&st);
+    free(data_dir);
     if (rc < 0)
         fk_plotdata_free(set);
     return rc;
@@ -1826,4 +1597,72 @@ void fk_plotdata_free(struct fk_plot_set *set)
 {
     free(set->figs);
     memset(set, 0, sizeof *set);
+}
+
+/* ---- codec display names ------------------------------------------------------------------ */
+
+/* Reads a quoted gnuplot string at *p ('...', '' is a quote) into out. */
+static int gp_string(const char **p, char *out, size_t cap)
+{
+    const char *q = *p;
+    if (*q != '\'')
+        return -1;
+    size_t n = 0;
+    for (q++; *q; q++) {
+        if (*q == '\'' && q[1] == '\'')
+            q++;
+        else if (*q == '\'')
+            break;
+        if (n + 1 < cap)
+            out[n++] = *q;
+    }
+    if (*q != '\'')
+        return -1;
+    out[n] = 0;
+    *p = q + 1;
+    return 0;
+}
+
+int fk_plot_titles_load(const char *path, struct fk_plot_titles *t)
+{
+    memset(t, 0, sizeof *t);
+    char *text = fk_slurp(path, NULL);
+    if (!text)
+        return fk_err(FK_EIO, "%s: cannot read (%s)", path, strerror(errno));
+    /* the definition "ctitle(c) = c eq 'name' ? 'Title' : ... : c", continued by '\' */
+    const char *d = strstr(text, "\nctitle(c)");
+    if (!d) {
+        free(text);
+        return fk_err(FK_ECORRUPT, "%s: no ctitle(c) definition", path);
+    }
+    struct fk_sb def = {0};
+    for (const char *p = d + 1; *p; p++) {
+        if (*p == '\\' && p[1] == '\n') {
+            p++;
+            continue;
+        }
+        if (*p == '\n')
+            break;
+        fk_sb_printf(&def, "%c", *p);
+    }
+    free(text);
+    int rc = def.oom || !def.s ? fk_err(FK_ENOMEM, "out of memory") : FK_OK;
+    for (const char *p = def.s; rc == FK_OK && (p = strstr(p, "eq ")) && t->n < FK_PLOT_MAX_TITLES;) {
+        p += 3;
+        if (gp_string(&p, t->name[t->n], sizeof t->name[0]) < 0)
+            break;
+        while (*p == ' ')
+            p++;
+        if (*p++ != '?')
+            break;
+        while (*p == ' ')
+            p++;
+        if (gp_string(&p, t->title[t->n], sizeof t->title[0]) < 0)
+            break;
+        t->n++;
+    }
+    if (rc == FK_OK && !t->n)
+        rc = fk_err(FK_ECORRUPT, "%s: ctitle(c) maps no codec to a title", path);
+    fk_sb_free(&def);
+    return rc;
 }

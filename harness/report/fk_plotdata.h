@@ -1,33 +1,20 @@
 /* SPDX-License-Identifier: MIT
- * Figure data export: reads a results directory (cells.csv, summary.csv, cells/<id>.h5,
- * resolved.txt; see fk_results.h) and writes the plain whitespace-separated data files that
+ * Figure data export: reads a results directory through the store (cells.csv,
+ * summary.csv, cells/<id>.h5; see store/fk_results.h) and writes the plain whitespace-separated data files that
  * the gnuplot scripts in plots/ draw, plus Table 4 as Markdown and LaTeX. Nothing here
  * recomputes a metric: it selects cells, averages per-sequence values over sequences and
  * adds 95% bootstrap intervals over sequences. plots/README.md lists every figure.
  *
- * Also the small CSV reader shared by `plot`, `check` and `merge`.
+ * The code names no codec: the line styles follow the registry order, display names come
+ * from plots/common.gp (fk_plot_titles_load), the cost baseline from the caller or from
+ * the tables, and figures about one kind of codec select it by capability or options.
  */
 #ifndef FK_PLOTDATA_H
 #define FK_PLOTDATA_H
 
 #include <stddef.h>
 
-/* ---- CSV (RFC 4180 quoting, first line = header) ---------------------------------------- */
-
-struct fk_csv {
-    char **head;                 /* [n_cols] column names */
-    int n_cols;                  /* columns */
-    char ***rows;                /* [n_rows][n_cols] fields ("" when a row is short) */
-    int n_rows;                  /* data rows (header excluded) */
-};
-
-/* Loads a CSV file; FK_EIO if unreadable, FK_ECORRUPT naming path:line on bad quoting. */
-int fk_csv_load(const char *path, struct fk_csv *out);
-void fk_csv_free(struct fk_csv *c);
-/* Column index of name, or -1. */
-int fk_csv_col(const struct fk_csv *c, const char *name);
-/* Field as a number (NaN when empty, "nan" or not a number). */
-double fk_csv_num(const struct fk_csv *c, int row, int col);
+#include "store/fk_csv.h"    /* the tables' reader, shared with check */
 
 /* ---- bootstrap ------------------------------------------------------------------------- */
 
@@ -59,14 +46,39 @@ struct fk_plot_set {
     int n_datasets;              /* datasets seen */
 };
 
+#define FK_PLOT_MAX_TITLES 64
+
+/* Display names of codecs ("Full KV" for the codec named full, ...). */
+struct fk_plot_titles {
+    char name[FK_PLOT_MAX_TITLES][64];  /* codec names */
+    char title[FK_PLOT_MAX_TITLES][64]; /* their display names */
+    int n;                       /* entries */
+};
+
+/* Reads the ctitle(c) definition of a gnuplot script (plots/common.gp), so figures and
+ * tables name codecs as the plots do: FK_EIO, FK_ECORRUPT when there is none. */
+int fk_plot_titles_load(const char *gp_path, struct fk_plot_titles *t);
+
+struct fk_plot_opts {
+    const struct fk_plot_titles *titles; /* display names; NULL: codec names */
+    const char *cost_baseline;   /* codec of Table 4's cost columns; NULL: the one cells.csv
+                                  * was computed with (fk_store_cost_baseline), else
+                                  * default_cost_baseline */
+    const char *default_cost_baseline; /* when the tables show none (no baseline cell) */
+};
+
 /* Writes every figure's data file into out_dir/data (created if needed) and Table 4 into
  * out_dir/table4.md and out_dir/table4.tex, and fills set with the figures to draw and the
- * ones skipped (with a note). */
-int fk_plotdata_export(const char *results_dir, const char *out_dir, struct fk_plot_set *set);
+ * ones skipped (with a note). opts may be NULL. */
+int fk_plotdata_export(const char *results_dir, const char *out_dir,
+                       const struct fk_plot_opts *opts, struct fk_plot_set *set);
 void fk_plotdata_free(struct fk_plot_set *set);
 
-/* Codec display name and fixed style index (1 full, 2 lexico, 3 lexico-adp, 4 gm, 5 pl,
- * 6 fadkv, 7 anything else): the same colour and marker in every figure. */
+#define FK_PLOT_STYLES 7         /* line styles of plots/common.gp (the last: other codecs) */
+
+/* Fixed style index of a codec: its registry position (1-based, the order of
+ * plots/common.gp cstyle), FK_PLOT_STYLES for codecs past it or unknown: the same colour
+ * and marker in every figure. */
 int fk_plot_codec_style(const char *codec);
 
 #endif

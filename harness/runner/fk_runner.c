@@ -89,31 +89,22 @@ static const char *cpu_model(char *buf, size_t cap)
 
 static int write_provenance(const struct fk_sweep *s)
 {
-    char cpu[256];
+    char cpu[256], harness[64], hdf5[48];
     unsigned maj, min, rel;
     H5get_libversion(&maj, &min, &rel);
-    char buf[8192];
-    int n = snprintf(buf, sizeof buf,
-                     "{\n  \"harness\": \"fadkv-bench %s\",\n  \"git\": \"%s\",\n"
-                     "  \"config\": \"%s\",\n  \"config_hash\": \"%s\",\n"
-                     "  \"sweep\": \"%s\",\n  \"cells\": %d,\n  \"jobs\": %d,\n"
-                     "  \"hdf5\": \"%u.%u.%u\",\n  \"gsl\": \"%s\",\n  \"openblas\": \"%s\",\n"
-                     "  \"openblas_kernels\": \"%s\",\n"
-                     "  \"blas_threads_per_worker\": 1,\n  \"cpu\": \"%s\",\n"
-                     "  \"online_cpus\": %ld,\n  \"precision\": \"float32 data, float32 BLAS "
-                     "dot products, double triangular solves and energies\"\n}\n",
-                     FK_VERSION, FK_GIT_VERSION, s->path, s->config_hash, s->name, s->n_cells,
-                     s->jobs, maj, min, rel, gsl_version, openblas_get_config(),
-                     openblas_get_corename(), cpu_model(cpu, sizeof cpu),
-                     sysconf(_SC_NPROCESSORS_ONLN));
-    if (n < 0 || (size_t)n >= sizeof buf)
-        return fk_err(FK_EINVAL, "%s/provenance.json: %d bytes exceed %zu (config path or sweep "
-                      "name too long?)", s->output, n, sizeof buf - 1);
-    char p[4200];
-    snprintf(p, sizeof p, "%s/provenance.json", s->output);
-    FK_TRY(fk_write_atomic(p, buf, (size_t)n));
-    snprintf(p, sizeof p, "%s/resolved.txt", s->output);
-    return fk_write_atomic(p, s->resolved, strlen(s->resolved));
+    snprintf(harness, sizeof harness, "fadkv-bench %s", FK_VERSION);
+    snprintf(hdf5, sizeof hdf5, "%u.%u.%u", maj, min, rel);
+    struct fk_provenance p = {
+        .harness = harness, .git = FK_GIT_VERSION, .config = s->path,
+        .config_hash = s->config_hash, .sweep = s->name, .cells = s->n_cells, .jobs = s->jobs,
+        .hdf5 = hdf5, .gsl = gsl_version, .openblas = openblas_get_config(),
+        .openblas_kernels = openblas_get_corename(), .blas_threads_per_worker = 1,
+        .cpu = cpu_model(cpu, sizeof cpu), .online_cpus = sysconf(_SC_NPROCESSORS_ONLN),
+        .precision = "float32 data, float32 BLAS dot products, double triangular solves and "
+                     "energies",
+        .cost_baseline = s->cost_baseline};
+    FK_TRY(fk_store_provenance_write(s->output, &p));
+    return fk_store_resolved_write(s->output, s->resolved, strlen(s->resolved));
 }
 
 /* Opens the traces and the dictionary of a cell's dataset (once per dataset). */
@@ -281,7 +272,7 @@ static int run_cell(struct run *r, int c)
         return FK_OK;
     }
     FK_TRY(commit(r, cell, rrc, &res, dt));
-    if (fk_results_tables(s->output, r->ids, s->n_cells) < 0)
+    if (fk_results_tables(s->output, r->ids, s->n_cells, s->cost_baseline) < 0)
         return fk_err(FK_EIO, "writing cells.csv: %s", fk_errmsg());
     return FK_OK;
 }
@@ -308,7 +299,8 @@ int fk_runner_run(const struct fk_sweep *s, const struct fk_runner_opts *o,
         }
         rc = run_cell(&r, c);
     }
-    if (r.prepared && fk_results_tables(s->output, r.ids, s->n_cells) < 0 && rc == FK_OK)
+    if (r.prepared && fk_results_tables(s->output, r.ids, s->n_cells, s->cost_baseline) < 0 &&
+        rc == FK_OK)
         rc = fk_err(FK_EIO, "writing cells.csv: %s", fk_errmsg());
     fk_replay_pool_free(&r.pool);
     free_loaded(&r);

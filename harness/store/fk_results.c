@@ -5,6 +5,8 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
+#include <stdarg.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -18,19 +20,6 @@
 
 /* ---- text helpers ------------------------------------------------------------------ */
 
-/* CSV field: quoted when it holds a comma, quote or newline. */
-static void sb_csv(struct fk_sb *b, const char *v)
-{
-    if (!strpbrk(v, ",\"\n")) {
-        fk_sb_printf(b, "%s", v);
-        return;
-    }
-    fk_sb_printf(b, "\"");
-    for (const char *p = v; *p; p++)
-        fk_sb_printf(b, *p == '"' ? "\"\"" : "%c", *p);
-    fk_sb_printf(b, "\"");
-}
-
 static void sb_num(struct fk_sb *b, double v)
 {
     if (isnan(v))
@@ -41,68 +30,117 @@ static void sb_num(struct fk_sb *b, double v)
 
 /* ---- files ----------------------------------------------------------------------------- */
 
+int fk_store_path(char **out, const char *dir, const char *fmt, ...)
+{
+    *out = NULL;
+    va_list ap;
+    va_start(ap, fmt);
+    char probe[1];
+    int k = vsnprintf(probe, sizeof probe, fmt, ap);
+    va_end(ap);
+    if (k < 0)
+        return fk_err(FK_EINVAL, "%s: cannot format a file name", dir);
+    size_t n = strlen(dir) + 1 + (size_t)k;
+    if (n >= PATH_MAX)
+        return fk_err(FK_EINVAL, "path too long (%zu bytes with the file name, the limit is "
+                      "%d) in %s", n, PATH_MAX - 1, dir);
+    char *p = malloc(n + 1);
+    if (!p)
+        return fk_err(FK_ENOMEM, "out of memory");
+    size_t d = strlen(dir);
+    memcpy(p, dir, d);
+    p[d] = '/';
+    va_start(ap, fmt);
+    vsnprintf(p + d + 1, n - d, fmt, ap);
+    va_end(ap);
+    *out = p;
+    return FK_OK;
+}
+
 int fk_write_atomic(const char *path, const char *text, size_t len)
 {
-    char tmp[4096];
-    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    size_t pl = strlen(path);
+    if (pl + 5 > PATH_MAX)
+        return fk_err(FK_EINVAL, "path too long for its temporary name (limit %d bytes): %s",
+                      PATH_MAX - 1, path);
+    char *tmp = malloc(pl + 5);
+    if (!tmp)
+        return fk_err(FK_ENOMEM, "out of memory");
+    memcpy(tmp, path, pl);
+    memcpy(tmp + pl, ".tmp", 5);
+    int rc = FK_OK;
     int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
     if (fd < 0)
-        return fk_err(FK_EIO, "%s: cannot create (%s)", tmp, strerror(errno));
+        rc = fk_err(FK_EIO, "%s: cannot create (%s)", tmp, strerror(errno));
     size_t off = 0;
-    while (off < len) {
+    while (rc == FK_OK && off < len) {
         ssize_t k = write(fd, text + off, len - off);
         if (k < 0) {
             int e = errno;
             close(fd);
+            fd = -1;
             unlink(tmp);
-            return fk_err(FK_EIO, "%s: write failed (%s)", tmp, strerror(e));
+            rc = fk_err(FK_EIO, "%s: write failed (%s)", tmp, strerror(e));
+        } else {
+            off += (size_t)k;
         }
-        off += (size_t)k;
     }
-    if (fsync(fd) != 0 || close(fd) != 0) {
+    if (rc == FK_OK && (fsync(fd) != 0 || close(fd) != 0)) {
         unlink(tmp);
-        return fk_err(FK_EIO, "%s: write failed (%s)", tmp, strerror(errno));
-    }
-    if (rename(tmp, path) != 0) {
+        rc = fk_err(FK_EIO, "%s: write failed (%s)", tmp, strerror(errno));
+    } else if (rc == FK_OK && rename(tmp, path) != 0) {
         unlink(tmp);
-        return fk_err(FK_EIO, "%s: cannot rename into place (%s)", path, strerror(errno));
+        rc = fk_err(FK_EIO, "%s: cannot rename into place (%s)", path, strerror(errno));
     }
-    return FK_OK;
+    free(tmp);
+    return rc;
 }
 
-static int mkdir_p(const char *dir)
+int fk_store_mkdir_p(const char *dir)
 {
-    char buf[4096];
-    snprintf(buf, sizeof buf, "%s", dir);
-    for (char *p = buf + 1; *p; p++) {
+    if (strlen(dir) >= PATH_MAX)
+        return fk_err(FK_EINVAL, "path too long (limit %d bytes): %s", PATH_MAX - 1, dir);
+    char *buf = strdup(dir);
+    if (!buf)
+        return fk_err(FK_ENOMEM, "out of memory");
+    int rc = FK_OK;
+    for (char *p = buf + 1; *p && rc == FK_OK; p++) {
         if (*p != '/')
             continue;
         *p = 0;
         if (mkdir(buf, 0755) != 0 && errno != EEXIST)
-            return fk_err(FK_EIO, "%s: cannot create directory (%s)", buf, strerror(errno));
+            rc = fk_err(FK_EIO, "%s: cannot create directory (%s)", buf, strerror(errno));
         *p = '/';
     }
-    if (mkdir(buf, 0755) != 0 && errno != EEXIST)
-        return fk_err(FK_EIO, "%s: cannot create directory (%s)", buf, strerror(errno));
-    return FK_OK;
+    if (rc == FK_OK && mkdir(buf, 0755) != 0 && errno != EEXIST)
+        rc = fk_err(FK_EIO, "%s: cannot create directory (%s)", buf, strerror(errno));
+    free(buf);
+    return rc;
 }
 
 int fk_results_prepare(const char *dir)
 {
-    char p[4096];
-    snprintf(p, sizeof p, "%s/cells", dir);
-    FK_TRY(mkdir_p(p));
-    snprintf(p, sizeof p, "%s/cells/.write-test", dir);
-    FK_TRY(fk_write_atomic(p, "ok\n", 3));
-    unlink(p);
-    return FK_OK;
+    char *p;
+    FK_TRY(fk_store_path(&p, dir, "cells"));
+    int rc = fk_store_mkdir_p(p);
+    free(p);
+    FK_TRY(rc);
+    FK_TRY(fk_store_path(&p, dir, "cells/.write-test"));
+    rc = fk_write_atomic(p, "ok\n", 3);
+    if (rc == FK_OK)
+        unlink(p);
+    free(p);
+    return rc;
 }
 
 int fk_results_done(const char *dir, const char *id)
 {
-    char p[4096];
-    snprintf(p, sizeof p, "%s/cells/%s.meta", dir, id);
-    return access(p, F_OK) == 0;
+    char *p;
+    if (fk_store_path(&p, dir, "cells/%s.meta", id) < 0)
+        return 0;    /* a path that cannot exist */
+    int done = access(p, F_OK) == 0;
+    free(p);
+    return done;
 }
 
 /* ---- aggregation ----------------------------------------------------------------------- */
@@ -147,96 +185,146 @@ static int cmp_double(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
-static void aggregate(const struct fk_cell_result *r, struct headline *h)
+/* Means over the streams of a cell (per-stream values, K and V apart where needed). */
+struct stream_means {
+    struct mean kind_err[2], enc, fin, nnz, dict, inact[2], gini, ad, rec[FK_RECALL_NS];
+    struct mean agree, ratio, overlap;
+    double res2, x2, macs, cpu;
+};
+
+/* Inactive-set overlap (Jaccard) of stream s with the same stream of later prompts, Fig. 1d. */
+static void add_overlap(const struct fk_cell_result *r, int t, int l, int k,
+                        struct mean *overlap)
 {
-    memset(h, 0, sizeof *h);
     int T = r->n_traces, L = r->n_layers;
-    struct mean kind_err[2] = {{0}}, enc = {0}, fin = {0}, nnz = {0}, dict = {0}, inact[2] = {{0}};
-    struct mean gini = {0}, ad = {0}, rec[FK_RECALL_NS] = {{0}}, agree = {0}, ratio = {0};
-    struct mean overlap = {0};
-    double res2 = 0, x2 = 0, macs = 0, cpu = 0;
+    const struct fk_stream_result *s = &r->streams[((size_t)t * L + l) * 2 + k];
+    for (int u = t + 1; u < T; u++) {
+        const struct fk_stream_result *o = &r->streams[((size_t)u * L + l) * 2 + k];
+        if (!s->inactive || !o->inactive || s->st.n_base != o->st.n_base)
+            continue;
+        long inter = 0, uni = 0;
+        for (int j = 0; j < s->st.n_base; j++) {
+            inter += s->inactive[j] && o->inactive[j];
+            uni += s->inactive[j] || o->inactive[j];
+        }
+        mean_add(overlap, uni ? (double)inter / uni : NAN);
+    }
+}
+
+/* Adds one stream (trace t, layer l, kind k) to the means and the totals of h. */
+static void add_stream(const struct fk_cell_result *r, int t, int l, int k,
+                       struct stream_means *m, struct mean *over_tr, struct headline *h)
+{
+    int T = r->n_traces;
+    const struct fk_stream_result *s = &r->streams[((size_t)t * r->n_layers + l) * 2 + k];
+    mean_add(over_tr, stream_err(s, s->err_sum));
+    mean_add(&m->enc, stream_err(s, s->err_enc_sum));
+    mean_add(&m->fin, stream_err(s, s->err_final_sum));
+    mean_add(&m->nnz, stream_err(s, s->nnz_sum));
+    mean_add(&m->dict, s->st.n_base ? (double)s->st.n_atoms / s->st.n_base : 1.0);
+    mean_add(&m->inact[k], s->inactive_after_prefill);
+    mean_add(&m->gini, s->gini);
+    mean_add(&m->ad, s->adapted_share);
+    for (int q = 0; q < FK_RECALL_NS; q++)
+        mean_add(&m->rec[q], s->recall[q]);
+    mean_add(&m->agree, s->support_agree);
+    mean_add(&m->ratio, s->err_ratio);
+    m->res2 += s->res2_sum;
+    m->x2 += s->x2_sum;
+    m->macs += s->st.macs;
+    m->cpu += s->cpu_s;
+    h->vectors += s->n_vectors;
+    h->zero_vectors += s->n_zero;
+    h->bytes_codes += s->st.bytes_codes / T;
+    h->bytes_buf += s->bytes_buf / T;
+    h->bytes_dict_seq += s->st.bytes_dict_seq / T;
+    h->bytes_full_per_seq += s->bytes_full / T;
+    h->appends += s->st.appends;
+    h->replacements += s->st.replacements;
+    h->adapt_failed += s->st.adapt_failed;
+    h->growth_capped += s->st.growth_capped;
+    h->collateral += s->st.collateral_reencodes;
+    h->saturated += s->st.saturated;
+    h->premature += s->st.premature;
+    h->t_corr += s->st.t_corr;
+    h->t_code += s->st.t_code;
+    h->t_adapt += s->st.t_adapt;
+    add_overlap(r, t, l, k, &m->overlap);
+}
+
+/* Headline values of the streams: errors, dictionary, bytes, cost. */
+static void aggregate_streams(const struct fk_cell_result *r, struct headline *h)
+{
+    int T = r->n_traces, L = r->n_layers;
+    struct stream_means m;
+    memset(&m, 0, sizeof m);
     for (int k = 0; k < 2; k++) {
         for (int l = 0; l < L; l++) {
             struct mean over_tr = {0};
-            for (int t = 0; t < T; t++) {
-                const struct fk_stream_result *s =
-                    &r->streams[((size_t)t * L + l) * 2 + k];
-                mean_add(&over_tr, stream_err(s, s->err_sum));
-                mean_add(&enc, stream_err(s, s->err_enc_sum));
-                mean_add(&fin, stream_err(s, s->err_final_sum));
-                mean_add(&nnz, stream_err(s, s->nnz_sum));
-                mean_add(&dict, s->st.n_base ? (double)s->st.n_atoms / s->st.n_base : 1.0);
-                mean_add(&inact[k], s->inactive_after_prefill);
-                mean_add(&gini, s->gini);
-                mean_add(&ad, s->adapted_share);
-                for (int q = 0; q < FK_RECALL_NS; q++)
-                    mean_add(&rec[q], s->recall[q]);
-                mean_add(&agree, s->support_agree);
-                mean_add(&ratio, s->err_ratio);
-                res2 += s->res2_sum;
-                x2 += s->x2_sum;
-                macs += s->st.macs;
-                cpu += s->cpu_s;
-                h->vectors += s->n_vectors;
-                h->zero_vectors += s->n_zero;
-                h->bytes_codes += s->st.bytes_codes / T;
-                h->bytes_buf += s->bytes_buf / T;
-                h->bytes_dict_seq += s->st.bytes_dict_seq / T;
-                h->bytes_full_per_seq += s->bytes_full / T;
-                h->appends += s->st.appends;
-                h->replacements += s->st.replacements;
-                h->adapt_failed += s->st.adapt_failed;
-                h->growth_capped += s->st.growth_capped;
-                h->collateral += s->st.collateral_reencodes;
-                h->saturated += s->st.saturated;
-                h->premature += s->st.premature;
-                h->t_corr += s->st.t_corr;
-                h->t_code += s->st.t_code;
-                h->t_adapt += s->st.t_adapt;
-                /* inactive-set overlap between prompts (Jaccard), Fig. 1d */
-                for (int u = t + 1; u < T; u++) {
-                    const struct fk_stream_result *o =
-                        &r->streams[((size_t)u * L + l) * 2 + k];
-                    if (!s->inactive || !o->inactive || s->st.n_base != o->st.n_base)
-                        continue;
-                    long inter = 0, uni = 0;
-                    for (int j = 0; j < s->st.n_base; j++) {
-                        inter += s->inactive[j] && o->inactive[j];
-                        uni += s->inactive[j] || o->inactive[j];
-                    }
-                    mean_add(&overlap, uni ? (double)inter / uni : NAN);
-                }
-            }
-            mean_add(&kind_err[k], mean_get(&over_tr));
+            for (int t = 0; t < T; t++)
+                add_stream(r, t, l, k, &m, &over_tr, h);
+            mean_add(&m.kind_err[k], mean_get(&over_tr));
         }
     }
-    h->rel_err_k = mean_get(&kind_err[0]);
-    h->rel_err_v = mean_get(&kind_err[1]);
+    h->rel_err_k = mean_get(&m.kind_err[0]);
+    h->rel_err_v = mean_get(&m.kind_err[1]);
     h->rel_err_mean = (h->rel_err_k + h->rel_err_v) / 2;
-    h->rel_err_enc_mean = mean_get(&enc);
-    h->rel_err_final_mean = mean_get(&fin);
-    h->nnz_mean = mean_get(&nnz);
-    h->energy_ratio = x2 > 0 ? res2 / x2 : NAN;
-    h->dict_size_norm_final = mean_get(&dict);
-    h->inactive_k = mean_get(&inact[0]);
-    h->inactive_v = mean_get(&inact[1]);
-    struct mean ia = {inact[0].s + inact[1].s, inact[0].n + inact[1].n};
+    h->rel_err_enc_mean = mean_get(&m.enc);
+    h->rel_err_final_mean = mean_get(&m.fin);
+    h->nnz_mean = mean_get(&m.nnz);
+    h->energy_ratio = m.x2 > 0 ? m.res2 / m.x2 : NAN;
+    h->dict_size_norm_final = mean_get(&m.dict);
+    h->inactive_k = mean_get(&m.inact[0]);
+    h->inactive_v = mean_get(&m.inact[1]);
+    struct mean ia = {m.inact[0].s + m.inact[1].s, m.inact[0].n + m.inact[1].n};
     h->inactive_after_prefill = mean_get(&ia);
-    h->inactive_overlap = mean_get(&overlap);
-    h->gini = mean_get(&gini);
-    h->adapted_share = mean_get(&ad);
+    h->inactive_overlap = mean_get(&m.overlap);
+    h->gini = mean_get(&m.gini);
+    h->adapted_share = mean_get(&m.ad);
     for (int q = 0; q < FK_RECALL_NS; q++)
-        h->pool_recall[q] = mean_get(&rec[q]);
-    h->support_agree = mean_get(&agree);
-    h->err_ratio = mean_get(&ratio);
+        h->pool_recall[q] = mean_get(&m.rec[q]);
+    h->support_agree = mean_get(&m.agree);
+    h->err_ratio = mean_get(&m.ratio);
     h->bytes_per_seq = h->bytes_codes + h->bytes_buf + h->bytes_dict_seq;
     for (int t = 0; t < T; t++)
         h->tokens_per_seq += (double)r->streams[(size_t)t * L * 2].n_tokens / T;
     h->bytes_per_token = h->tokens_per_seq > 0 ? h->bytes_per_seq / h->tokens_per_seq : NAN;
     long vec = h->vectors + h->zero_vectors;
-    h->macs_per_vec = vec ? macs / vec : NAN;
-    h->cpu_us_per_vec = vec ? cpu / vec * 1e6 : NAN;
-    /* attention: mean over heads -> layers -> traces; p5 over all values */
+    h->macs_per_vec = vec ? m.macs / vec : NAN;
+    h->cpu_us_per_vec = vec ? m.cpu / vec * 1e6 : NAN;
+}
+
+/* The 5% quantile of every attention cosine of the cell and the mean attention mass. */
+static void attn_p5_mass(const struct fk_cell_result *r, long nvals, struct headline *h)
+{
+    size_t n_acc = (size_t)r->n_traces * r->n_layers;
+    h->attn_cos_p5 = NAN;
+    h->attn_mass = NAN;
+    if (nvals <= 0)
+        return;
+    double *all = malloc(sizeof(double) * (size_t)nvals);
+    double mass = 0;
+    long k = 0;
+    for (size_t i = 0; all && i < n_acc; i++) {
+        mass += r->attn[i].mass_sum;
+        for (long j = 0; j < r->attn[i].n && r->attn[i].cos_vals; j++)
+            all[k++] = r->attn[i].cos_vals[j];
+    }
+    if (all && k > 0) {
+        qsort(all, (size_t)k, sizeof *all, cmp_double);
+        double pos = 0.05 * (k - 1);
+        long lo = (long)floor(pos);
+        long hi = lo + 1 < k ? lo + 1 : lo;
+        h->attn_cos_p5 = all[lo] + (pos - lo) * (all[hi] - all[lo]);
+    }
+    h->attn_mass = mass / nvals;
+    free(all);
+}
+
+/* Attention fidelity: mean over heads -> layers -> traces; p5 over all values. */
+static void aggregate_attn(const struct fk_cell_result *r, struct headline *h)
+{
+    int T = r->n_traces, L = r->n_layers;
     struct mean a_tr[6] = {{0}};
     long nvals = 0;
     for (int t = 0; t < T; t++) {
@@ -262,27 +350,16 @@ static void aggregate(const struct fk_cell_result *r, struct headline *h)
     h->attn_kl = mean_get(&a_tr[2]);
     for (int q = 0; q < 3; q++)
         h->top[q] = mean_get(&a_tr[3 + q]);
-    h->attn_cos_p5 = NAN;
-    h->attn_mass = NAN;
-    if (nvals > 0) {
-        double *all = malloc(sizeof(double) * (size_t)nvals);
-        double mass = 0;
-        long k = 0;
-        for (size_t i = 0; all && i < (size_t)T * L; i++) {
-            mass += r->attn[i].mass_sum;
-            for (long j = 0; j < r->attn[i].n && r->attn[i].cos_vals; j++)
-                all[k++] = r->attn[i].cos_vals[j];
-        }
-        if (all && k > 0) {
-            qsort(all, (size_t)k, sizeof *all, cmp_double);
-            double pos = 0.05 * (k - 1);
-            long lo = (long)floor(pos);
-            long hi = lo + 1 < k ? lo + 1 : lo;
-            h->attn_cos_p5 = all[lo] + (pos - lo) * (all[hi] - all[lo]);
-        }
-        h->attn_mass = mass / nvals;
-        free(all);
-    }
+    attn_p5_mass(r, nvals, h);
+}
+
+/* The headline metrics of a cell (spec algorithms.md section 10). */
+static int aggregate(const struct fk_cell_result *r, struct headline *h)
+{
+    memset(h, 0, sizeof *h);
+    aggregate_streams(r, h);
+    aggregate_attn(r, h);
+    return FK_OK;
 }
 
 /* ---- writing a cell -------------------------------------------------------------------- */
@@ -407,24 +484,19 @@ static int write_h5(const char *path, const struct fk_cell_meta *m,
     X(adapt_failed) X(growth_capped) X(collateral) X(saturated) X(premature) X(t_corr) X(t_code)   \
     X(t_adapt)
 
-int fk_results_commit(const char *dir, const struct fk_cell_meta *m,
-                      const struct fk_cell_result *r)
+/* cells/<id>.summary.csv: one row per trace x layer x kind (summary.csv without header). */
+static int summary_rows(const struct fk_cell_meta *m, const struct fk_cell_result *r,
+                        struct fk_sb *b)
 {
-    char path[4096];
-    snprintf(path, sizeof path, "%s/cells/%s.h5", dir, m->id);
-    FK_TRY(write_h5(path, m, r));
-
-    /* summary rows: cell x trace x layer x kind */
-    struct fk_sb b = {0};
     for (int t = 0; t < r->n_traces; t++)
         for (int l = 0; l < r->n_layers; l++)
             for (int k = 0; k < 2; k++) {
                 const struct fk_stream_result *s =
                     &r->streams[((size_t)t * r->n_layers + l) * 2 + k];
                 const struct fk_attn_acc *a = &r->attn[(size_t)t * r->n_layers + l];
-                fk_sb_printf(&b, "%s,%s,", m->id, m->ops->name);
-                sb_csv(&b, base_name(m->traces[t]));
-                fk_sb_printf(&b, ",%d,%s,%ld,%ld,", l, k ? "V" : "K", s->n_vectors, s->n_zero);
+                fk_sb_printf(b, "%s,%s,", m->id, m->ops->name);
+                fk_csv_field(b, base_name(m->traces[t]));
+                fk_sb_printf(b, ",%d,%s,%ld,%ld,", l, k ? "V" : "K", s->n_vectors, s->n_zero);
                 double v[] = {
                     stream_err(s, s->err_sum), stream_err(s, s->err_enc_sum),
                     stream_err(s, s->err_final_sum), s->x2_sum > 0 ? s->res2_sum / s->x2_sum : NAN,
@@ -441,43 +513,67 @@ int fk_results_commit(const char *dir, const struct fk_cell_meta *m,
                     s->cpu_s, s->st.macs,
                 };
                 for (size_t i = 0; i < sizeof v / sizeof v[0]; i++) {
-                    sb_num(&b, v[i]);
-                    fk_sb_printf(&b, i + 1 < sizeof v / sizeof v[0] ? "," : "\n");
+                    sb_num(b, v[i]);
+                    fk_sb_printf(b, i + 1 < sizeof v / sizeof v[0] ? "," : "\n");
                 }
             }
-    if (b.oom) {
-        free(b.s);
-        return fk_err(FK_ENOMEM, "out of memory");
-    }
-    snprintf(path, sizeof path, "%s/cells/%s.summary.csv", dir, m->id);
-    int rc = fk_write_atomic(path, b.s ? b.s : "", b.n);
-    free(b.s);
+    return b->oom ? fk_err(FK_ENOMEM, "out of memory") : FK_OK;
+}
+
+/* cells/<id>.meta of a finished cell: identity, options, headline metrics, timing. */
+static int meta_text(const struct fk_cell_meta *m, const struct fk_cell_result *r,
+                     struct fk_sb *mb)
+{
+    struct headline h;
+    FK_TRY(aggregate(r, &h));
+    meta_head(mb, m, "ok");
+#define X(name) fk_sb_printf(mb, #name "\t%.9g\n", (double)h.name);
+    H_ITEMS(X)
+#undef X
+    fk_sb_printf(mb, "top1_overlap\t%.9g\ntop8_overlap\t%.9g\ntop32_overlap\t%.9g\n", h.top[0],
+              h.top[1], h.top[2]);
+    for (int q = 0; q < FK_RECALL_NS; q++)
+        fk_sb_printf(mb, "pool_recall_%d\t%.9g\n", 8 << q, h.pool_recall[q]);
+    fk_sb_printf(mb, "vectors\t%ld\nzero_vectors\t%ld\nattn_evals\t%ld\nattn_skipped_steps\t%ld\n",
+              h.vectors, h.zero_vectors, h.attn_n, h.attn_skipped);
+    fk_sb_printf(mb, "wall_s\t%.6g\nt_io\t%.6g\nt_encode\t%.6g\nt_attn\t%.6g\nt_metrics\t%.6g\n"
+              "t_gram\t%.6g\n", r->wall_s, r->t_io, r->t_encode, r->t_attn, r->t_metrics,
+              r->t_gram);
+    return mb->oom ? fk_err(FK_ENOMEM, "out of memory") : FK_OK;
+}
+
+/* Writes text to DIR/cells/<id>.<ext> atomically. */
+static int write_cell_file(const char *dir, const char *id, const char *ext, const char *text,
+                           size_t len)
+{
+    char *path;
+    FK_TRY(fk_store_path(&path, dir, "cells/%s.%s", id, ext));
+    int rc = fk_write_atomic(path, text ? text : "", len);
+    free(path);
+    return rc;
+}
+
+int fk_results_commit(const char *dir, const struct fk_cell_meta *m,
+                      const struct fk_cell_result *r)
+{
+    char *path;
+    FK_TRY(fk_store_path(&path, dir, "cells/%s.h5", m->id));
+    int rc = write_h5(path, m, r);
+    free(path);
+    FK_TRY(rc);
+
+    struct fk_sb b = {0};
+    rc = summary_rows(m, r, &b);
+    if (rc == FK_OK)
+        rc = write_cell_file(dir, m->id, "summary.csv", b.s, b.n);
+    fk_sb_free(&b);
     FK_TRY(rc);
 
     /* meta last: its presence marks the cell finished */
-    struct headline h;
-    aggregate(r, &h);
-    struct fk_sb mb = {0};
-    meta_head(&mb, m, "ok");
-#define X(name) fk_sb_printf(&mb, #name "\t%.9g\n", (double)h.name);
-    H_ITEMS(X)
-#undef X
-    fk_sb_printf(&mb, "top1_overlap\t%.9g\ntop8_overlap\t%.9g\ntop32_overlap\t%.9g\n", h.top[0],
-              h.top[1], h.top[2]);
-    for (int q = 0; q < FK_RECALL_NS; q++)
-        fk_sb_printf(&mb, "pool_recall_%d\t%.9g\n", 8 << q, h.pool_recall[q]);
-    fk_sb_printf(&mb, "vectors\t%ld\nzero_vectors\t%ld\nattn_evals\t%ld\nattn_skipped_steps\t%ld\n",
-              h.vectors, h.zero_vectors, h.attn_n, h.attn_skipped);
-    fk_sb_printf(&mb, "wall_s\t%.6g\nt_io\t%.6g\nt_encode\t%.6g\nt_attn\t%.6g\nt_metrics\t%.6g\n"
-              "t_gram\t%.6g\n", r->wall_s, r->t_io, r->t_encode, r->t_attn, r->t_metrics,
-              r->t_gram);
-    if (mb.oom) {
-        free(mb.s);
-        return fk_err(FK_ENOMEM, "out of memory");
-    }
-    snprintf(path, sizeof path, "%s/cells/%s.meta", dir, m->id);
-    rc = fk_write_atomic(path, mb.s, mb.n);
-    free(mb.s);
+    rc = meta_text(m, r, &b);
+    if (rc == FK_OK)
+        rc = write_cell_file(dir, m->id, "meta", b.s, b.n);
+    fk_sb_free(&b);
     return rc;
 }
 
@@ -490,13 +586,11 @@ int fk_results_commit_failed(const char *dir, const struct fk_cell_meta *m, cons
     for (const char *p = message; *p; p++)
         fk_sb_printf(&b, "%c", *p == '\n' || *p == '\t' ? ' ' : *p);
     fk_sb_printf(&b, "\n");
-    char path[4096];
-    snprintf(path, sizeof path, "%s/cells/%s.summary.csv", dir, m->id);
-    int rc = fk_write_atomic(path, "", 0);
-    snprintf(path, sizeof path, "%s/cells/%s.meta", dir, m->id);
+    int rc = write_cell_file(dir, m->id, "summary.csv", "", 0);
     if (!rc)
-        rc = b.oom ? fk_err(FK_ENOMEM, "out of memory") : fk_write_atomic(path, b.s, b.n);
-    free(b.s);
+        rc = b.oom ? fk_err(FK_ENOMEM, "out of memory")
+                   : write_cell_file(dir, m->id, "meta", b.s, b.n);
+    fk_sb_free(&b);
     return rc;
 }
 
@@ -569,10 +663,12 @@ static double kv_num(const struct kv *m, const char *key)
 
 int fk_results_metric(const char *dir, const char *id, const char *name, double *value)
 {
-    char p[4096];
-    snprintf(p, sizeof p, "%s/cells/%s.meta", dir, id);
+    char *p;
+    FK_TRY(fk_store_path(&p, dir, "cells/%s.meta", id));
     struct kv m;
-    FK_TRY(kv_load(p, &m));
+    int rc = kv_load(p, &m);
+    free(p);
+    FK_TRY(rc);
     *value = kv_num(&m, name);
     kv_free(&m);
     return FK_OK;
@@ -598,7 +694,131 @@ static const char summary_header[] =
     "adapted_share,pool_recall_256,support_agree,err_ratio,bytes,bytes_full,appends,"
     "replacements,adapt_failed,cpu_s,macs\n";
 
-int fk_results_tables(const char *dir, const char *const *ids, int n_ids)
+/* The union of the option columns of every registered codec, in registry order. */
+static int option_columns(const char **cols, int cap)
+{
+    int n = 0;
+    for (int c = 0; fk_codecs[c]; c++)
+        for (const struct fk_option *o = fk_codecs[c]->options; o->name; o++) {
+            int seen = 0;
+            for (int j = 0; j < n; j++)
+                seen |= !strcmp(cols[j], o->name);
+            if (!seen && n < cap)
+                cols[n++] = o->name;
+        }
+    return n;
+}
+
+static void cells_header(struct fk_sb *b, const char *const *opt_cols, int n_opt)
+{
+    fk_sb_printf(b, "cell_id,codec,dataset,status");
+    for (int j = 0; j < n_opt; j++)
+        fk_sb_printf(b, ",%s", opt_cols[j]);
+    fk_sb_printf(b, ",n_traces,traces,dictionary,seed,attn_stride");
+    for (int j = 0; cell_metrics[j]; j++)
+        fk_sb_printf(b, ",%s", cell_metrics[j]);
+    fk_sb_printf(b, ",bytes_ratio_full,cost_mac_rel,cpu_time_rel,error\n");
+}
+
+/* The cost reference of cell m: the first finished cell of codec `baseline` on the same
+ * dataset and s, or NULL (no baseline given, or none in the sweep). */
+static const struct kv *cost_reference(const struct kv *metas, const uint8_t *have, int n_ids,
+                                       const struct kv *m, const char *baseline)
+{
+    const char *ds = kv_get(m, "dataset"), *sv = kv_get(m, "opt.s");
+    for (int r = 0; baseline && r < n_ids; r++) {
+        if (!have[r] || strcmp(kv_get(&metas[r], "codec"), baseline) ||
+            strcmp(kv_get(&metas[r], "status"), "ok"))
+            continue;
+        const char *ds2 = kv_get(&metas[r], "dataset"), *sv2 = kv_get(&metas[r], "opt.s");
+        if (strcmp(ds, ds2) || strcmp(sv, sv2))
+            continue;
+        return &metas[r];
+    }
+    return NULL;
+}
+
+/* One cells.csv row (ref: the cost reference or NULL). */
+static void cells_row(struct fk_sb *b, const struct kv *m, const char *const *opt_cols,
+                      int n_opt, const struct kv *ref)
+{
+    fk_sb_printf(b, "%s,%s,", kv_get(m, "cell_id"), kv_get(m, "codec"));
+    fk_csv_field(b, kv_get(m, "dataset"));
+    fk_sb_printf(b, ",%s", kv_get(m, "status"));
+    for (int j = 0; j < n_opt; j++) {
+        char key[128];
+        snprintf(key, sizeof key, "opt.%s", opt_cols[j]);
+        fk_sb_printf(b, ",");
+        fk_csv_field(b, kv_get(m, key));
+    }
+    fk_sb_printf(b, ",%s,", kv_get(m, "n_traces"));
+    fk_csv_field(b, kv_get(m, "traces"));
+    fk_sb_printf(b, ",");
+    fk_csv_field(b, kv_get(m, "dictionary"));
+    fk_sb_printf(b, ",%s,%s", kv_get(m, "seed"), kv_get(m, "attn_stride"));
+    for (int j = 0; cell_metrics[j]; j++) {
+        fk_sb_printf(b, ",");
+        sb_num(b, kv_num(m, cell_metrics[j]));
+    }
+    /* bytes per token: per sequence bytes over the mean trace length */
+    double full = kv_num(m, "bytes_full_per_seq"), seq = kv_num(m, "bytes_per_seq");
+    fk_sb_printf(b, ",");
+    sb_num(b, full > 0 ? seq / full : NAN);
+    double mac_rel = NAN, cpu_rel = NAN;
+    if (ref) {
+        mac_rel = kv_num(m, "macs_per_vec") / kv_num(ref, "macs_per_vec");
+        cpu_rel = kv_num(m, "cpu_us_per_vec") / kv_num(ref, "cpu_us_per_vec");
+    }
+    fk_sb_printf(b, ",");
+    sb_num(b, mac_rel);
+    fk_sb_printf(b, ",");
+    sb_num(b, cpu_rel);
+    fk_sb_printf(b, ",");
+    fk_csv_field(b, kv_get(m, "error"));
+    fk_sb_printf(b, "\n");
+}
+
+/* Loads the .meta of every finished cell of ids (have[i] = 1 when loaded). */
+static int load_metas(const char *dir, const char *const *ids, int n_ids, struct kv *metas,
+                      uint8_t *have)
+{
+    for (int i = 0; i < n_ids; i++) {
+        if (!fk_results_done(dir, ids[i]))
+            continue;
+        char *p;
+        FK_TRY(fk_store_path(&p, dir, "cells/%s.meta", ids[i]));
+        int rc = kv_load(p, &metas[i]);
+        free(p);
+        FK_TRY(rc);
+        have[i] = 1;
+    }
+    return FK_OK;
+}
+
+/* Appends cells/<id>.summary.csv to s (a missing file adds nothing). */
+static int append_summary(const char *dir, const char *id, struct fk_sb *s)
+{
+    char *p;
+    FK_TRY(fk_store_path(&p, dir, "cells/%s.summary.csv", id));
+    char *rows = fk_slurp(p, NULL);
+    free(p);
+    if (rows)
+        fk_sb_printf(s, "%s", rows);
+    free(rows);
+    return FK_OK;
+}
+
+static int write_table(const char *dir, const char *name, const struct fk_sb *b)
+{
+    char *p;
+    FK_TRY(fk_store_path(&p, dir, "%s", name));
+    int rc = fk_write_atomic(p, b->s ? b->s : "", b->n);
+    free(p);
+    return rc;
+}
+
+int fk_results_tables(const char *dir, const char *const *ids, int n_ids,
+                      const char *cost_baseline)
 {
     struct kv *metas = calloc((size_t)n_ids + 1, sizeof *metas);
     uint8_t *have = calloc((size_t)n_ids + 1, 1);
@@ -607,103 +827,27 @@ int fk_results_tables(const char *dir, const char *const *ids, int n_ids)
         free(have);
         return fk_err(FK_ENOMEM, "out of memory");
     }
-    int rc = FK_OK;
-    for (int i = 0; i < n_ids && rc == FK_OK; i++) {
-        if (!fk_results_done(dir, ids[i]))
-            continue;
-        char p[4096];
-        snprintf(p, sizeof p, "%s/cells/%s.meta", dir, ids[i]);
-        rc = kv_load(p, &metas[i]);
-        have[i] = rc == FK_OK;
-    }
-    /* the union of option columns, in registry order */
+    int rc = load_metas(dir, ids, n_ids, metas, have);
     const char *opt_cols[256];
-    int n_opt = 0;
-    for (int c = 0; fk_codecs[c]; c++)
-        for (const struct fk_option *o = fk_codecs[c]->options; o->name; o++) {
-            int seen = 0;
-            for (int j = 0; j < n_opt; j++)
-                seen |= !strcmp(opt_cols[j], o->name);
-            if (!seen && n_opt < 256)
-                opt_cols[n_opt++] = o->name;
-        }
+    int n_opt = option_columns(opt_cols, 256);
     struct fk_sb b = {0}, s = {0};
-    fk_sb_printf(&b, "cell_id,codec,dataset,status");
-    for (int j = 0; j < n_opt; j++)
-        fk_sb_printf(&b, ",%s", opt_cols[j]);
-    fk_sb_printf(&b, ",n_traces,traces,dictionary,seed,attn_stride");
-    for (int j = 0; cell_metrics[j]; j++)
-        fk_sb_printf(&b, ",%s", cell_metrics[j]);
-    fk_sb_printf(&b, ",bytes_ratio_full,cost_mac_rel,cpu_time_rel,error\n");
+    cells_header(&b, opt_cols, n_opt);
     fk_sb_printf(&s, "%s", summary_header);
     for (int i = 0; i < n_ids && rc == FK_OK; i++) {
         if (!have[i])
             continue;
-        const struct kv *m = &metas[i];
-        fk_sb_printf(&b, "%s,%s,", kv_get(m, "cell_id"), kv_get(m, "codec"));
-        sb_csv(&b, kv_get(m, "dataset"));
-        fk_sb_printf(&b, ",%s", kv_get(m, "status"));
-        for (int j = 0; j < n_opt; j++) {
-            char key[128];
-            snprintf(key, sizeof key, "opt.%s", opt_cols[j]);
-            fk_sb_printf(&b, ",");
-            sb_csv(&b, kv_get(m, key));
-        }
-        fk_sb_printf(&b, ",%s,", kv_get(m, "n_traces"));
-        sb_csv(&b, kv_get(m, "traces"));
-        fk_sb_printf(&b, ",");
-        sb_csv(&b, kv_get(m, "dictionary"));
-        fk_sb_printf(&b, ",%s,%s", kv_get(m, "seed"), kv_get(m, "attn_stride"));
-        for (int j = 0; cell_metrics[j]; j++) {
-            fk_sb_printf(&b, ",");
-            sb_num(&b, kv_num(m, cell_metrics[j]));
-        }
-        /* bytes per token: per sequence bytes over the mean trace length */
-        double full = kv_num(m, "bytes_full_per_seq"), seq = kv_num(m, "bytes_per_seq");
-        fk_sb_printf(&b, ",");
-        sb_num(&b, full > 0 ? seq / full : NAN);
-        /* cost relative to lexico-adp on the same dataset and s */
-        double mac_rel = NAN, cpu_rel = NAN;
-        const char *ds = kv_get(m, "dataset"), *sv = kv_get(m, "opt.s");
-        for (int r = 0; r < n_ids; r++) {
-            if (!have[r] || strcmp(kv_get(&metas[r], "codec"), "lexico-adp") ||
-                strcmp(kv_get(&metas[r], "status"), "ok"))
-                continue;
-            const char *ds2 = kv_get(&metas[r], "dataset"), *sv2 = kv_get(&metas[r], "opt.s");
-            if (strcmp(ds, ds2) || strcmp(sv, sv2))
-                continue;
-            mac_rel = kv_num(m, "macs_per_vec") / kv_num(&metas[r], "macs_per_vec");
-            cpu_rel = kv_num(m, "cpu_us_per_vec") / kv_num(&metas[r], "cpu_us_per_vec");
-            break;
-        }
-        fk_sb_printf(&b, ",");
-        sb_num(&b, mac_rel);
-        fk_sb_printf(&b, ",");
-        sb_num(&b, cpu_rel);
-        fk_sb_printf(&b, ",");
-        sb_csv(&b, kv_get(m, "error"));
-        fk_sb_printf(&b, "\n");
-        char p[4096];
-        snprintf(p, sizeof p, "%s/cells/%s.summary.csv", dir, ids[i]);
-        size_t len = 0;
-        char *rows = fk_slurp(p, &len);
-        if (rows)
-            fk_sb_printf(&s, "%s", rows);
-        free(rows);
+        const struct kv *ref = cost_reference(metas, have, n_ids, &metas[i], cost_baseline);
+        cells_row(&b, &metas[i], opt_cols, n_opt, ref);
+        rc = append_summary(dir, ids[i], &s);
     }
     if (rc == FK_OK && (b.oom || s.oom))
         rc = fk_err(FK_ENOMEM, "out of memory");
-    char p[4096];
-    if (rc == FK_OK) {
-        snprintf(p, sizeof p, "%s/summary.csv", dir);
-        rc = fk_write_atomic(p, s.s, s.n);
-    }
-    if (rc == FK_OK) {
-        snprintf(p, sizeof p, "%s/cells.csv", dir);
-        rc = fk_write_atomic(p, b.s, b.n);
-    }
-    free(b.s);
-    free(s.s);
+    if (rc == FK_OK)
+        rc = write_table(dir, "summary.csv", &s);
+    if (rc == FK_OK)
+        rc = write_table(dir, "cells.csv", &b);
+    fk_sb_free(&b);
+    fk_sb_free(&s);
     for (int i = 0; i < n_ids; i++)
         kv_free(&metas[i]);
     free(metas);

@@ -1,0 +1,335 @@
+/* SPDX-License-Identifier: MIT
+ * The regression gate (see fk_check.h).
+ */
+#include "report/fk_check.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/fk_err.h"
+#include "common/fk_str.h"
+#include "core/fk_codec.h"
+#include "store/fk_results.h"
+
+const char *const fk_check_metrics[FK_CHECK_N_METRICS] = {"rel_err_mean", "attn_kl"};
+#define N_METRICS FK_CHECK_N_METRICS
+
+struct crow {
+    char *key;                   /* codec,dataset,options,occurrence,trace,layer,kind (CSV) */
+    double v[N_METRICS];         /* rel_err_mean, attn_kl */
+};
+
+struct ctab {
+    struct crow *r;              /* [n] rows, sorted by key after load */
+    int n;                       /* rows held */
+    int cap;                     /* allocated rows */
+};
+
+/* What fk_check_result.owned holds. */
+struct tabs {
+    struct ctab res, base;
+};
+
+static void ctab_free(struct ctab *t)
+{
+    for (int i = 0; i < t->n; i++)
+        free(t->r[i].key);
+    free(t->r);
+    memset(t, 0, sizeof *t);
+}
+
+static int ctab_add(struct ctab *t, const char *key, const double *v)
+{
+    if (t->n == t->cap) {
+        int nc = t->cap ? t->cap * 2 : 256;
+        struct crow *nr = realloc(t->r, sizeof *nr * (size_t)nc);
+        if (!nr)
+            return fk_err(FK_ENOMEM, "out of memory");
+        t->r = nr;
+        t->cap = nc;
+    }
+    t->r[t->n].key = strdup(key);
+    if (!t->r[t->n].key)
+        return fk_err(FK_ENOMEM, "out of memory");
+    memcpy(t->r[t->n].v, v, sizeof t->r[t->n].v);
+    t->n++;
+    return FK_OK;
+}
+
+static int cmp_row(const void *a, const void *b)
+{
+    return strcmp(((const struct crow *)a)->key, ((const struct crow *)b)->key);
+}
+
+/* Appends a CSV field (quoted when needed) to b, after a comma unless first. */
+static void csv_field(struct fk_sb *b, const char *v, int first)
+{
+    if (!first)
+        fk_sb_printf(b, ",");
+    fk_csv_field(b, v);
+}
+
+struct opt {
+    const char *name;            /* option column */
+    const char *value;           /* value text */
+};
+
+static int cmp_opt(const void *a, const void *b)
+{
+    return strcmp(((const struct opt *)a)->name, ((const struct opt *)b)->name);
+}
+
+/* The non-default options of cells.csv row i, sorted by name ("default" when none). */
+static int cell_options(const struct fk_store *st, int i, struct fk_sb *out)
+{
+    const struct fk_csv *c = &st->cells;
+    const struct fk_codec_ops *ops = fk_codec_find(c->rows[i][st->c_codec]);
+    struct opt o[128];
+    int n = 0;
+    void *def = ops ? calloc(1, ops->opts_size) : NULL;
+    if (ops && !def)
+        return fk_err(FK_ENOMEM, "out of memory");
+    if (def)
+        fk_opts_defaults(ops, def);
+    for (int j = st->c_first_opt; j < st->c_end_opt && n < 128; j++) {
+        const char *v = c->rows[i][j];
+        if (!v[0])
+            continue;
+        const struct fk_option *opt = ops ? fk_codec_option(ops, c->head[j]) : NULL;
+        if (opt && def) {
+            char dv[64];
+            fk_opts_format(def, opt, dv, sizeof dv);
+            if (!strcmp(dv, v))
+                continue;
+        }
+        o[n++] = (struct opt){c->head[j], v};
+    }
+    free(def);
+    qsort(o, (size_t)n, sizeof *o, cmp_opt);
+    for (int k = 0; k < n; k++)
+        fk_sb_printf(out, "%s%s=%s", k ? ";" : "", o[k].name, o[k].value);
+    if (!n)
+        fk_sb_printf(out, "default");
+    return FK_OK;
+}
+
+/* Per finished cell of cells.csv: its key prefix codec,dataset,options,occurrence. */
+static int cell_prefixes(const struct fk_store *st, char **prefix)
+{
+    const struct fk_csv *c = &st->cells;
+    for (int i = 0; i < c->n_rows; i++) {
+        if (strcmp(c->rows[i][st->c_status], "ok"))
+            continue;
+        struct fk_sb opts = {0}, base = {0};
+        int rc = cell_options(st, i, &opts);
+        csv_field(&base, c->rows[i][st->c_codec], 1);
+        csv_field(&base, c->rows[i][st->c_dataset], 0);
+        csv_field(&base, opts.s ? opts.s : "", 0);
+        fk_sb_free(&opts);
+        int occ = 0;
+        size_t bl = base.n;
+        for (int j = 0; base.s && j < i; j++)
+            occ += prefix[j] && !strncmp(prefix[j], base.s, bl) && prefix[j][bl] == ',';
+        fk_sb_printf(&base, ",%d", occ);
+        if (rc == FK_OK && base.oom)
+            rc = fk_err(FK_ENOMEM, "out of memory");
+        if (rc < 0) {
+            fk_sb_free(&base);
+            return rc;
+        }
+        prefix[i] = base.s;
+    }
+    return FK_OK;
+}
+
+/* Rows of a results directory, keyed (see fk_check.h), sorted. */
+static int load_results(const char *dir, struct ctab *t)
+{
+    struct fk_store *st;
+    FK_TRY(fk_store_open(dir, &st));
+    const struct fk_csv *sum = &st->summary;
+    int sl = fk_csv_col(sum, "layer"), sm[N_METRICS], rc = FK_OK;
+    for (int m = 0; m < N_METRICS; m++)
+        sm[m] = fk_csv_col(sum, fk_check_metrics[m]);
+    if (sl < 0 || sm[0] < 0)
+        rc = fk_err(FK_ECORRUPT, "%s: cells.csv / summary.csv lack the expected columns "
+                    "(cell_id, codec, dataset, status; cell_id, trace, layer, kind, "
+                    "rel_err_mean)", dir);
+    char **prefix = rc == FK_OK ? calloc((size_t)st->cells.n_rows + 1, sizeof(char *)) : NULL;
+    if (rc == FK_OK && !prefix)
+        rc = fk_err(FK_ENOMEM, "out of memory");
+    if (rc == FK_OK)
+        rc = cell_prefixes(st, prefix);
+    for (int r = 0; rc == FK_OK && r < sum->n_rows; r++) {
+        int i = 0;
+        while (i < st->cells.n_rows && strcmp(st->cells.rows[i][st->c_id], sum->rows[r][st->s_id]))
+            i++;
+        if (i == st->cells.n_rows || !prefix[i])
+            continue;
+        struct fk_sb key = {0};
+        fk_sb_printf(&key, "%s", prefix[i]);
+        csv_field(&key, sum->rows[r][st->s_trace], 0);
+        csv_field(&key, sum->rows[r][sl], 0);
+        csv_field(&key, sum->rows[r][st->s_kind], 0);
+        double v[N_METRICS];
+        for (int m = 0; m < N_METRICS; m++)
+            v[m] = fk_csv_num(sum, r, sm[m]);
+        rc = key.oom ? fk_err(FK_ENOMEM, "out of memory") : ctab_add(t, key.s, v);
+        fk_sb_free(&key);
+    }
+    for (int i = 0; prefix && i < st->cells.n_rows; i++)
+        free(prefix[i]);
+    free(prefix);
+    fk_store_close(&st);
+    if (rc == FK_OK)
+        qsort(t->r, (size_t)t->n, sizeof *t->r, cmp_row);
+    for (int i = 1; rc == FK_OK && i < t->n; i++)
+        if (!strcmp(t->r[i].key, t->r[i - 1].key))
+            rc = fk_err(FK_ECORRUPT, "%s: two rows with key %s", dir, t->r[i].key);
+    return rc;
+}
+
+static const char baseline_head[] =
+    "codec,dataset,options,occurrence,trace,layer,kind,rel_err_mean,attn_kl";
+
+static int load_baseline(const char *path, struct ctab *t)
+{
+    struct fk_csv b;
+    FK_TRY(fk_csv_load(path, &b));
+    static const char *const cols[] = {"codec", "dataset", "options", "occurrence", "trace",
+                                       "layer", "kind", NULL};
+    int idx[8], rc = FK_OK;
+    for (int k = 0; cols[k]; k++) {
+        idx[k] = fk_csv_col(&b, cols[k]);
+        if (idx[k] < 0)
+            rc = fk_err(FK_ECORRUPT, "%s:1: expected column '%s' (header: %s)", path, cols[k],
+                        baseline_head);
+    }
+    int im[N_METRICS];
+    for (int m = 0; m < N_METRICS; m++)
+        im[m] = fk_csv_col(&b, fk_check_metrics[m]);
+    for (int r = 0; rc == FK_OK && r < b.n_rows; r++) {
+        struct fk_sb key = {0};
+        for (int k = 0; cols[k]; k++)
+            csv_field(&key, b.rows[r][idx[k]], k == 0);
+        double v[N_METRICS];
+        for (int m = 0; m < N_METRICS; m++)
+            v[m] = fk_csv_num(&b, r, im[m]);
+        rc = key.oom ? fk_err(FK_ENOMEM, "out of memory") : ctab_add(t, key.s, v);
+        fk_sb_free(&key);
+    }
+    fk_csv_free(&b);
+    if (rc == FK_OK)
+        qsort(t->r, (size_t)t->n, sizeof *t->r, cmp_row);
+    for (int i = 1; rc == FK_OK && i < t->n; i++)
+        if (!strcmp(t->r[i].key, t->r[i - 1].key))
+            rc = fk_err(FK_ECORRUPT, "%s: row key %s appears twice", path, t->r[i].key);
+    return rc;
+}
+
+static int write_baseline(const char *path, const struct ctab *t)
+{
+    struct fk_sb s = {0};
+    fk_sb_printf(&s, "%s\n", baseline_head);
+    for (int i = 0; i < t->n; i++) {
+        fk_sb_printf(&s, "%s", t->r[i].key);
+        for (int m = 0; m < N_METRICS; m++) {
+            if (isnan(t->r[i].v[m]))
+                fk_sb_printf(&s, ",nan");
+            else
+                fk_sb_printf(&s, ",%.9g", t->r[i].v[m]);
+        }
+        fk_sb_printf(&s, "\n");
+    }
+    int rc = s.oom ? fk_err(FK_ENOMEM, "out of memory") : fk_write_atomic(path, s.s, s.n);
+    fk_sb_free(&s);
+    return rc;
+}
+
+static int add_diff(struct fk_check_result *r, int *cap, struct fk_check_diff d)
+{
+    if (r->n_diffs == *cap) {
+        int nc = *cap ? *cap * 2 : 64;
+        struct fk_check_diff *nd = realloc(r->diffs, sizeof *nd * (size_t)nc);
+        if (!nd)
+            return fk_err(FK_ENOMEM, "out of memory");
+        r->diffs = nd;
+        *cap = nc;
+    }
+    r->diffs[r->n_diffs++] = d;
+    return FK_OK;
+}
+
+/* Walks both sorted tables in key order, recording every finding. */
+static int compare(const struct ctab *b, const struct ctab *res, double rtol, double atol,
+                   struct fk_check_result *r)
+{
+    int i = 0, j = 0, cap = 0, rc = FK_OK;
+    while ((i < b->n || j < res->n) && rc == FK_OK) {
+        int c = i >= b->n ? 1 : j >= res->n ? -1 : strcmp(b->r[i].key, res->r[j].key);
+        if (c < 0) {
+            r->missing++;
+            rc = add_diff(r, &cap, (struct fk_check_diff){FK_CHECK_MISSING, b->r[i++].key, 0,
+                                                          NAN, NAN});
+            continue;
+        }
+        if (c > 0) {
+            r->extra++;
+            rc = add_diff(r, &cap, (struct fk_check_diff){FK_CHECK_EXTRA, res->r[j++].key, 0,
+                                                          NAN, NAN});
+            continue;
+        }
+        r->matched++;
+        for (int m = 0; m < N_METRICS && rc == FK_OK; m++) {
+            double x = b->r[i].v[m], y = res->r[j].v[m];
+            int bad = isnan(x) != isnan(y) ||
+                      (!isnan(x) && fabs(y - x) > atol + rtol * fabs(x));
+            if (!bad)
+                continue;
+            r->drift++;
+            rc = add_diff(r, &cap, (struct fk_check_diff){FK_CHECK_DRIFT, b->r[i].key, m, x, y});
+        }
+        i++;
+        j++;
+    }
+    r->fail = r->drift > 0 || r->missing > 0;
+    return rc;
+}
+
+int fk_check_run(const struct fk_check_opts *o, struct fk_check_result *r)
+{
+    memset(r, 0, sizeof *r);
+    if (!o->baseline || !o->results || !(o->rtol >= 0) || !(o->atol >= 0))
+        return fk_err(FK_EINVAL, "check: a baseline, a results directory and tolerances >= 0 "
+                      "needed");
+    struct tabs *t = calloc(1, sizeof *t);
+    if (!t)
+        return fk_err(FK_ENOMEM, "out of memory");
+    r->owned = t;
+    int rc = load_results(o->results, &t->res);
+    if (rc == FK_OK && o->update) {
+        rc = write_baseline(o->baseline, &t->res);
+        r->written = rc == FK_OK ? t->res.n : 0;
+    } else if (rc == FK_OK) {
+        rc = load_baseline(o->baseline, &t->base);
+        if (rc == FK_OK)
+            rc = compare(&t->base, &t->res, o->rtol, o->atol, r);
+    }
+    if (rc < 0)
+        fk_check_result_free(r);
+    return rc;
+}
+
+void fk_check_result_free(struct fk_check_result *r)
+{
+    struct tabs *t = r->owned;
+    if (t) {
+        ctab_free(&t->res);
+        ctab_free(&t->base);
+        free(t);
+    }
+    free(r->diffs);
+    memset(r, 0, sizeof *r);
+}
