@@ -53,9 +53,9 @@ struct fk_dict_view {
 void fk_correlate(const struct fk_dict_view *d, const float *x, int nx, float *a);
 
 /* A buffer of n_floats floats for a Gram matrix (free() it): 2 MiB-aligned and advised
- * for transparent huge pages. A fresh 64 MiB buffer in 4 KiB pages costs 0.17 s of page
- * faults on the VM we measure on (10 us per fault), more than five SSYRKs; in huge pages it
- * costs 0.03 s, and the random Gram rows of Batch-OMP miss the TLB less. */
+ * for transparent huge pages. The page faults of a fresh buffer in 4 KiB pages can cost
+ * more than several SSYRKs, and Batch-OMP's random Gram rows miss the TLB less in huge
+ * pages (figures in docs/PERFORMANCE.md). */
 float *fk_gram_alloc(size_t n_floats);
 
 /* G = D^T D for atom-major atoms [n_atoms][m] -> gram [n_atoms][n_atoms] (one SSYRK, then
