@@ -135,12 +135,10 @@ int fk_results_prepare(const char *dir)
 
 int fk_results_done(const char *dir, const char *id)
 {
-    char *p;
-    if (fk_store_path(&p, dir, "cells/%s.meta", id) < 0)
-        return 0;    /* a path that cannot exist */
-    int done = access(p, F_OK) == 0;
-    free(p);
-    return done;
+    /* no allocation: an answer that cannot fail (a path beyond PATH_MAX cannot exist) */
+    char p[PATH_MAX];
+    int n = snprintf(p, sizeof p, "%s/cells/%s.meta", dir, id);
+    return n >= 0 && (size_t)n < sizeof p && access(p, F_OK) == 0;
 }
 
 /* ---- aggregation ----------------------------------------------------------------------- */
@@ -295,22 +293,24 @@ static void aggregate_streams(const struct fk_cell_result *r, struct headline *h
 }
 
 /* The 5% quantile of every attention cosine of the cell and the mean attention mass. */
-static void attn_p5_mass(const struct fk_cell_result *r, long nvals, struct headline *h)
+static int attn_p5_mass(const struct fk_cell_result *r, long nvals, struct headline *h)
 {
     size_t n_acc = (size_t)r->n_traces * r->n_layers;
     h->attn_cos_p5 = NAN;
     h->attn_mass = NAN;
     if (nvals <= 0)
-        return;
+        return FK_OK;
     double *all = malloc(sizeof(double) * (size_t)nvals);
+    if (!all) /* a cell without its percentile is not a finished cell */
+        return fk_err(FK_ENOMEM, "out of memory (attention percentiles of %ld values)", nvals);
     double mass = 0;
     long k = 0;
-    for (size_t i = 0; all && i < n_acc; i++) {
+    for (size_t i = 0; i < n_acc; i++) {
         mass += r->attn[i].mass_sum;
         for (long j = 0; j < r->attn[i].n && r->attn[i].cos_vals; j++)
             all[k++] = r->attn[i].cos_vals[j];
     }
-    if (all && k > 0) {
+    if (k > 0) {
         qsort(all, (size_t)k, sizeof *all, cmp_double);
         double pos = 0.05 * (k - 1);
         long lo = (long)floor(pos);
@@ -319,10 +319,11 @@ static void attn_p5_mass(const struct fk_cell_result *r, long nvals, struct head
     }
     h->attn_mass = mass / nvals;
     free(all);
+    return FK_OK;
 }
 
 /* Attention fidelity: mean over heads -> layers -> traces; p5 over all values. */
-static void aggregate_attn(const struct fk_cell_result *r, struct headline *h)
+static int aggregate_attn(const struct fk_cell_result *r, struct headline *h)
 {
     int T = r->n_traces, L = r->n_layers;
     struct mean a_tr[6] = {{0}};
@@ -350,7 +351,7 @@ static void aggregate_attn(const struct fk_cell_result *r, struct headline *h)
     h->attn_kl = mean_get(&a_tr[2]);
     for (int q = 0; q < 3; q++)
         h->top[q] = mean_get(&a_tr[3 + q]);
-    attn_p5_mass(r, nvals, h);
+    return attn_p5_mass(r, nvals, h);
 }
 
 /* The headline metrics of a cell (spec algorithms.md section 10). */
@@ -358,8 +359,7 @@ static int aggregate(const struct fk_cell_result *r, struct headline *h)
 {
     memset(h, 0, sizeof *h);
     aggregate_streams(r, h);
-    aggregate_attn(r, h);
-    return FK_OK;
+    return aggregate_attn(r, h);
 }
 
 /* ---- writing a cell -------------------------------------------------------------------- */
