@@ -549,7 +549,7 @@ static int values_dense(const struct fk_attn_in *in, struct fk_attn_scratch *s, 
  * weights W[j][h] = sum_i P_hat_hi c_ij over the compressed rows (atom-major: a code updates
  * r adjacent doubles), then O_hat = W^T D_V as one SGEMM on the codec's float atoms (an
  * O_hat within about 1e-6 relative of the double sum: far below any codec's error, and the
- * DGEMM on a double copy of D_V cost 12% more attention time and its memory), then the
+ * DGEMM on a double copy of D_V cost more attention time and its memory), then the
  * exact rows of the uncompressed tail in double. */
 static int values_sparse(const struct fk_attn_in *in, struct fk_attn_scratch *s)
 {

@@ -53,9 +53,9 @@ struct fk_replay_opts {
     struct fk_replay_pool *pool; /* (optional) Gram buffers kept from cell to cell */
 };
 
-/* Worker Gram buffers kept from one fk_replay_cell to the next. On the VM we measure on, a
- * fresh 64 MiB buffer costs 0.03 to 0.2 s of page faults (host and guest), paid by every
- * worker of every cell otherwise. The pool keeps one slot per worker of the largest job
+/* Worker Gram buffers kept from one fk_replay_cell to the next: a fresh buffer of a large
+ * dictionary's Gram costs page faults (in host and guest on a VM), which every worker of
+ * every cell would pay otherwise. The pool keeps one slot per worker of the largest job
  * count seen, each with the buffers of the largest dictionary seen; a cell whose codec uses
  * no Gram releases them all (reference-mode cells keep them). One pool serves one
  * fk_replay_cell at a time. */
