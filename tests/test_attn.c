@@ -826,6 +826,44 @@ START_TEST(zero_output_guards)
 }
 END_TEST
 
+/* ---- a scratch sized from the codec, not from a base dictionary ------------------------ */
+
+/* A scratch created for one atom refuses a sparse codec's 32 atoms (the documented
+ * contract); reserved from the codec's atoms() count it evaluates, with the same bits as a
+ * scratch created large enough: the capacity never changes a number. */
+START_TEST(scratch_reserve_from_codec)
+{
+    struct fix f;
+    fix_random(&f, fk_codec_find("lexico"), 16, 2, 4, 40, 32, 11);
+    fix_encode_to(&f, 24);
+    struct fk_attn_in in = fix_in(&f, 30, 24);
+    struct fk_attn_scratch *small = NULL, *big = NULL;
+    ck_assert_int_eq(fk_attn_scratch_create(f.m, f.T, 1, f.n_q, &small), FK_OK);
+    ck_assert_int_eq(fk_attn_scratch_create(f.m, f.T, f.N, f.n_q, &big), FK_OK);
+    struct fk_attn_acc a = {0}, b = {0};
+    ck_assert_int_eq(fk_attn_eval(&in, small, &a), FK_EINVAL);
+    ck_assert_int_eq(a.n, 0);
+    ck_assert_int_eq(fk_attn_scratch_reserve(small, 0), FK_EINVAL);
+    int na = 0;
+    f.ops->atoms(f.st[0], &na);
+    ck_assert_int_eq(na, f.N);
+    ck_assert_int_eq(fk_attn_scratch_reserve(small, na), FK_OK);
+    ck_assert_int_eq(fk_attn_eval(&in, small, &a), FK_OK);
+    ck_assert_int_eq(fk_attn_eval(&in, big, &b), FK_OK);
+    ck_assert_int_eq(a.n, f.n_q);
+    ck_assert(memcmp(a.cos_vals, b.cos_vals, sizeof(double) * (size_t)a.n) == 0);
+    ck_assert(memcmp(&a.kl_sum, &b.kl_sum, sizeof a.kl_sum) == 0);
+    ck_assert(memcmp(&a.relerr_sum, &b.relerr_sum, sizeof a.relerr_sum) == 0);
+    ck_assert_int_eq(fk_attn_scratch_reserve(small, 3), FK_OK); /* never shrinks */
+    ck_assert_int_eq(fk_attn_eval(&in, small, &a), FK_OK);
+    fk_attn_acc_free(&a);
+    fk_attn_acc_free(&b);
+    fk_attn_scratch_free(&small);
+    fk_attn_scratch_free(&big);
+    fix_free(&f);
+}
+END_TEST
+
 static Suite *attn_suite(void)
 {
     Suite *s = suite_create("attn");
@@ -840,6 +878,7 @@ static Suite *attn_suite(void)
     tcase_add_test(tc, future_tokens_never_matter);
     tcase_add_test(tc, skipped_step_and_checks);
     tcase_add_test(tc, metrics_ranges_and_oracle);
+    tcase_add_test(tc, scratch_reserve_from_codec);
     suite_add_tcase(s, tc);
     return s;
 }

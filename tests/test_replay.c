@@ -5,6 +5,7 @@
  */
 #include <check.h>
 #include <math.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -13,7 +14,9 @@
 #include "core/fk_codec.h"
 #include "formats/fk_dict.h"
 #include "common/fk_err.h"
+#include "engine/fk_observe.h"
 #include "engine/fk_replay.h"
+#include "engine/fk_schedule.h"
 #include "store/fk_results.h"
 #include "formats/fk_trace.h"
 
@@ -556,7 +559,9 @@ START_TEST(test_pool)
     } seq[] = {{"lexico", small, 2}, {"lexico-adp", large, 2}, {"lexico", small, 1},
                {"gm", large, 2},     {"lexico", large, 2},     {"lexico-adp", large, 1}};
     /* bytes the pool holds after each cell: two N x N buffers per worker slot that has
-     * run, of the largest N seen since the last release; none after gm */
+     * run, of the largest N seen since the last release; none after gm. A worker may find
+     * every layer taken before it starts (its slot keeps what it held, maybe nothing): at
+     * least one slot holds the largest buffers, at most every slot does. */
     const size_t g32 = 2 * 32 * 32 * sizeof(float), g96 = 2 * 96 * 96 * sizeof(float);
     const size_t held[] = {2 * g32, 2 * g96, 2 * g96, 0, 2 * g96, 2 * g96};
     struct fk_replay_pool *pool;
@@ -569,9 +574,10 @@ START_TEST(test_pool)
         if (!strcmp(seq[i].codec, "lexico"))
             ck_assert(a.t_gram > 0);
         assert_same(&a, &b);
-        ck_assert_msg(fk_replay_pool_bytes(pool) == held[i], "after cell %zu (%s, %d jobs): "
-                      "the pool holds %zu bytes, expected %zu", i, seq[i].codec, seq[i].jobs,
-                      fk_replay_pool_bytes(pool), held[i]);
+        size_t got = fk_replay_pool_bytes(pool);
+        ck_assert_msg(held[i] ? got >= held[i] / 2 && got <= held[i] : got == 0,
+                      "after cell %zu (%s, %d jobs): the pool holds %zu bytes, expected %zu "
+                      "(or half of it)", i, seq[i].codec, seq[i].jobs, got, held[i]);
         fk_cell_result_free(&a);
         fk_cell_result_free(&b);
     }
@@ -581,6 +587,413 @@ START_TEST(test_pool)
     fk_dict_free(&small);
     fk_dict_free(&large);
     fk_trace_close(&tr);
+}
+END_TEST
+
+/* ---- a codec that fails on demand: every opened state must be closed ------------------ */
+
+static atomic_int flaky_opens, flaky_closes, flaky_encodes, flaky_recons;
+static int flaky_fail_open, flaky_fail_encode, flaky_fail_recon; /* 1-based call, 0: never */
+struct flaky {
+    int m;
+    float *payload; /* something for the leak checker to find if a state is not closed */
+};
+static int flaky_open(const void *o, const struct fk_stream_env *env, void **st)
+{
+    (void)o;
+    int n = atomic_fetch_add(&flaky_opens, 1) + 1;
+    if (n == flaky_fail_open)
+        return fk_err(FK_ENOMEM, "flaky: open call %d refused", n);
+    struct flaky *f = calloc(1, sizeof *f);
+    f->m = env->head_dim;
+    f->payload = calloc(1024, sizeof(float));
+    *st = f;
+    return FK_OK;
+}
+static int flaky_encode(void *st, const struct fk_event *ev, struct fk_vec_out *out)
+{
+    (void)st;
+    int n = atomic_fetch_add(&flaky_encodes, 1) + 1;
+    if (n == flaky_fail_encode)
+        return fk_err(FK_EINVAL, "flaky: encode call %d refused", n);
+    for (int i = 0; i < ev->n; i++)
+        out[i] = (struct fk_vec_out){.nnz = 1};
+    return FK_OK;
+}
+static int flaky_reconstruct(const void *st, int h, int t, float *out)
+{
+    (void)h, (void)t;
+    int n = atomic_fetch_add(&flaky_recons, 1) + 1;
+    if (n == flaky_fail_recon)
+        return fk_err(FK_ECORRUPT, "flaky: reconstruct call %d refused", n);
+    memset(out, 0, sizeof(float) * (size_t)((const struct flaky *)st)->m);
+    return FK_OK;
+}
+static void flaky_close(void *st)
+{
+    struct flaky *f = st;
+    if (!f)
+        return;
+    atomic_fetch_add(&flaky_closes, 1);
+    free(f->payload);
+    free(f);
+}
+static const struct fk_codec_ops flaky_ops = {
+    .name = "flaky", .summary = "fails on demand", .opts_size = sizeof(struct probe_opts),
+    .options = probe_options, .open = flaky_open, .encode = flaky_encode,
+    .reconstruct = flaky_reconstruct, .stats = probe_stats, .close = flaky_close,
+};
+
+/* One cell with the flaky codec; returns its result code. */
+static int run_flaky(struct fk_trace *tr, int jobs, int fail_open, int fail_encode,
+                     int fail_recon)
+{
+    struct probe_opts o;
+    fk_opts_defaults(&flaky_ops, &o);
+    o.c.n_b = 4;
+    o.c.a_len = 2;
+    atomic_store(&flaky_opens, 0);
+    atomic_store(&flaky_closes, 0);
+    atomic_store(&flaky_encodes, 0);
+    atomic_store(&flaky_recons, 0);
+    flaky_fail_open = fail_open;
+    flaky_fail_encode = fail_encode;
+    flaky_fail_recon = fail_recon;
+    struct fk_cell_input in = {.ops = &flaky_ops, .opts = &o, .traces = &tr, .n_traces = 1};
+    struct fk_replay_opts ro = {.jobs = jobs, .attention = 1, .attn_stride = 2,
+                                .recall_every = 8};
+    struct fk_cell_result res;
+    int rc = fk_replay_cell(&in, &ro, &res);
+    /* a failed cell leaves nothing to free; a state that opened was closed */
+    if (rc < 0)
+        ck_assert_ptr_null(res.streams);
+    fk_cell_result_free(&res);
+    int failed_opens = fail_open > 0 && fail_open <= atomic_load(&flaky_opens);
+    ck_assert_msg(atomic_load(&flaky_closes) == atomic_load(&flaky_opens) - failed_opens,
+                  "open %d fail %d/%d/%d: %d states opened, %d closed", fail_open,
+                  fail_encode, fail_recon, jobs, atomic_load(&flaky_opens) - failed_opens,
+                  atomic_load(&flaky_closes));
+    return rc;
+}
+
+/* A codec whose open() fails for the V stream (or any later open), whose encode() or
+ * reconstruct() fails on the N-th call: the error comes back with its message, and every
+ * state that did open is closed (under ASan with detect_leaks=1 a leaked state also fails
+ * the run through its payload). */
+START_TEST(test_codec_failures)
+{
+    char path[512];
+    snprintf(path, sizeof path, "%s/flaky.h5", tmpdir);
+    make_trace(path, 3, 2, 2, 4, 30, 12);
+    struct fk_trace *tr;
+    ck_assert_int_eq(fk_trace_open(path, &tr), FK_OK);
+    for (int jobs = 1; jobs <= 2; jobs++) {
+        ck_assert_int_eq(run_flaky(tr, jobs, 0, 0, 0), FK_OK);
+        ck_assert_int_eq(atomic_load(&flaky_opens), 6); /* 3 layers, K and V */
+        for (int n = 1; n <= 6; n++) { /* n = 2: the V stream of the first layer */
+            ck_assert_int_eq(run_flaky(tr, jobs, n, 0, 0), FK_ENOMEM);
+            ck_assert_ptr_nonnull(strstr(fk_errmsg(), "opening codec flaky"));
+            ck_assert_ptr_nonnull(strstr(fk_errmsg(), "refused"));
+        }
+        for (int n = 1; n <= 7; n += 3) {
+            ck_assert_int_eq(run_flaky(tr, jobs, 0, n, 0), FK_EINVAL);
+            ck_assert_ptr_nonnull(strstr(fk_errmsg(), "flaky encode"));
+        }
+        for (int n = 1; n <= 200; n += 99) /* attention, then the final error */
+            ck_assert_int_eq(run_flaky(tr, jobs, 0, 0, n), FK_ECORRUPT);
+    }
+    fk_trace_close(&tr);
+}
+END_TEST
+
+/* ---- a sparse codec without a dictionary: its atoms are the m x m identity ------------ */
+
+#define IDS_S 3
+struct ids {
+    int H, T, m;
+    float *atoms;             /* [m][m] identity */
+    int32_t *nnz;             /* [H][T] */
+    int32_t *idx;             /* [H][T][IDS_S] */
+    float *coef;              /* [H][T][IDS_S] exact coordinates */
+};
+static int ids_open(const void *o, const struct fk_stream_env *env, void **st)
+{
+    (void)o;
+    struct ids *p = calloc(1, sizeof *p);
+    p->H = env->n_heads;
+    p->T = env->n_tokens;
+    p->m = env->head_dim;
+    size_t rows = (size_t)p->H * p->T;
+    p->atoms = calloc((size_t)p->m * p->m, sizeof(float));
+    p->nnz = calloc(rows, sizeof(int32_t));
+    p->idx = calloc(rows * IDS_S, sizeof(int32_t));
+    p->coef = calloc(rows * IDS_S, sizeof(float));
+    for (int j = 0; j < p->m; j++)
+        p->atoms[(size_t)j * p->m + j] = 1;
+    *st = p;
+    return FK_OK;
+}
+/* keeps the IDS_S largest-magnitude coordinates (ties: the lower index) */
+static int ids_encode(void *st, const struct fk_event *ev, struct fk_vec_out *out)
+{
+    struct ids *p = st;
+    for (int i = 0; i < ev->n; i++) {
+        const float *x = ev->x + (size_t)i * p->m;
+        size_t row = (size_t)ev->head[i] * p->T + ev->token[i];
+        int32_t *id = p->idx + row * IDS_S;
+        float *cf = p->coef + row * IDS_S;
+        int k = 0;
+        double xx = 0, kept = 0;
+        for (int c = 0; c < p->m; c++) {
+            xx += (double)x[c] * x[c];
+            int pos = k < IDS_S ? k++ : IDS_S;
+            while (pos > 0 && fabsf(x[c]) > fabsf(x[id[pos - 1]])) {
+                if (pos < IDS_S)
+                    id[pos] = id[pos - 1];
+                pos--;
+            }
+            if (pos < IDS_S)
+                id[pos] = c;
+        }
+        for (int e = 0; e < k; e++) {
+            cf[e] = x[id[e]];
+            kept += (double)cf[e] * cf[e];
+        }
+        p->nnz[row] = k;
+        float err = xx > 0 ? (float)sqrt((xx - kept) / xx) : 0;
+        out[i] = (struct fk_vec_out){.err = err, .err_enc = err, .nnz = k};
+    }
+    return FK_OK;
+}
+static int ids_reconstruct(const void *st, int h, int t, float *out)
+{
+    const struct ids *p = st;
+    size_t row = (size_t)h * p->T + t;
+    memset(out, 0, sizeof(float) * (size_t)p->m);
+    for (int e = 0; e < p->nnz[row]; e++)
+        out[p->idx[row * IDS_S + e]] = p->coef[row * IDS_S + e];
+    return FK_OK;
+}
+static int ids_sparse_row(const void *st, int h, int t, int *nnz, const int32_t **idx,
+                          const float **coef)
+{
+    const struct ids *p = st;
+    size_t row = (size_t)h * p->T + t;
+    *nnz = p->nnz[row];
+    *idx = p->idx + row * IDS_S;
+    *coef = p->coef + row * IDS_S;
+    return FK_OK;
+}
+static const float *ids_atoms(const void *st, int *n_atoms)
+{
+    const struct ids *p = st;
+    *n_atoms = p->m;
+    return p->atoms;
+}
+static void ids_stats(const void *st, struct fk_stream_stats *s)
+{
+    memset(s, 0, sizeof *s);
+    s->n_atoms = ((const struct ids *)st)->m;
+}
+static void ids_close(void *st)
+{
+    struct ids *p = st;
+    if (!p)
+        return;
+    free(p->atoms);
+    free(p->nnz);
+    free(p->idx);
+    free(p->coef);
+    free(p);
+}
+static const struct fk_codec_ops ids_ops = {
+    .name = "idsparse", .summary = "identity atoms", .opts_size = sizeof(struct probe_opts),
+    .options = probe_options, .caps = FK_CAP_SPARSE, .open = ids_open, .encode = ids_encode,
+    .reconstruct = ids_reconstruct, .sparse_row = ids_sparse_row, .atoms = ids_atoms,
+    .stats = ids_stats, .close = ids_close,
+};
+
+static int close_rel(double a, double b, double tol)
+{
+    return isfinite(a) && isfinite(b) && fabs(a - b) <= tol * (fabs(b) > 1 ? fabs(b) : 1);
+}
+
+/* The attention of every evaluated step of a layer, straight from fk_attn_eval_naive: a
+ * fresh state holding every row, the exact K, V and queries, n_comp from the schedule. */
+static void naive_layer_attn(struct fk_trace *tr, int layer, const struct probe_opts *o,
+                             int stride, struct fk_attn_acc *acc)
+{
+    const struct fk_trace_info *ti = fk_trace_get_info(tr);
+    int H = ti->n_kv_heads, Hq = ti->n_q_heads, T = ti->n_tokens, m = ti->head_dim;
+    int P = ti->prompt_len;
+    float *k = malloc(sizeof(float) * (size_t)H * T * m);
+    float *v = malloc(sizeof(float) * (size_t)H * T * m);
+    float *q = malloc(sizeof(float) * (size_t)Hq * T * m), *qt = malloc(sizeof(float) * Hq * m);
+    ck_assert_int_eq(fk_trace_read(tr, layer, FK_KIND_K, k), FK_OK);
+    ck_assert_int_eq(fk_trace_read(tr, layer, FK_KIND_V, v), FK_OK);
+    ck_assert_int_eq(fk_trace_read(tr, layer, FK_KIND_Q, q), FK_OK); /* query row t = token t */
+    void *st[2];
+    struct fk_vec_out *out = malloc(sizeof *out * (size_t)H);
+    int32_t tok[64], head[64];
+    for (int kind = 0; kind < 2; kind++) {
+        struct fk_stream_env env = {.layer = layer, .kind = kind, .head_dim = m, .n_heads = H,
+                                    .n_tokens = T};
+        ck_assert_int_eq(ids_open(o, &env, &st[kind]), FK_OK);
+        float *x = malloc(sizeof(float) * (size_t)H * m);
+        for (int t = 0; t < T; t++) { /* a static codec: one token per event is the same */
+            for (int h = 0; h < H; h++) {
+                memcpy(x + (size_t)h * m, (kind ? v : k) + ((size_t)h * T + t) * m,
+                       sizeof(float) * (size_t)m);
+                tok[h] = t;
+                head[h] = h;
+            }
+            struct fk_event ev = {.phase = 1, .n = H, .x = x, .token = tok, .head = head};
+            ck_assert_int_eq(ids_encode(st[kind], &ev, out), FK_OK);
+        }
+        free(x);
+    }
+    struct fk_sched s = {.n_tokens = T, .prompt_len = P, .n_b = o->c.n_b, .a_len = o->c.a_len};
+    struct fk_sched_iter it;
+    struct fk_sched_event e;
+    fk_sched_begin(&it, &s);
+    int comp = 0, has = fk_sched_next(&it, &e);
+    if (has && e.phase == 0) {
+        comp = e.end;
+        has = fk_sched_next(&it, &e);
+    }
+    for (int t = P; t < T; t++) {
+        if ((t - P) % stride == 0) {
+            for (int h = 0; h < Hq; h++)
+                memcpy(qt + (size_t)h * m, q + ((size_t)h * T + t) * m, sizeof(float) * m);
+            struct fk_attn_in in = {.m = m, .n_q_heads = Hq, .n_kv_heads = H, .n_tokens = T,
+                                    .t = t, .n_comp = comp, .q = qt, .k = k, .v = v,
+                                    .ops = &ids_ops, .kstate = st[0], .vstate = st[1]};
+            ck_assert_int_eq(fk_attn_eval_naive(&in, acc), FK_OK);
+        }
+        if (has && e.step == t - P) {
+            comp = e.end;
+            has = fk_sched_next(&it, &e);
+        }
+    }
+    ids_close(st[0]);
+    ids_close(st[1]);
+    free(out), free(k), free(v), free(q), free(qt);
+}
+
+/* Attention of a sparse codec with no dictionary: the scratch follows the codec's own atom
+ * count (it used to take it from the base dictionary and refuse "key dictionary has 16
+ * atoms, scratch holds 1"); the metrics are finite and those of the naive path. */
+START_TEST(test_sparse_no_dict_attention)
+{
+    char path[512];
+    snprintf(path, sizeof path, "%s/idsparse.h5", tmpdir);
+    make_trace(path, 2, 4, 2, 16, 48, 20);
+    struct fk_trace *tr;
+    ck_assert_int_eq(fk_trace_open(path, &tr), FK_OK);
+    struct probe_opts o;
+    fk_opts_defaults(&ids_ops, &o);
+    o.c.n_b = 8;
+    o.c.a_len = 3;
+    const int stride = 2;
+    struct fk_cell_input in = {.ops = &ids_ops, .opts = &o, .traces = &tr, .n_traces = 1};
+    struct fk_replay_opts ro = {.jobs = 2, .attention = 1, .attn_stride = stride,
+                                .recall_every = 8};
+    struct fk_cell_result res;
+    int rc = fk_replay_cell(&in, &ro, &res);
+    ck_assert_msg(rc == FK_OK, "%s", fk_errmsg());
+    for (int l = 0; l < 2; l++) {
+        const struct fk_attn_acc *a = &res.attn[l];
+        struct fk_attn_acc b = {0};
+        naive_layer_attn(tr, l, &o, stride, &b);
+        ck_assert_int_gt(a->n, 0);
+        ck_assert_int_eq(a->n, b.n);
+        ck_assert_int_eq(a->skipped_steps, b.skipped_steps);
+        ck_assert_msg(close_rel(a->cos_sum, b.cos_sum, 1e-5), "cos %.17g %.17g", a->cos_sum,
+                      b.cos_sum);
+        ck_assert(close_rel(a->relerr_sum, b.relerr_sum, 1e-4));
+        ck_assert(close_rel(a->kl_sum, b.kl_sum, 1e-6));
+        ck_assert(close_rel(a->tv_sum, b.tv_sum, 1e-6));
+        ck_assert(close_rel(a->mass_sum, b.mass_sum, 1e-9));
+        for (int q = 0; q < 3; q++)
+            ck_assert(close_rel(a->top_sum[q], b.top_sum[q], 1e-9));
+        ck_assert(a->kl_sum > 0 && a->relerr_sum > 0); /* lossy: something was measured */
+        for (long i = 0; i < a->n; i++)
+            ck_assert(isfinite(a->cos_vals[i]));
+        fk_attn_acc_free(&b);
+    }
+    fk_cell_result_free(&res);
+    fk_trace_close(&tr);
+}
+END_TEST
+
+/* ---- observers that merge: two halves of a stream, merged, give the whole -------------- */
+
+START_TEST(test_observer_merge)
+{
+    const int H = 2, m = 4, n = 6;
+    struct probe_opts o;
+    fk_opts_defaults(&probe_ops, &o);
+    struct fk_replay_opts ro = {.jobs = 1, .attn_stride = 1};
+    struct fk_unit_times times = {0};
+    struct fk_unit u = {.ops = &probe_ops, .opts = &o, .ro = &ro, .path = "merge",
+                        .n_kv_heads = H, .n_q_heads = H, .n_tokens = 8, .prompt_len = 4,
+                        .head_dim = m, .times = &times};
+    float x[6 * 4];
+    int32_t tok[6], head[6];
+    struct fk_vec_out out[6];
+    for (int i = 0; i < n; i++) {
+        for (int c = 0; c < m; c++)
+            x[i * m + c] = (float)(i + c) * 0.5f; /* exact in float and double */
+        tok[i] = i / H;
+        head[i] = i % H;
+        out[i] = (struct fk_vec_out){.err = 0.25f * (float)i, .err_enc = 0.125f * (float)i,
+                                     .nnz = i, .flags = i == 3 ? FK_VEC_ZERO : 0};
+    }
+    struct fk_obs_set whole, part[2];
+    ck_assert_int_eq(fk_obs_set_create(&whole), FK_OK);
+    ck_assert_int_eq(fk_obs_set_create(&part[0]), FK_OK);
+    ck_assert_int_eq(fk_obs_set_create(&part[1]), FK_OK);
+    int merged = 0;
+    for (int j = 0; j < whole.n; j++) {
+        const struct fk_observer_ops *ops = whole.ops[j];
+        if (!ops->merge)
+            continue;
+        merged++;
+        for (int p = 0; p < 2; p++)
+            ck_assert_int_eq(ops->start(part[p].self[j], &u), FK_OK);
+        ck_assert_int_eq(ops->start(whole.self[j], &u), FK_OK);
+        for (int kind = 0; kind < 2 && ops->on_commit; kind++) {
+            /* vectors 0..2 in part 0, 3..5 in part 1, all six in the whole */
+            for (int p = 0; p < 2; p++) {
+                struct fk_event ev = {.phase = p, .step = p - 1, .n = 3, .x = x + p * 3 * m,
+                                      .token = tok + p * 3, .head = head + p * 3};
+                struct fk_commit c = {.kind = kind, .ev = &ev, .out = out + p * 3};
+                ck_assert_int_eq(ops->on_commit(part[p].self[j], &u, &c), FK_OK);
+                ck_assert_int_eq(ops->on_commit(whole.self[j], &u, &c), FK_OK);
+            }
+        }
+        ck_assert_int_eq(ops->merge(part[0].self[j], part[1].self[j]), FK_OK);
+        struct fk_stream_result a[2], b[2];
+        struct fk_attn_acc aa = {0}, ab = {0};
+        memset(a, 0, sizeof a);
+        memset(b, 0, sizeof b);
+        struct fk_unit_result ra = {.sr = {&a[0], &a[1]}, .attn = &aa};
+        struct fk_unit_result rb = {.sr = {&b[0], &b[1]}, .attn = &ab};
+        ck_assert_int_eq(ops->on_finish(part[0].self[j], &u, &ra), FK_OK);
+        ck_assert_int_eq(ops->on_finish(whole.self[j], &u, &rb), FK_OK);
+        ck_assert_msg(memcmp(a, b, sizeof a) == 0, "observer %s: merged halves differ from "
+                      "the whole", ops->name);
+        ck_assert(aa.n == ab.n && aa.skipped_steps == ab.skipped_steps);
+        fk_attn_acc_free(&aa);
+        fk_attn_acc_free(&ab);
+        if (!strcmp(ops->name, "errors"))
+            ck_assert(a[1].n_vectors == 5 && a[1].n_zero == 1 && a[1].n_prefill_coded == 3 &&
+                      a[1].err_sum == 0.25 * (0 + 1 + 2 + 4 + 5) && a[1].nnz_sum == 12);
+    }
+    ck_assert_int_ge(merged, 2); /* errors and attention at least */
+    fk_obs_set_free(&whole);
+    fk_obs_set_free(&part[0]);
+    fk_obs_set_free(&part[1]);
 }
 END_TEST
 
@@ -597,6 +1010,9 @@ static Suite *replay_suite(void)
     tcase_add_test(tc, test_results_commit);
     tcase_add_test(tc, test_reference_mode);
     tcase_add_test(tc, test_pool);
+    tcase_add_test(tc, test_codec_failures);
+    tcase_add_test(tc, test_sparse_no_dict_attention);
+    tcase_add_test(tc, test_observer_merge);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -372,8 +372,8 @@ int fk_attn_scratch_create(int m, int n_tokens, int max_atoms, int n_q_heads,
     s->oh = malloc(sizeof(double) * hq * (size_t)m);
     s->of = malloc(sizeof(float) * hq * (size_t)m);
     s->met = malloc(sizeof(struct fk_attn_metrics) * hq);
-    if (!s->z || !s->zh || !s->p || !s->ph || !s->lse || !s->row || !s->xrow || !s->qd || !s->pw || !s->o || !s->oh || !s->of ||
-        !s->met) {
+    if (!s->z || !s->zh || !s->p || !s->ph || !s->lse || !s->row || !s->xrow || !s->qd ||
+        !s->pw || !s->o || !s->oh || !s->of || !s->met) {
         fk_attn_scratch_free(&s);
         return fk_err(FK_ENOMEM, "out of memory (attention scratch: %d query heads, %d "
                       "tokens, %d atoms)", n_q_heads, n_tokens, max_atoms);
@@ -427,7 +427,8 @@ static int bad_atom(const char *kind, int g, int i, int j, int n_atoms)
                   kind, g, i, j, n_atoms);
 }
 
-/* Makes the per-atom arrays hold na atoms (na <= max_atoms, checked by the callers). */
+/* Makes the per-atom arrays hold na atoms (na <= max_atoms, checked by the callers; the
+ * capacity may run ahead of max_atoms when the bound itself grows step by step). */
 static int atoms_reserve(struct fk_attn_scratch *s, int na)
 {
     if (na <= s->cap_atoms)
@@ -436,7 +437,6 @@ static int atoms_reserve(struct fk_attn_scratch *s, int na)
      * megabyte arrays for every one leaves the heap fragmented */
     long want = (long)s->cap_atoms + s->cap_atoms / 4;
     want = want < na ? na : want;
-    want = want > s->max_atoms ? s->max_atoms : want;
     size_t n = (size_t)want, hq = (size_t)s->n_q_heads;
     float *u = realloc(s->u, sizeof(float) * hq * n);
     if (u)
@@ -451,6 +451,16 @@ static int atoms_reserve(struct fk_attn_scratch *s, int na)
         return fk_err(FK_ENOMEM, "out of memory (attention scratch for %d atoms)", na);
     s->cap_atoms = (int)want;
     return FK_OK;
+}
+
+int fk_attn_scratch_reserve(struct fk_attn_scratch *s, int n_atoms)
+{
+    if (!s || n_atoms < 1)
+        return fk_err(FK_EINVAL, "attention scratch: reserving %d atoms: expected >= 1",
+                      n_atoms);
+    if (n_atoms > s->max_atoms)
+        s->max_atoms = n_atoms;
+    return atoms_reserve(s, n_atoms);
 }
 
 /* U = Q D_K^T: q_h . d_j for every query head h and key atom j, one SGEMM (sparse codecs;
@@ -539,7 +549,7 @@ static int values_dense(const struct fk_attn_in *in, struct fk_attn_scratch *s, 
  * weights W[j][h] = sum_i P_hat_hi c_ij over the compressed rows (atom-major: a code updates
  * r adjacent doubles), then O_hat = W^T D_V as one SGEMM on the codec's float atoms (an
  * O_hat within about 1e-6 relative of the double sum: far below any codec's error, and the
- * DGEMM on a double copy of D_V cost 12% more attention time and its memory), then the
+ * DGEMM on a double copy of D_V cost more attention time and its memory), then the
  * exact rows of the uncompressed tail in double. */
 static int values_sparse(const struct fk_attn_in *in, struct fk_attn_scratch *s)
 {

@@ -52,16 +52,23 @@ struct fk_attn_metrics {
 
 /* Per-thread working memory of fk_attn_eval: logits and softmax of every query head
  * ([n_q_heads][n_tokens] doubles, four of them), q . D_K and the atom-space value weights
- * ([n_q_heads] per atom), the value atoms in double ([m] per atom) and the outputs
- * of the last evaluated step. The per-atom arrays grow on demand to the largest dictionary
- * seen (at most max_atoms). */
+ * ([n_q_heads] per atom) and the outputs of the last evaluated step. The per-atom arrays
+ * grow on demand to the largest dictionary seen (at most max_atoms, the bound the scratch
+ * was created with or reserved). */
 struct fk_attn_scratch;
 
-/* max_atoms bounds the current atom count N_t of both codec states (append codecs grow).
- * Returns FK_OK, FK_EINVAL (a size < 1) or FK_ENOMEM; *out is NULL on failure. */
+/* max_atoms bounds the current atom count N_t of both codec states (append codecs grow;
+ * fk_attn_scratch_reserve raises it). Returns FK_OK, FK_EINVAL (a size < 1) or FK_ENOMEM;
+ * *out is NULL on failure. */
 int fk_attn_scratch_create(int m, int n_tokens, int max_atoms, int n_q_heads,
                            struct fk_attn_scratch **out);
 void fk_attn_scratch_free(struct fk_attn_scratch **s);
+
+/* Raises the atom bound to at least n_atoms and makes room for them: callers size the
+ * scratch from what the codec states declare at each step (atoms() of a sparse codec,
+ * stats n_atoms), whatever the base dictionary. FK_EINVAL (n_atoms < 1), FK_ENOMEM (the
+ * scratch stays valid at its old size). */
+int fk_attn_scratch_reserve(struct fk_attn_scratch *s, int n_atoms);
 
 
 /* Evaluates every query head at one step and adds to acc. Uses the sparse fast path

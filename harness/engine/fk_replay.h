@@ -7,6 +7,18 @@
  * its unit wholly, and results land in fixed slots: the numbers do not depend on the
  * thread count. Traces are read one (layer, kind) at a time: peak memory does not grow with
  * the number of layers.
+ *
+ * Inside, a unit (one layer of one trace) is three parts: the eviction schedule
+ * (fk_schedule.h, pure arithmetic), the codec driver (fk_drive.h: opens the K and V states,
+ * runs the schedule's events through encode(), closes the states on every path) and the
+ * metric observers (fk_observe.h), each of which owns its accumulators and fills its own
+ * fields of struct fk_stream_result below.
+ *
+ * Adding a metric: write one observer in fk_observe.c (a `const struct fk_observer_ops`
+ * with start / on_commit / on_step / on_finish / merge / release as it needs, see
+ * fk_observe.h), add it to fk_observers[] there, and add its result fields to struct
+ * fk_stream_result (or struct fk_cell_result) here, with their meaning; the results store
+ * then writes them. No change to the driver or to the other observers.
  */
 #ifndef FK_REPLAY_H
 #define FK_REPLAY_H
@@ -41,9 +53,9 @@ struct fk_replay_opts {
     struct fk_replay_pool *pool; /* (optional) Gram buffers kept from cell to cell */
 };
 
-/* Worker Gram buffers kept from one fk_replay_cell to the next. On the VM we measure on, a
- * fresh 64 MiB buffer costs 0.03 to 0.2 s of page faults (host and guest), paid by every
- * worker of every cell otherwise. The pool keeps one slot per worker of the largest job
+/* Worker Gram buffers kept from one fk_replay_cell to the next: a fresh buffer of a large
+ * dictionary's Gram costs page faults (in host and guest on a VM), which every worker of
+ * every cell would pay otherwise. The pool keeps one slot per worker of the largest job
  * count seen, each with the buffers of the largest dictionary seen; a cell whose codec uses
  * no Gram releases them all (reference-mode cells keep them). One pool serves one
  * fk_replay_cell at a time. */
@@ -108,7 +120,7 @@ int fk_replay_cell(const struct fk_cell_input *in, const struct fk_replay_opts *
                    struct fk_cell_result *out);
 void fk_cell_result_free(struct fk_cell_result *r);
 
-/* Replays one layer of one trace with an already opened pair of bases (tests use it). */
+/* The result of stream (trace, layer, kind) of a cell. */
 struct fk_stream_result *fk_cell_stream(struct fk_cell_result *r, int trace, int layer,
                                         int kind);
 

@@ -1,0 +1,217 @@
+/* SPDX-License-Identifier: MIT
+ * The codec driver (see fk_drive.h). Spec: algorithms.md section 4.
+ */
+#include "engine/fk_drive.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "common/fk_clock.h"
+#include "common/fk_err.h"
+#include "engine/fk_schedule.h"
+
+int fk_drive_init(struct fk_drive *d)
+{
+    memset(d, 0, sizeof *d);
+    return fk_obs_set_create(&d->obs);
+}
+
+void fk_drive_free(struct fk_drive *d)
+{
+    fk_obs_set_free(&d->obs);
+    free(d->x);
+    free(d->tok);
+    free(d->head);
+    free(d->out);
+    free(d->evict_step);
+    memset(d, 0, sizeof *d);
+}
+
+static int grow(void **p, size_t need, size_t elem)
+{
+    void *n = realloc(*p, need * elem);
+    if (!n)
+        return fk_err(FK_ENOMEM, "out of memory (%zu bytes)", need * elem);
+    *p = n;
+    return FK_OK;
+}
+
+/* Room for events of n vectors of m floats. */
+static int reserve_event(struct fk_drive *d, size_t n, int m)
+{
+    if ((size_t)m * n > d->cap_x) {
+        FK_TRY(grow((void **)&d->x, (size_t)m * n, sizeof(float)));
+        d->cap_x = (size_t)m * n;
+    }
+    if (n > d->cap_n) {
+        FK_TRY(grow((void **)&d->tok, n, sizeof(int32_t)));
+        FK_TRY(grow((void **)&d->head, n, sizeof(int32_t)));
+        FK_TRY(grow((void **)&d->out, n, sizeof(struct fk_vec_out)));
+        d->cap_n = n;
+    }
+    return FK_OK;
+}
+
+static struct fk_sched unit_sched(const struct fk_unit *u)
+{
+    const struct fk_common_opts *co = u->opts;
+    return (struct fk_sched){.n_tokens = u->n_tokens, .prompt_len = u->prompt_len,
+                             .n_b = co->n_b, .a_len = co->a_len};
+}
+
+/* Encodes tokens e->first .. e->end-1 of every head of stream `kind` as one event and
+ * reports it to the observers. tok_step: see struct fk_commit. */
+static int encode_event(struct fk_drive *d, struct fk_unit *u, int kind,
+                        const struct fk_sched_event *e, const int32_t *tok_step)
+{
+    int H = u->n_kv_heads, T = u->n_tokens, m = u->head_dim;
+    int n = (e->end - e->first) * H;
+    if (n <= 0)
+        return FK_OK;
+    FK_TRY(reserve_event(d, (size_t)n, m));
+    int i = 0;
+    for (int t = e->first; t < e->end; t++)
+        for (int h = 0; h < H; h++, i++) {
+            float *xi = d->x + (size_t)i * m;
+            const float *src = fk_stored_row(u->kv[kind], u->kv_enc[kind], (size_t)h * T + t,
+                                             m, xi);
+            if (src != xi)
+                memcpy(xi, src, sizeof(float) * (size_t)m);
+            d->tok[i] = t;
+            d->head[i] = h;
+        }
+    struct fk_event ev = {.phase = e->phase, .step = e->step, .n = n, .x = d->x,
+                          .token = d->tok, .head = d->head};
+    double c0 = fk_clock_s(CLOCK_THREAD_CPUTIME_ID);
+    int rc = u->ops->encode(u->st[kind], &ev, d->out);
+    double c1 = fk_clock_s(CLOCK_THREAD_CPUTIME_ID);
+    u->times->t_encode += c1 - c0;
+    if (rc < 0)
+        return fk_err_context(rc, "%s encode (layer, kind %s, tokens %d..%d)", u->ops->name,
+                              kind ? "V" : "K", e->first, e->end - 1);
+    struct fk_commit c = {.kind = kind, .ev = &ev, .out = d->out, .tok_step = tok_step,
+                          .cpu_s = c1 - c0};
+    for (int j = 0; j < d->obs.n && rc == FK_OK; j++)
+        if (d->obs.ops[j]->on_commit)
+            rc = d->obs.ops[j]->on_commit(d->obs.self[j], u, &c);
+    u->times->t_metrics += fk_clock_s(CLOCK_THREAD_CPUTIME_ID) - c1;
+    return rc;
+}
+
+/* The prefill event and, for a static codec (its codes do not depend on what it coded
+ * before), every decode token up front in blocks of FK_STATIC_BLOCK tokens (one large SGEMM
+ * instead of one per step; stored rows are only read up to the current eviction point, so
+ * nothing else changes). One stream after the other: each stream's Gram keeps its hot
+ * rows in cache for the whole stream, where interleaving K and V blocks made the two
+ * Grams evict each other's rows. */
+static int drive_ahead(struct fk_drive *d, struct fk_unit *u)
+{
+    struct fk_sched s = unit_sched(u);
+    int is_static = (u->ops->caps & FK_CAP_STATIC) != 0;
+    struct fk_sched_event pre = {.phase = 0, .step = -1, .first = 0,
+                                 .end = fk_sched_prefill_end(&s)};
+    if (is_static) {
+        if ((size_t)u->n_tokens + 1 > d->cap_es) {
+            FK_TRY(grow((void **)&d->evict_step, (size_t)u->n_tokens + 1, sizeof(int32_t)));
+            d->cap_es = (size_t)u->n_tokens + 1;
+        }
+        fk_sched_evict_steps(&s, d->evict_step);
+    }
+    for (int k = 0; k < 2; k++) {
+        FK_TRY(encode_event(d, u, k, &pre, NULL));
+        if (!is_static)
+            continue;
+        struct fk_sched_blocks b;
+        struct fk_sched_event e;
+        fk_sched_blocks_begin(&b, &s, FK_STATIC_BLOCK);
+        while (fk_sched_blocks_next(&b, &e))
+            FK_TRY(encode_event(d, u, k, &e, d->evict_step));
+    }
+    u->n_comp = pre.end;
+    return FK_OK;
+}
+
+static int notify_step(struct fk_drive *d, const struct fk_unit *u, const struct fk_step *s)
+{
+    for (int j = 0; j < d->obs.n; j++)
+        if (d->obs.ops[j]->on_step)
+            FK_TRY(d->obs.ops[j]->on_step(d->obs.self[j], u, s));
+    return FK_OK;
+}
+
+/* The decode steps P .. T-1 and their evictions. */
+static int drive_decode(struct fk_drive *d, struct fk_unit *u)
+{
+    struct fk_sched s = unit_sched(u);
+    struct fk_sched_iter it;
+    struct fk_sched_event e;
+    fk_sched_begin(&it, &s);
+    int has = fk_sched_next(&it, &e);
+    if (has && e.phase == 0)
+        has = fk_sched_next(&it, &e);
+    int is_static = (u->ops->caps & FK_CAP_STATIC) != 0;
+    for (int t = u->prompt_len; t < u->n_tokens; t++) {
+        int step = t - u->prompt_len;
+        FK_TRY(notify_step(d, u, &(struct fk_step){step, t, u->n_comp, FK_STEP_BEGIN}));
+        if (has && e.step == step) {
+            for (int k = 0; k < 2 && !is_static; k++)
+                FK_TRY(encode_event(d, u, k, &e, NULL));
+            u->n_comp = e.end;
+            has = fk_sched_next(&it, &e);
+        }
+        FK_TRY(notify_step(d, u, &(struct fk_step){step, t, u->n_comp, FK_STEP_END}));
+    }
+    return FK_OK;
+}
+
+static int open_states(struct fk_unit *u)
+{
+    for (int k = 0; k < 2; k++) {
+        struct fk_stream_env env = {.layer = u->layer, .kind = k, .head_dim = u->head_dim,
+                                    .n_heads = u->n_kv_heads, .n_tokens = u->n_tokens,
+                                    .base = u->bases ? &u->bases[k] : NULL,
+                                    .reference = u->ro->reference};
+        int rc = u->ops->open(u->opts, &env, &u->st[k]);
+        if (rc < 0)
+            return fk_err_context(rc, "%s: layer %d %s: opening codec %s", u->path, u->layer,
+                                  k ? "V" : "K", u->ops->name);
+    }
+    return FK_OK;
+}
+
+static int finish(struct fk_drive *d, struct fk_unit *u, struct fk_unit_result *r)
+{
+    double m0 = fk_clock_s(CLOCK_THREAD_CPUTIME_ID);
+    int rc = FK_OK;
+    for (int j = 0; j < d->obs.n && rc == FK_OK; j++)
+        if (d->obs.ops[j]->on_finish)
+            rc = d->obs.ops[j]->on_finish(d->obs.self[j], u, r);
+    u->times->t_metrics += fk_clock_s(CLOCK_THREAD_CPUTIME_ID) - m0;
+    return rc;
+}
+
+int fk_drive_unit(struct fk_drive *d, struct fk_unit *u, struct fk_unit_result *r)
+{
+    u->st[0] = u->st[1] = NULL;
+    u->n_comp = 0;
+    int rc = FK_OK;
+    for (int j = 0; j < d->obs.n && rc == FK_OK; j++)
+        if (d->obs.ops[j]->start)
+            rc = d->obs.ops[j]->start(d->obs.self[j], u);
+    if (rc == FK_OK)
+        rc = open_states(u);
+    if (rc == FK_OK)
+        rc = drive_ahead(d, u);
+    if (rc == FK_OK)
+        rc = drive_decode(d, u);
+    if (rc == FK_OK)
+        rc = finish(d, u, r);
+    /* the one cleanup path: whatever opened is closed */
+    for (int k = 0; k < 2; k++) {
+        if (u->st[k])
+            u->ops->close(u->st[k]);
+        u->st[k] = NULL;
+    }
+    return rc;
+}
