@@ -30,16 +30,16 @@ DICT=$DICTS/aidreams-260k.h5         # 4 layers, d 16, N 128
 # Known harness bugs (report of issue 9). A check tagged with one of these ids that fails
 # turns the case into XFAIL instead of FAIL (unless FK_STRICT=1). Remove an id once fixed.
 KNOWN=" "
-#  B1 harness/fk_cli.c cmd_sweep: the results directory is prepared and provenance.json,
+#  B1 harness/cli/fk_cli.c cmd_sweep: the results directory is prepared and provenance.json,
 #     resolved.txt, cells.csv, summary.csv are rewritten before the traces are opened, so a
 #     damaged trace or dictionary (found when the first cell loads its dataset) replaces the
 #     earlier results' tables with empty ones.
-#  B2 harness/fk_results.c write_h5: when H5Fclose fails (disk full), HDF5 1.10.8 keeps the
+#  B2 harness/store/fk_results.c write_h5: when H5Fclose fails (disk full), HDF5 1.10.8 keeps the
 #     half-closed file in its ID table and segfaults in its atexit handler (H5F__close_cb,
 #     HDFGroup/hdf5#2257, fixed in 1.14): the run prints its message, then crashes (139).
-#  B3 harness/fk_cli.c main: SIGXFSZ is not ignored, so hitting RLIMIT_FSIZE kills the
+#  B3 harness/cli/fk_cli.c main: SIGXFSZ is not ignored, so hitting RLIMIT_FSIZE kills the
 #     process (exit 153) instead of a clean "File too large" error; a *.h5.tmp stays behind.
-#  B4 harness/fk_sweep.c push_cell: an [[exclude]] rule whose `codec`, `dataset` or enum
+#  B4 harness/engine/fk_sweep.c push_cell: an [[exclude]] rule whose `codec`, `dataset` or enum
 #     option value is not a string reads an uninitialised pointer (get_str's result is
 #     ignored) and crashes (139) instead of a FILE:LINE:COL "expected a string" error.
 

@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: MIT
- * Simulated attention fidelity (harness/fk_attn.c, spec algorithms.md 10.5) on real codec
+ * Simulated attention fidelity (harness/engine/fk_attn.c, spec algorithms.md 10.5) on real codec
  * states: the sparse fast path against the dense reference for every registered codec, the
  * `full` codec exactly lossless, the GQA head mapping and the top-k tie rule on hand-built
  * cases, causality, skipped steps, and the metrics against an independent brute-force

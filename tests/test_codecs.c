@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: MIT
- * Codec conformance (codecs/fk_codec.h; spec: algorithms.md sections 3-8, 10.6, 10.7, 11).
+ * Codec conformance (codecs/core/fk_codec.h; spec: algorithms.md sections 3-8, 10.6, 10.7, 11).
  *
  * Every codec is driven exactly as the replay engine drives it: options from the table
  * (fk_opts_defaults, fk_opts_set, fk_opts_set_enum), ops->check, ops->open with a

@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: MIT
- * Tests of the dictionary file v1 (datasets/fk_dict.h): save/load round trip with
+ * Tests of the dictionary file v1 (datasets/formats/fk_dict.h): save/load round trip with
  * renormalisation checked against a double-precision normalisation, dead and non-finite
  * atoms, files made bad by editing with the HDF5 C API, the trace compatibility check, and
  * the Gram matrix against a naive double-precision D^T D with planted duplicates.

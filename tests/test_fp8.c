@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: MIT
- * FP8 E4M3FN and binary16 storage formats (codecs/fk_fp8.c, spec: algorithms.md 3.7):
+ * FP8 E4M3FN and binary16 storage formats (codecs/kernels/fk_fp8.c, spec: algorithms.md 3.7):
  * every code decodes per the format's formula, every code round-trips, every midpoint
  * between consecutive codes rounds to the even code (and its float neighbours to the
  * nearer code), saturation is counted from 464 on, NaN and infinities are handled.

@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: MIT
- * Tests of the llama2.c runner (datasets/fk_llama2c.h) and SHA-256 (harness/fk_sha256.h).
+ * Tests of the llama2.c runner (datasets/gen/fk_llama2c.h) and SHA-256 (harness/common/fk_sha256.h).
  * Oracles: FIPS 180-4 test vectors; the greedy texts documented in the shared models
  * README; an independent double-precision recomputation of layer-0 keys, values and
  * queries straight from the model file; softmax frequencies for the sampler.

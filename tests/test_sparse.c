@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: MIT
- * The sparse-coding core (codecs/fk_omp.c, fk_screen.c; spec: algorithms.md 3.2-3.6, 11)
+ * The sparse-coding core (codecs/kernels/fk_omp.c, fk_screen.c; spec: algorithms.md 3.2-3.6, 11)
  * against independent oracles: GSL least squares on the chosen support, argmax of |D^T r|
  * recomputed in double at every step, the naive mode, brute-force sorting for Top-n and a
  * GSL solve for the ridge refinement. This file includes GSL and never <cblas.h>.

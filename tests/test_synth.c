@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: MIT
- * Tests of the synthetic trace generator (datasets/fk_synth.h). Each structural property is
+ * Tests of the synthetic trace generator (datasets/gen/fk_synth.h). Each structural property is
  * measured with an independent computation (GSL eigendecomposition for PCA and effective
  * rank, a brute-force softmax for attention, an independent RoPE rotation) and, where it
  * makes the test able to fail, against a control run with the mechanism switched off.

@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: MIT
- * Unit tests of the TOML reader (harness/fk_toml.h): every value kind, positions, insertion
+ * Unit tests of the TOML reader (harness/common/fk_toml.h): every value kind, positions, insertion
  * order, each error class with its exact FILE:LINE:COL, --set overrides (parse_value and
  * set_path), the canonical text, clone, file input, the hash index of big tables, and a
  * deterministic mutation/truncation loop for memory safety (run it under the ASan build).

@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: MIT
- * Tests of the trace format v1 reader and writer (datasets/fk_trace.h) and of the 16-bit
+ * Tests of the trace format v1 reader and writer (datasets/formats/fk_trace.h) and of the 16-bit
  * conversions. Oracles are independent of the code under test: the 16-bit values come from
  * the IEEE formulas ((-1)^s 2^(e-bias) (1 + m/2^p)) and rounding from ldexp/nearbyint in
  * double precision; bad files are made by editing a good file with the HDF5 C API; the

@@ -9,8 +9,8 @@
  * (head, token): tokens are evicted in order, so the compressed tokens of a head are always
  * 0 .. n_compressed-1.
  *
- * Adding a codec = one .c file with one exported `const struct fk_codec_ops` + one line in
- * codecs/fk_registry.c.
+ * Adding a codec = one .c file in a family folder with one exported
+ * `const struct fk_codec_ops` + one line in codec_list of codecs/meson.build.
  */
 #ifndef FK_CODEC_H
 #define FK_CODEC_H

@@ -87,7 +87,7 @@ int fk_bench_omp_run(const struct fk_bench_omp_cfg *cfg, const struct fk_bench_o
 int fk_bench_omp_codes_write(const char *path, const struct fk_code *codes, int n, int s,
                              const struct fk_bench_omp_result *res, int threads);
 
-/* CLI layer (harness/fk_cli_bench_omp.c): `bench omp` with argv[0] = "omp"; parses its own
+/* CLI layer (harness/cli/fk_cli_bench_omp.c): `bench omp` with argv[0] = "omp"; parses its own
  * options, prints a table. Returns the process exit status (0, 1 on failure, 2 on usage). */
 int fk_cli_bench_omp(int argc, char **argv);
 

@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: MIT
- * `fadkv-bench synth`: writes synthetic KV traces (datasets/fk_synth.h, datasets/SYNTH.md).
+ * `fadkv-bench synth`: writes synthetic KV traces (datasets/gen/fk_synth.h, datasets/SYNTH.md).
  * CLI layer: prints and returns exit codes; the generator below it never prints.
  */
 #include <stdio.h>

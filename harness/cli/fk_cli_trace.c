@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT
  * `fadkv-bench trace`: decodes prompts with a llama2.c checkpoint (our own runner,
- * datasets/fk_llama2c.h) and writes one fadkv-trace file per prompt. CLI layer: prints.
+ * datasets/gen/fk_llama2c.h) and writes one fadkv-trace file per prompt. CLI layer: prints.
  */
 #include "cli/fk_cli.h"
 

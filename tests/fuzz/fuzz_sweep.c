@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: MIT
- * libFuzzer target: sweep resolution (harness/fk_sweep.h) on a config file.
+ * libFuzzer target: sweep resolution (harness/engine/fk_sweep.h) on a config file.
  *
  * The input is written to a temporary file and loaded with fk_sweep_load(hash_content = 0):
  * the TOML reader, [sweep]/[[dataset]]/[defaults]/[[codec]]/[[exclude]] validation, presets,

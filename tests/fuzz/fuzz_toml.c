@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: MIT
- * libFuzzer target: the TOML reader (harness/fk_toml.h).
+ * libFuzzer target: the TOML reader (harness/common/fk_toml.h).
  *
  * Properties checked on every input: fk_toml_parse either succeeds or fails with
  * FK_ECONFIG and a message that starts with "FILE:" (the origin); an accepted document

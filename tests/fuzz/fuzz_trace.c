@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT
- * libFuzzer target: the trace reader (datasets/fk_trace.h) and the dictionary reader
- * (datasets/fk_dict.h).
+ * libFuzzer target: the trace reader (datasets/formats/fk_trace.h) and the dictionary reader
+ * (datasets/formats/fk_dict.h).
  *
  * HDF5 1.10.8 is not robust against byte-mutated files: fuzzing raw files crashes inside
  * HDF5 within seconds (README.md in this folder), which would hide every finding in our
