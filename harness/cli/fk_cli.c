@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -21,6 +22,7 @@
 #include "formats/fk_h5.h"
 #include "formats/fk_trace.h"
 #include "runner/fk_runner.h"
+#include "store/fk_results.h"
 #include "fk_version.h"
 
 static volatile sig_atomic_t g_stop;
@@ -124,23 +126,32 @@ int fk_cli_codecs(int argc, char **argv)
 
 /* ---- info ----------------------------------------------------------------------------- */
 
+/* A results directory: its cells through the store. Returns 1 if path is one. */
+static int info_results(const char *path, int *rc)
+{
+    struct fk_store *st = NULL;
+    struct stat sb;
+    if (stat(path, &sb) != 0 || !S_ISDIR(sb.st_mode))
+        return 0;
+    if (fk_store_open(path, &st) < 0) {
+        *rc = fail(path);
+        return 1;
+    }
+    int ok = 0;
+    for (int r = 0; r < st->cells.n_rows; r++)
+        ok += !strcmp(st->cells.rows[r][st->c_status], "ok");
+    printf("%s: results directory, %d cell(s) in cells.csv, %d finished; see cells.csv, "
+           "summary.csv\n", path, st->cells.n_rows, ok);
+    fk_store_close(&st);
+    *rc = 0;
+    return 1;
+}
+
 static int info_one(const char *path)
 {
-    char p[4200];
-    snprintf(p, sizeof p, "%s/cells.csv", path);
-    if (access(p, F_OK) == 0) {
-        FILE *f = fopen(p, "r");
-        if (!f)
-            return fail(p);
-        char line[1 << 14];
-        int rows = -1;
-        while (fgets(line, sizeof line, f))
-            rows++;
-        fclose(f);
-        printf("%s: results directory, %d finished cell(s); see cells.csv, summary.csv\n", path,
-               rows < 0 ? 0 : rows);
-        return 0;
-    }
+    int rc;
+    if (info_results(path, &rc))
+        return rc;
     hid_t fh = H5Fis_hdf5(path) > 0 ? H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT) : -1;
     int is_dict = 0;
     if (fh >= 0) {
