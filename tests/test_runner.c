@@ -1,0 +1,267 @@
+/* SPDX-License-Identifier: MIT
+ * The sweep runner (harness/runner/fk_runner.h) and the merge of shards
+ * (harness/store/fk_merge.h), in-process: shards merged equal an unsharded run cell for
+ * cell; resume skips finished cells and --force recomputes them; the hooks see every cell;
+ * a stop asked for before the first cell computes nothing; a dataset that cannot be read
+ * fails the run before the results directory is touched.
+ */
+#include <check.h>
+#include <math.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "common/fk_err.h"
+#include "engine/fk_sweep.h"
+#include "formats/fk_trace.h"
+#include "runner/fk_runner.h"
+#include "store/fk_merge.h"
+#include "store/fk_results.h"
+
+static char g_dir[64];
+static char g_toml[256];
+
+static void write_config(const char *path, const char *trace_glob)
+{
+    const char *src = getenv("FK_SRCDIR");
+    ck_assert_msg(src, "FK_SRCDIR must name the source tree");
+    FILE *f = fopen(path, "w");
+    ck_assert(f);
+    fprintf(f,
+            "[sweep]\nname = \"runner\"\noutput = \"%s/unsharded\"\njobs = 2\n"
+            "attention = true\nattn_stride = 8\nrecall = true\n"
+            "[[dataset]]\nname = \"babyllama\"\ntraces = [\"%s/datasets/embedded/%s\"]\n"
+            "dictionary = \"%s/datasets/dicts/babyllama-tok105.h5\"\n"
+            "defaults = { s = 4, n = 32, n_b = 16 }\n"
+            "[[codec]]\nname = \"full\"\n[[codec]]\nname = \"lexico\"\n"
+            "[[codec]]\nname = \"gm\"\n[[codec]]\nname = \"fadkv\"\n"
+            "grid = { tau_c = [0, 2] }\n",
+            g_dir, src, trace_glob, src);
+    fclose(f);
+}
+
+static void setup(void)
+{
+    strcpy(g_dir, "/tmp/fk-runner-XXXXXX");
+    ck_assert(mkdtemp(g_dir));
+    snprintf(g_toml, sizeof g_toml, "%s/sweep.toml", g_dir);
+    write_config(g_toml, "babyllama-tok105-0*.h5");
+    fk_hdf5_quiet();
+}
+
+static void teardown(void)
+{
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_dir);
+    ck_assert_int_eq(system(cmd), 0);
+}
+
+static struct fk_sweep *load(const char *out)
+{
+    char set[300];
+    snprintf(set, sizeof set, "sweep.output=\"%s/%s\"", g_dir, out);
+    const char *sets[1] = {set};
+    struct fk_sweep *s = NULL;
+    ck_assert_msg(fk_sweep_load(g_toml, sets, 1, 1, &s) == FK_OK, "%s", fk_errmsg());
+    return s;
+}
+
+struct seen {
+    int start, cell_start, cell_end, failed, progress, todo;
+    int last_index;
+};
+
+static void h_start(void *ctx, const struct fk_sweep *s, int todo)
+{
+    struct seen *w = ctx;
+    (void)s;
+    w->start++;
+    w->todo = todo;
+}
+
+static void h_cell_start(void *ctx, const struct fk_sweep *s, const struct fk_sweep_cell *c,
+                         int index, int todo)
+{
+    struct seen *w = ctx;
+    (void)s, (void)c;
+    ck_assert_int_eq(index, w->last_index + 1);
+    ck_assert_int_eq(todo, w->todo);
+    w->cell_start++;
+}
+
+static void h_progress(void *ctx, const struct fk_runner_progress *p)
+{
+    struct seen *w = ctx;
+    ck_assert(p->units_done >= 1 && p->units_done <= p->units_total);
+    ck_assert(p->vec_per_s > 0);
+    w->progress++;
+}
+
+static void h_cell_end(void *ctx, const struct fk_sweep *s, const struct fk_runner_cell_end *e)
+{
+    struct seen *w = ctx;
+    (void)s;
+    w->last_index = e->index;
+    w->cell_end++;
+    w->failed += e->failed;
+    ck_assert(e->failed || (e->vectors > 0 && isfinite(e->rel_err)));
+}
+
+static struct fk_runner_summary run(struct fk_sweep *s, int force, int si, int sn,
+                                    struct seen *w)
+{
+    struct fk_runner_opts o = {.force = force, .shard_i = si, .shard_n = sn};
+    if (w)
+        o.hooks = (struct fk_runner_hooks){.ctx = w, .start = h_start,
+                                           .cell_start = h_cell_start,
+                                           .progress = h_progress, .cell_end = h_cell_end};
+    struct fk_runner_summary sum;
+    ck_assert_msg(fk_runner_run(s, &o, &sum) == FK_OK, "%s", fk_errmsg());
+    return sum;
+}
+
+/* cells.csv of dir, timing columns blanked, as one string. */
+static char *table(const char *dir)
+{
+    static const char *const timing[] = {"wall_s", "cpu_us_per_vec", "cpu_time_rel", NULL};
+    struct fk_store *st;
+    ck_assert_msg(fk_store_open(dir, &st) == FK_OK, "%s", fk_errmsg());
+    size_t cap = 1 << 20, len = 0;
+    char *out = malloc(cap);
+    ck_assert(out);
+    for (int r = -1; r < st->cells.n_rows; r++)
+        for (int c = 0; c < st->cells.n_cols; c++) {
+            int t = 0;
+            while (timing[t] && strcmp(timing[t], st->cells.head[c]))
+                t++;
+            const char *v = r < 0 ? st->cells.head[c] : timing[t] ? "" : st->cells.rows[r][c];
+            len += (size_t)snprintf(out + len, cap - len, "%s%c", v,
+                                    c + 1 < st->cells.n_cols ? ',' : '\n');
+            ck_assert(len < cap);
+        }
+    fk_store_close(&st);
+    return out;
+}
+
+START_TEST(shards_merge_to_unsharded)
+{
+    struct fk_sweep *s = load("unsharded");
+    struct seen w = {0};
+    struct fk_runner_summary a = run(s, 0, 0, 1, &w);
+    ck_assert_int_eq(a.todo, s->n_cells);
+    ck_assert_int_eq(a.done, s->n_cells);
+    ck_assert_int_eq(a.failed + a.skipped + a.interrupted, 0);
+    ck_assert_int_eq(w.start, 1);
+    ck_assert_int_eq(w.cell_start, s->n_cells);
+    ck_assert_int_eq(w.cell_end, s->n_cells);
+    ck_assert(w.progress >= s->n_cells); /* at least one unit per cell */
+    int n = s->n_cells;
+    fk_sweep_free(&s);
+    char shard[2][300];
+    const char *shards[2] = {shard[0], shard[1]};
+    int done = 0;
+    for (int i = 0; i < 2; i++) {
+        char name[16];
+        snprintf(name, sizeof name, "shard%d", i);
+        snprintf(shard[i], sizeof shard[i], "%s/%s", g_dir, name);
+        s = load(name);
+        struct fk_runner_summary b = run(s, 0, i, 2, NULL);
+        ck_assert_int_eq(b.todo, (n + 1 - i) / 2); /* cell c belongs to shard c mod 2 */
+        done += b.done;
+        fk_sweep_free(&s);
+    }
+    ck_assert_int_eq(done, n);
+    char out[300], ref[300];
+    snprintf(out, sizeof out, "%s/merged", g_dir);
+    snprintf(ref, sizeof ref, "%s/unsharded", g_dir);
+    struct fk_merge_opts mo = {.out = out, .shards = shards, .n_shards = 2};
+    struct fk_merge_result mr;
+    ck_assert_msg(fk_merge(&mo, &mr) == FK_OK, "%s", fk_errmsg());
+    ck_assert_int_eq(mr.copied, n);
+    ck_assert_int_eq(mr.missing, 0);
+    char *ta = table(ref), *tm = table(out);
+    ck_assert_msg(!strcmp(ta, tm), "merged cells.csv differs from the unsharded one");
+    free(ta);
+    free(tm);
+}
+END_TEST
+
+START_TEST(resume_and_force)
+{
+    struct fk_sweep *s = load("resume");
+    struct fk_runner_summary a = run(s, 0, 0, 1, NULL);
+    ck_assert_int_eq(a.done, s->n_cells);
+    struct fk_runner_summary b = run(s, 0, 0, 1, NULL);
+    ck_assert_int_eq(b.todo, 0);
+    ck_assert_int_eq(b.done, 0);
+    ck_assert_int_eq(b.skipped, s->n_cells);
+    struct fk_runner_summary c = run(s, 1, 0, 1, NULL);
+    ck_assert_int_eq(c.todo, s->n_cells);
+    ck_assert_int_eq(c.done, s->n_cells);
+    ck_assert_int_eq(c.skipped, 0);
+    fk_sweep_free(&s);
+}
+END_TEST
+
+START_TEST(stop_before_first_cell)
+{
+    struct fk_sweep *s = load("stopped");
+    volatile sig_atomic_t stop = 1;
+    struct fk_runner_opts o = {.shard_n = 1, .stop = &stop};
+    struct fk_runner_summary sum;
+    ck_assert_int_eq(fk_runner_run(s, &o, &sum), FK_OK);
+    ck_assert(sum.interrupted);
+    ck_assert_int_eq(sum.done + sum.failed, 0);
+    ck_assert(!fk_results_done(s->output, s->cells[0].id));
+    fk_sweep_free(&s);
+}
+END_TEST
+
+/* A trace that goes away between resolution and the run fails it before the results
+ * directory is made. */
+START_TEST(unreadable_dataset_touches_nothing)
+{
+    char copy[300], cmd[700];
+    snprintf(copy, sizeof copy, "%s/trace.h5", g_dir);
+    snprintf(cmd, sizeof cmd, "cp '%s/datasets/embedded/babyllama-tok105-00.h5' '%s'",
+             getenv("FK_SRCDIR"), copy);
+    ck_assert_int_eq(system(cmd), 0);
+    FILE *f = fopen(g_toml, "w");
+    ck_assert(f);
+    fprintf(f, "[sweep]\nname = \"gone\"\noutput = \"%s/gone\"\ntraces = [\"%s\"]\n"
+               "[[codec]]\nname = \"full\"\n", g_dir, copy);
+    fclose(f);
+    struct fk_sweep *s = NULL;
+    ck_assert_int_eq(fk_sweep_load(g_toml, NULL, 0, 1, &s), FK_OK);
+    ck_assert_int_eq(unlink(copy), 0);
+    struct fk_runner_opts o = {.shard_n = 1};
+    struct fk_runner_summary sum;
+    ck_assert_int_lt(fk_runner_run(s, &o, &sum), 0);
+    ck_assert_msg(strstr(fk_errmsg(), "dataset 'default'") && strstr(fk_errmsg(), copy),
+                  "message: %s", fk_errmsg());
+    struct stat sb;
+    ck_assert_int_ne(stat(s->output, &sb), 0);
+    fk_sweep_free(&s);
+}
+END_TEST
+
+int main(void)
+{
+    Suite *s = suite_create("runner");
+    TCase *tc = tcase_create("core");
+    tcase_add_checked_fixture(tc, setup, teardown);
+    tcase_set_timeout(tc, 300);
+    tcase_add_test(tc, shards_merge_to_unsharded);
+    tcase_add_test(tc, resume_and_force);
+    tcase_add_test(tc, stop_before_first_cell);
+    tcase_add_test(tc, unreadable_dataset_touches_nothing);
+    suite_add_tcase(s, tc);
+    SRunner *sr = srunner_create(s);
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}
