@@ -9,10 +9,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cli/fk_cli.h"
 #include "common/fk_err.h"
 #include "report/fk_check.h"
 
-int fk_cli_check(int argc, char **argv);
 
 static void check_usage(FILE *f)
 {

@@ -7,10 +7,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cli/fk_cli.h"
 #include "common/fk_err.h"
 #include "store/fk_merge.h"
 
-int fk_cli_merge(int argc, char **argv);
 
 static void merge_usage(FILE *f)
 {

@@ -13,13 +13,13 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "cli/fk_cli.h"
 #include "common/fk_clock.h"
 #include "common/fk_err.h"
 #include "core/fk_codec.h"
 #include "report/fk_plotdata.h"
 #include "store/fk_results.h"
 
-int fk_cli_plot(int argc, char **argv);
 
 static void plot_usage(FILE *f)
 {
