@@ -335,10 +335,10 @@ static void *worker_main(void *arg)
 
 void fk_cell_result_free(struct fk_cell_result *r)
 {
-    if (!r || !r->streams)
+    if (!r)
         return;
     size_t n = (size_t)r->n_traces * r->n_layers;
-    for (size_t i = 0; i < 2 * n; i++) {
+    for (size_t i = 0; r->streams && i < 2 * n; i++) {
         free(r->streams[i].dict_norm);
         free(r->streams[i].step_err);
         free(r->streams[i].step_n);
