@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: MIT
  * The sweep runner (harness/runner/fk_runner.h) and the merge of shards
  * (harness/store/fk_merge.h), in-process: shards merged equal an unsharded run cell for
- * cell; resume skips finished cells and --force recomputes them; the hooks see every cell;
+ * cell; resume skips finished cells, retries failed ones, and --force recomputes them; the
+ * hooks see every cell;
  * a stop asked for before the first cell computes nothing; a dataset that cannot be read
  * fails the run before the results directory is touched.
  */
@@ -206,6 +207,33 @@ START_TEST(resume_and_force)
 }
 END_TEST
 
+/* A failed cell is not done: a rerun retries it, and only it; the cells that finished
+ * stay finished. (topk with s above head_dim fails at replay.) */
+START_TEST(failed_cells_are_retried)
+{
+    FILE *f = fopen(g_toml, "a");
+    ck_assert(f);
+    fprintf(f, "[[codec]]\nname = \"topk\"\ns = 32\n");
+    fclose(f);
+    struct fk_sweep *s = load("retry");
+    int n = s->n_cells;
+    struct fk_runner_summary a = run(s, 0, 0, 1, NULL);
+    ck_assert_int_eq(a.failed, 1);
+    ck_assert_int_eq(a.done, n - 1);
+    struct fk_runner_summary b = run(s, 0, 0, 1, NULL);
+    ck_assert_int_eq(b.todo, 1);
+    ck_assert_int_eq(b.failed, 1);
+    ck_assert_int_eq(b.done, 0);
+    ck_assert_int_eq(b.skipped, n - 1);
+    ck_assert(!fk_results_done(s->output, s->cells[n - 1].id));
+    ck_assert(fk_results_recorded(s->output, s->cells[n - 1].id)); /* in cells.csv */
+    char *t = table(s->output);
+    ck_assert_msg(strstr(t, "exceeds head_dim"), "cells.csv lacks the failed cell's error");
+    free(t);
+    fk_sweep_free(&s);
+}
+END_TEST
+
 START_TEST(stop_before_first_cell)
 {
     struct fk_sweep *s = load("stopped");
@@ -256,6 +284,7 @@ int main(void)
     tcase_set_timeout(tc, 300);
     tcase_add_test(tc, shards_merge_to_unsharded);
     tcase_add_test(tc, resume_and_force);
+    tcase_add_test(tc, failed_cells_are_retried);
     tcase_add_test(tc, stop_before_first_cell);
     tcase_add_test(tc, unreadable_dataset_touches_nothing);
     suite_add_tcase(s, tc);

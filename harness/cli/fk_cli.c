@@ -464,13 +464,17 @@ static int run_sweep(const struct fk_sweep *s, const struct sweep_args *a)
     }
     if (sum.interrupted) {
         fprintf(stderr, "fadkv-bench: interrupted: %d cell(s) finished and kept; run the same "
-                        "command again to resume\n", sum.done);
+                        "command%s again to resume\n", sum.done,
+                a->force ? " without --force" : "");
         return 130;
     }
     if (!a->quiet)
         fprintf(stderr, "fadkv-bench: %d cell(s) run, %d failed, %d already done; %.1f s; "
                         "results in %s/cells.csv\n", sum.done, sum.failed, sum.skipped,
                 sum.wall_s, s->output);
+    if (sum.failed)
+        fprintf(stderr, "fadkv-bench: %d cell(s) failed (their errors are in cells.csv); "
+                        "running the same command again retries them\n", sum.failed);
     return sum.failed ? 1 : 0;
 }
 

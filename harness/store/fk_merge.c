@@ -169,7 +169,7 @@ int fk_merge(const struct fk_merge_opts *o, struct fk_merge_result *r)
     if (rc == FK_OK && !(m.src = calloc((size_t)m.n_ids + 1, sizeof(int))))
         rc = fk_err(FK_ENOMEM, "out of memory");
     for (int i = 0; rc == FK_OK && i < m.n_ids; i++)
-        m.src[i] = fk_results_done(o->out, m.ids[i]) ? -1 : 0;
+        m.src[i] = fk_results_recorded(o->out, m.ids[i]) ? -1 : 0;
     for (int s = 0; rc == FK_OK && s < o->n_shards; s++)
         rc = copy_shard(&m, s, r);
     if (rc == FK_OK)

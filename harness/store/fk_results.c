@@ -133,12 +133,36 @@ int fk_results_prepare(const char *dir)
     return rc;
 }
 
+/* No allocation: an answer that cannot fail (a path beyond PATH_MAX cannot exist). */
+static int meta_path(char *p, size_t cap, const char *dir, const char *id)
+{
+    int n = snprintf(p, cap, "%s/cells/%s.meta", dir, id);
+    return n >= 0 && (size_t)n < cap;
+}
+
+int fk_results_recorded(const char *dir, const char *id)
+{
+    char p[PATH_MAX];
+    return meta_path(p, sizeof p, dir, id) && access(p, F_OK) == 0;
+}
+
 int fk_results_done(const char *dir, const char *id)
 {
-    /* no allocation: an answer that cannot fail (a path beyond PATH_MAX cannot exist) */
-    char p[PATH_MAX];
-    int n = snprintf(p, sizeof p, "%s/cells/%s.meta", dir, id);
-    return n >= 0 && (size_t)n < sizeof p && access(p, F_OK) == 0;
+    char p[PATH_MAX], line[512];
+    FILE *f = meta_path(p, sizeof p, dir, id) ? fopen(p, "r") : NULL;
+    int ok = 0;
+    /* the status line comes among the first (meta_head); a longer line is skipped whole */
+    while (f && fgets(line, sizeof line, f)) {
+        if (!strncmp(line, "status\t", 7)) {
+            ok = !strcmp(line + 7, "ok\n");
+            break;
+        }
+        while (!strchr(line, '\n') && fgets(line, sizeof line, f))
+            ;
+    }
+    if (f)
+        fclose(f);
+    return ok;
 }
 
 /* ---- aggregation ----------------------------------------------------------------------- */
@@ -783,7 +807,7 @@ static int load_metas(const char *dir, const char *const *ids, int n_ids, struct
                       uint8_t *have)
 {
     for (int i = 0; i < n_ids; i++) {
-        if (!fk_results_done(dir, ids[i]))
+        if (!fk_results_recorded(dir, ids[i]))
             continue;
         char *p;
         FK_TRY(fk_store_path(&p, dir, "cells/%s.meta", ids[i]));

@@ -40,8 +40,11 @@ struct fk_cell_meta {
 
 /* Creates dir and dir/cells if needed (refuses an unwritable directory). */
 int fk_results_prepare(const char *dir);
-/* 1 if the cell's .meta exists. */
+/* 1 if the cell finished: its .meta exists and says status ok. A failed cell is not done
+ * (a rerun retries it). Needs no allocation and cannot fail. */
 int fk_results_done(const char *dir, const char *id);
+/* 1 if the cell is recorded, finished or failed (its .meta exists). */
+int fk_results_recorded(const char *dir, const char *id);
 /* Records one finished cell (h5, summary rows, then meta) atomically. */
 int fk_results_commit(const char *dir, const struct fk_cell_meta *meta,
                       const struct fk_cell_result *res);
