@@ -5,6 +5,7 @@
  * cases, causality, skipped steps, and the metrics against an independent brute-force
  * oracle (log-ratio KL, sorted top-k).
  */
+#include "fk_check_main.h"
 #include "engine/fk_attn.h"
 #include "core/fk_codec.h"
 #include "formats/fk_dict.h"
@@ -885,9 +886,5 @@ static Suite *attn_suite(void)
 
 int main(void)
 {
-    SRunner *sr = srunner_create(attn_suite());
-    srunner_run_all(sr, CK_NORMAL);
-    int nf = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return nf ? EXIT_FAILURE : EXIT_SUCCESS;
+    return fk_suite_run(attn_suite());
 }

@@ -10,6 +10,7 @@
  * top-s and of full OMP, bit-exact snapshots of past rows, byte and MAC formulas of the spec.
  * This file includes GSL and never <cblas.h>.
  */
+#include "fk_check_main.h"
 #include "core/fk_codec.h"
 #include "formats/fk_dict.h"
 #include "common/fk_err.h"
@@ -2087,9 +2088,5 @@ int main(void)
     gsl_set_error_handler_off();
     blas_default = fk_blas_threads_get();
     fk_blas_threads_set(1);
-    SRunner *sr = srunner_create(codecs_suite());
-    srunner_run_all(sr, CK_NORMAL);
-    int nf = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return nf == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+    return fk_suite_run(codecs_suite());
 }

@@ -18,6 +18,7 @@
 #include <gsl/gsl_rng.h>
 #include <hdf5.h>
 
+#include "fk_check_main.h"
 #include "formats/fk_dict.h"
 #include "common/fk_err.h"
 #include "formats/fk_h5.h"
@@ -497,9 +498,5 @@ static Suite *suite(void)
 int main(void)
 {
     fk_hdf5_quiet();
-    SRunner *sr = srunner_create(suite());
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+    return fk_suite_run(suite());
 }

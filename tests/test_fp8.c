@@ -4,6 +4,7 @@
  * between consecutive codes rounds to the even code (and its float neighbours to the
  * nearer code), saturation is counted from 464 on, NaN and infinities are handled.
  */
+#include "fk_check_main.h"
 #include "kernels/fk_sparse.h"
 
 #include <check.h>
@@ -197,9 +198,5 @@ static Suite *fp8_suite(void)
 
 int main(void)
 {
-    SRunner *sr = srunner_create(fp8_suite());
-    srunner_run_all(sr, CK_NORMAL);
-    int nf = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return nf == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+    return fk_suite_run(fp8_suite());
 }

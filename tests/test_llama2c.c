@@ -12,6 +12,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "fk_check_main.h"
 #include "common/fk_err.h"
 #include "gen/fk_llama2c.h"
 #include "common/fk_sha256.h"
@@ -792,9 +793,5 @@ static Suite *suite(void)
 
 int main(void)
 {
-    SRunner *sr = srunner_create(suite());
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+    return fk_suite_run(suite());
 }

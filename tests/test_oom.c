@@ -17,6 +17,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "fk_check_main.h"
 #include "bench/fk_bench_replay.h"
 #include "cli/fk_cli.h"
 #include "common/fk_err.h"
@@ -230,9 +231,5 @@ int main(void)
     tcase_add_test(tc, test_bench_replay_oom);
     tcase_add_test(tc, test_gsl_handler_off);
     suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+    return fk_suite_run(s);
 }

@@ -10,6 +10,7 @@
  * through the store; a path past PATH_MAX is an error, not a truncation.
  * The end-to-end merge / shard test is tests/test_sweep_tools.sh.
  */
+#include "fk_check_main.h"
 #include "common/fk_err.h"
 #include "common/fk_json.h"
 #include "common/fk_str.h"
@@ -464,9 +465,5 @@ static Suite *plot_suite(void)
 
 int main(void)
 {
-    SRunner *sr = srunner_create(plot_suite());
-    srunner_run_all(sr, CK_NORMAL);
-    int nf = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return nf ? EXIT_FAILURE : EXIT_SUCCESS;
+    return fk_suite_run(plot_suite());
 }

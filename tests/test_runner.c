@@ -15,6 +15,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "fk_check_main.h"
 #include "common/fk_err.h"
 #include "engine/fk_sweep.h"
 #include "formats/fk_trace.h"
@@ -288,9 +289,5 @@ int main(void)
     tcase_add_test(tc, stop_before_first_cell);
     tcase_add_test(tc, unreadable_dataset_touches_nothing);
     suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+    return fk_suite_run(s);
 }

@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "fk_check_main.h"
 #include "engine/fk_schedule.h"
 
 #define MAXEV 4096
@@ -148,9 +149,5 @@ int main(void)
     tcase_add_test(tc, test_boundaries);
     tcase_add_test(tc, test_sweep);
     suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    return fk_suite_run(s);
 }

@@ -4,6 +4,7 @@
  * recomputed in double at every step, the naive mode, brute-force sorting for Top-n and a
  * GSL solve for the ridge refinement. This file includes GSL and never <cblas.h>.
  */
+#include "fk_check_main.h"
 #include "common/fk_err.h"
 #include "kernels/fk_sparse.h"
 
@@ -819,9 +820,5 @@ static Suite *sparse_suite(void)
 int main(void)
 {
     gsl_set_error_handler_off();
-    SRunner *sr = srunner_create(sparse_suite());
-    srunner_run_all(sr, CK_NORMAL);
-    int nf = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return nf == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+    return fk_suite_run(sparse_suite());
 }

@@ -16,6 +16,7 @@
 #include <gsl/gsl_matrix.h>
 #include <gsl/gsl_vector.h>
 
+#include "fk_check_main.h"
 #include "common/fk_err.h"
 #include "cli/fk_cli.h"
 #include "gen/fk_synth.h"
@@ -721,9 +722,5 @@ static Suite *suite(void)
 int main(void)
 {
     fk_hdf5_quiet();
-    SRunner *sr = srunner_create(suite());
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+    return fk_suite_run(suite());
 }

@@ -15,6 +15,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "fk_check_main.h"
 #include "common/fk_err.h"
 #include "common/fk_toml.h"
 
@@ -813,9 +814,5 @@ int main(void)
     tcase_add_test(tc, test_big_table_index);
     tcase_add_test(tc, test_mutations);
     suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+    return fk_suite_run(s);
 }

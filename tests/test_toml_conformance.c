@@ -6,6 +6,7 @@
  * Invalid cases must be rejected with a "FILE:LINE:COL: " message. Skips when the corpus is
  * absent. The JSON reader below is test-only and minimal.
  */
+#include "fk_check_main.h"
 #include "common/fk_err.h"
 #include "common/fk_toml.h"
 
@@ -527,9 +528,5 @@ int main(void)
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, test_corpus);
     suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+    return fk_suite_run(s);
 }

@@ -21,6 +21,7 @@
 #include <gsl/gsl_rng.h>
 #include <hdf5.h>
 
+#include "fk_check_main.h"
 #include "common/fk_err.h"
 #include "formats/fk_trace.h"
 
@@ -1088,9 +1089,5 @@ int main(void)
 {
     fk_hdf5_quiet();
     H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
-    SRunner *sr = srunner_create(suite());
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+    return fk_suite_run(suite());
 }

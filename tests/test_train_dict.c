@@ -11,6 +11,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "fk_check_main.h"
 #include "common/fk_err.h"
 #include "common/fk_sha256.h"
 #include "formats/fk_dict.h"
@@ -211,9 +212,5 @@ int main(void)
     tcase_add_test(tc, test_compare_keeps_requested_method);
     tcase_add_test(tc, test_bad_options);
     suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+    return fk_suite_run(s);
 }
