@@ -150,7 +150,7 @@ static void fix_encode_to(struct fix *f, int n_comp)
 static struct fk_attn_in fix_in(const struct fix *f, int t, int n_comp)
 {
     return (struct fk_attn_in){.m = f->m, .n_q_heads = f->n_q, .n_kv_heads = f->n_kv,
-                               .n_tokens = f->T, .t = t, .n_comp = n_comp, .q = f->q,
+                               .n_tokens = f->T, .t = t, .n_comp_k = n_comp, .n_comp_v = n_comp, .q = f->q,
                                .k = f->k, .v = f->v, .ops = f->ops, .kstate = f->st[0],
                                .vstate = f->st[1]};
 }
@@ -549,9 +549,9 @@ START_TEST(skipped_step_and_checks)
     ck_assert_ptr_null(acc.cos_vals);
     ck_assert_int_eq(fk_attn_scratch_result(s, 0, NULL, NULL, NULL), FK_EINVAL);
     /* misuse is refused, nothing is counted */
-    in.n_comp = 11;
+    in.n_comp_k = in.n_comp_v = 12; /* beyond t + 1 */
     ck_assert_int_eq(fk_attn_eval(&in, s, &acc), FK_EINVAL);
-    in.n_comp = 4;
+    in.n_comp_k = in.n_comp_v = 4;
     in.n_q_heads = 5;
     ck_assert_int_eq(fk_attn_eval(&in, s, &acc), FK_EINVAL);
     in = fix_in(&f, 32, 4);
@@ -561,7 +561,7 @@ START_TEST(skipped_step_and_checks)
     ck_assert_int_lt(fk_attn_eval(&in, s, &acc), 0); /* row 3 is not stored yet */
     struct fk_attn_scratch *small = NULL;
     ck_assert_int_eq(fk_attn_scratch_create(f.m, f.T, f.N - 1, f.n_q, &small), FK_OK);
-    in.n_comp = 3;
+    in.n_comp_k = in.n_comp_v = 3;
     ck_assert_int_eq(fk_attn_eval(&in, small, &acc), FK_EINVAL);
     ck_assert_int_eq(acc.n, 0);
     struct fk_attn_scratch *bad = s;
@@ -807,7 +807,7 @@ START_TEST(zero_output_guards)
         v[0] = pass ? 1.0f : 0.0f; /* token 0 (compressed): o != 0 but o_hat == 0 */
         for (int z = 0; z < 2; z++) {
             struct fk_attn_in in = {.m = 4, .n_q_heads = 1, .n_kv_heads = 1, .n_tokens = 3,
-                                    .t = 2, .n_comp = 2, .q = q, .k = k, .v = v,
+                                    .t = 2, .n_comp_k = 2, .n_comp_v = 2, .q = q, .k = k, .v = v,
                                     .ops = zops[z], .kstate = &dummy, .vstate = &dummy};
             struct fk_attn_acc acc = {0}, an = {0};
             struct fk_attn_metrics mt, mn;

@@ -866,7 +866,7 @@ static void naive_layer_attn(struct fk_trace *tr, int layer, const struct probe_
             for (int h = 0; h < Hq; h++)
                 memcpy(qt + (size_t)h * m, q + ((size_t)h * T + t) * m, sizeof(float) * m);
             struct fk_attn_in in = {.m = m, .n_q_heads = Hq, .n_kv_heads = H, .n_tokens = T,
-                                    .t = t, .n_comp = comp, .q = qt, .k = k, .v = v,
+                                    .t = t, .n_comp_k = comp, .n_comp_v = comp, .q = qt, .k = k, .v = v,
                                     .ops = &ids_ops, .kstate = st[0], .vstate = st[1]};
             ck_assert_int_eq(fk_attn_eval_naive(&in, acc), FK_OK);
         }

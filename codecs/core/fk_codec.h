@@ -32,7 +32,8 @@ struct fk_option {
 };
 
 /* Options every codec has (first member of every options struct): the replay engine reads
- * them to drive the full-precision buffer and the eviction chunk. */
+ * them to drive the full-precision buffer and the eviction chunk, unless the codec gives
+ * its own buffer rule (fk_codec_ops.buffer). */
 struct fk_common_opts {
     int n_b;                     /* full-precision recent-token buffer, tokens */
     int a_len;                   /* tokens evicted per eviction event */
@@ -40,6 +41,27 @@ struct fk_common_opts {
 };
 
 enum fk_coef { FK_COEF_FP32 = 0, FK_COEF_FP16 = 1, FK_COEF_FP8 = 2 };
+
+/* How a stream's full-precision buffer hands tokens to the codec: the eviction schedule
+ * (harness/engine/fk_schedule.h walks it). A token is "compressed" once it has been handed
+ * over; attention reads compressed rows through reconstruct() and every other row exactly.
+ *   SLIDE      the n_b most recent tokens stay exact; the prefill hands over tokens
+ *              0 .. P-n_b-1, and decode step t (after its attention) hands over the oldest
+ *              a_len buffered tokens once n_b or more were buffered before t. Lexico's
+ *              buffer; KIVI's value window is SLIDE with n_b = R, a_len = 1.
+ *   BLOCK      tokens are handed over in whole blocks of n_b consecutive tokens: the prefill
+ *              hands over floor(P / n_b) * n_b tokens, decode step t (after its attention)
+ *              the block ending at t once it is full (t itself included). KIVI's keys: 0 ..
+ *              R-1 recent keys exact, never one key at a time.
+ *   BLOCK_ALL  BLOCK, except that the prefill hands over all P tokens (Hugging Face's
+ *              QuantizedCache: no exact residual after the prefill).
+ * n_b >= 1 in the BLOCK modes; a_len is read by SLIDE only. */
+enum fk_buf_mode { FK_BUF_SLIDE = 0, FK_BUF_BLOCK = 1, FK_BUF_BLOCK_ALL = 2 };
+struct fk_buffer {
+    int mode;                    /* enum fk_buf_mode */
+    int n_b;                     /* SLIDE: tokens kept exact; BLOCK*: block length */
+    int a_len;                   /* SLIDE: tokens handed over per event */
+};
 extern const char *const fk_coef_names[]; /* {"fp32", "fp16", "fp8", NULL} */
 
 /* Entries of the option table for struct fk_common_opts `c` at the start of `type`. */
@@ -130,6 +152,9 @@ struct fk_stream_stats {
                                   * (screening, OMP, refinement, quantisation), adaptation */
     double bytes_codes;          /* stored codes (spec 10.6) */
     double bytes_dict_seq;       /* per-sequence dictionary state (spec 10.6) */
+    double bytes_model;          /* model-level constants this stream group reads (its universal
+                                  * dictionary, a projection basis), fp16 accounting: shared by
+                                  * every sequence, never counted per token */
     const uint32_t *ref_count;   /* [n_atoms] stored codes referencing atom j, or NULL */
     const uint32_t *prefill_use; /* [n_atoms] uses by prefill codes, or NULL */
     const uint32_t *use_total;   /* [n_atoms] uses ever, or NULL */
@@ -143,6 +168,11 @@ struct fk_codec_ops {
     const struct fk_option *options; /* {NULL}-terminated */
     unsigned caps;               /* enum fk_cap */
 
+    /* (optional) The buffer rule of stream `kind` (FK_KIND_K 0, FK_KIND_V 1) under these
+     * options. NULL: FK_BUF_SLIDE with the common options n_b and a_len, for both kinds. A
+     * codec with this callback names its own options for what stays exact (its table need
+     * not list n_b and a_len; the engine reads only what this returns). */
+    void (*buffer)(const void *opts, int kind, struct fk_buffer *b);
     /* (optional) Cross-option checks after every value is in range (e.g. s <= n). Sets an
      * fk_err message naming the options. n_atoms = 0 when no dictionary is known yet. */
     int (*check)(const void *opts, int head_dim, int n_atoms);
@@ -173,6 +203,9 @@ extern const struct fk_codec_ops *const fk_codecs[]; /* NULL-terminated */
 extern const char *const fk_default_cost_baseline;
 const struct fk_codec_ops *fk_codec_find(const char *name);
 const struct fk_option *fk_codec_option(const struct fk_codec_ops *ops, const char *name);
+/* The buffer rule of stream `kind`: ops->buffer, or SLIDE with the common n_b and a_len. */
+void fk_codec_buffer(const struct fk_codec_ops *ops, const void *opts, int kind,
+                     struct fk_buffer *b);
 
 /* Option values: defaults, set (range-checked, message names the option and the range),
  * get as double, and canonical text ("8", "0.5", "fp8"). */

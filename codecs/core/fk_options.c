@@ -19,6 +19,15 @@ const struct fk_option *fk_codec_option(const struct fk_codec_ops *ops, const ch
     return NULL;
 }
 
+void fk_codec_buffer(const struct fk_codec_ops *ops, const void *opts, int kind,
+                     struct fk_buffer *b)
+{
+    const struct fk_common_opts *co = opts;
+    *b = (struct fk_buffer){.mode = FK_BUF_SLIDE, .n_b = co->n_b, .a_len = co->a_len};
+    if (ops->buffer)
+        ops->buffer(opts, kind, b);
+}
+
 static void put(void *opts, const struct fk_option *o, double v)
 {
     char *p = (char *)opts + o->offset;

@@ -541,6 +541,7 @@ void dc_stats(const void *state, struct fk_stream_stats *st)
                       (double)d->rows_total * d->o.ptr_bytes;
     if (d->adapt)
         st->bytes_dict_seq = d->adapt->dict_bytes(d);
+    st->bytes_model = (double)d->N * d->m * 2; /* the universal dictionary, fp16 (10.6) */
     st->ref_count = d->ref_count;
     st->prefill_use = d->prefill_use;
     st->use_total = d->use_total;

@@ -406,12 +406,14 @@ static int check_in(const struct fk_attn_in *in)
         return fk_err(FK_EINVAL, "attention: head_dim %d, %d query heads, %d KV heads: "
                       "expected head_dim >= 1 and query heads a multiple of KV heads",
                       in->m, in->n_q_heads, in->n_kv_heads);
-    if (in->t < 0 || in->t >= in->n_tokens || in->n_comp < 0 || in->n_comp > in->t)
-        return fk_err(FK_EINVAL, "attention: step t = %d, n_comp = %d, %d tokens: expected "
-                      "0 <= n_comp <= t < tokens", in->t, in->n_comp, in->n_tokens);
+    if (in->t < 0 || in->t >= in->n_tokens || in->n_comp_k < 0 || in->n_comp_k > in->t + 1 ||
+        in->n_comp_v < 0 || in->n_comp_v > in->t + 1)
+        return fk_err(FK_EINVAL, "attention: step t = %d, compressed keys %d, values %d, %d "
+                      "tokens: expected 0 <= compressed <= t + 1 and t < tokens", in->t,
+                      in->n_comp_k, in->n_comp_v, in->n_tokens);
     if (!in->q || !in->k || !in->v)
         return fk_err(FK_EINVAL, "attention: missing queries, keys or values");
-    if (in->n_comp > 0 && (!in->ops || !in->ops->reconstruct || !in->kstate || !in->vstate))
+    if ((in->n_comp_k > 0 || in->n_comp_v > 0) && (!in->ops || !in->ops->reconstruct || !in->kstate || !in->vstate))
         return fk_err(FK_EINVAL, "attention: compressed rows but no codec states");
     return FK_OK;
 }
@@ -485,7 +487,7 @@ static int keys_compressed(const struct fk_attn_in *in, struct fk_attn_scratch *
     const struct fk_codec_ops *ops = in->ops;
     int m = in->m, T = s->n_tokens, h0 = g * r;
     if (na > 0) {
-        for (int i = 0; i < in->n_comp; i++) {
+        for (int i = 0; i < in->n_comp_k; i++) {
             int nnz = 0;
             const int32_t *idx = NULL;
             const float *coef = NULL;
@@ -505,7 +507,7 @@ static int keys_compressed(const struct fk_attn_in *in, struct fk_attn_scratch *
     }
     /* the kernel of the exact logits: a codec that stores rows exactly gives z_hat == z */
     const double *qg = s->qd + (size_t)h0 * m;
-    for (int i = 0; i < in->n_comp; i++) {
+    for (int i = 0; i < in->n_comp_k; i++) {
         FK_TRY(ops->reconstruct(in->kstate, g, i, s->row));
         dot_heads(qg, r, s->row, m, s->pw);
         for (int hl = 0; hl < r; hl++)
@@ -532,7 +534,7 @@ static int values_dense(const struct fk_attn_in *in, struct fk_attn_scratch *s, 
     memset(oh, 0, sizeof(double) * (size_t)r * m);
     for (int i = 0; i < n; i++) {
         const float *x;
-        if (i < in->n_comp) {
+        if (i < in->n_comp_v) {
             FK_TRY(in->ops->reconstruct(in->vstate, g, i, s->row));
             x = s->row;
         } else {
@@ -565,7 +567,7 @@ static int values_sparse(const struct fk_attn_in *in, struct fk_attn_scratch *s)
     memset(s->w, 0, sizeof(double) * (size_t)na * hq);
     for (int g = 0; g < in->n_kv_heads; g++) {
         int h0 = g * r;
-        for (int i = 0; i < in->n_comp; i++) {
+        for (int i = 0; i < in->n_comp_v; i++) {
             int nnz = 0;
             const int32_t *idx = NULL;
             const float *coef = NULL;
@@ -592,7 +594,7 @@ static int values_sparse(const struct fk_attn_in *in, struct fk_attn_scratch *s)
     for (size_t e = 0; e < (size_t)hq * m; e++)
         s->oh[e] = s->of[e];
     for (int g = 0; g < in->n_kv_heads; g++) {
-        for (int i = in->n_comp; i < n; i++) {
+        for (int i = in->n_comp_v; i < n; i++) {
             for (int hl = 0; hl < r; hl++)
                 s->pw[hl] = s->ph[(size_t)(g * r + hl) * T + i];
             axpy_heads(s->pw, r, exact_row(in, 1, g, i, s->xrow), s->oh + (size_t)g * r * m,
@@ -606,7 +608,7 @@ int fk_attn_eval(const struct fk_attn_in *in, struct fk_attn_scratch *s,
                  struct fk_attn_acc *acc)
 {
     FK_TRY(check_in(in));
-    if (in->n_comp == 0) {
+    if (in->n_comp_k == 0 && in->n_comp_v == 0) {
         acc->skipped_steps++;
         return FK_OK;
     }
@@ -614,7 +616,7 @@ int fk_attn_eval(const struct fk_attn_in *in, struct fk_attn_scratch *s,
         return fk_err(FK_EINVAL, "attention: head_dim %d, %d visible tokens, %d query heads "
                       "exceed the scratch (%d, %d, %d)", in->m, in->t + 1, in->n_q_heads,
                       s->m, s->n_tokens, s->n_q_heads);
-    int m = in->m, n = in->t + 1, nc = in->n_comp, T = s->n_tokens, hq = in->n_q_heads;
+    int m = in->m, n = in->t + 1, nc = in->n_comp_k, T = s->n_tokens, hq = in->n_q_heads;
     int r = hq / in->n_kv_heads;
     double sqrtm = sqrt((double)m);
     s->last_heads = 0;
@@ -671,7 +673,7 @@ int fk_attn_eval_naive_out(const struct fk_attn_in *in, struct fk_attn_acc *acc,
                            double *o_hat, struct fk_attn_metrics *met)
 {
     FK_TRY(check_in(in));
-    if (in->n_comp == 0) {
+    if (in->n_comp_k == 0 && in->n_comp_v == 0) {
         acc->skipped_steps++;
         return FK_OK;
     }
@@ -687,21 +689,19 @@ int fk_attn_eval_naive_out(const struct fk_attn_in *in, struct fk_attn_acc *acc,
     int rc = FK_OK;
     if (!kh || !vh || !xr || !z || !o || !mt)
         rc = fk_err(FK_ENOMEM, "out of memory (naive attention)");
-    /* dense K_hat, V_hat: codec rows below n_comp, exact rows above */
+    /* dense K_hat, V_hat: codec rows below n_comp_k / n_comp_v, exact rows above */
     for (int g = 0; g < Hkv && rc == FK_OK; g++)
         for (int i = 0; i < n && rc == FK_OK; i++) {
             size_t dst = ((size_t)g * n + i) * m;
-            if (i < in->n_comp) {
-                rc = in->ops->reconstruct(in->kstate, g, i, kh + dst);
-                if (rc == FK_OK)
-                    rc = in->ops->reconstruct(in->vstate, g, i, vh + dst);
-            } else {
-                const float *kr = exact_row(in, 0, g, i, kh + dst);
-                const float *vr = exact_row(in, 1, g, i, vh + dst);
-                if (kr != kh + dst)
-                    memcpy(kh + dst, kr, sizeof(float) * (size_t)m);
-                if (vr != vh + dst)
-                    memcpy(vh + dst, vr, sizeof(float) * (size_t)m);
+            for (int kind = 0; kind < 2 && rc == FK_OK; kind++) {
+                float *row = (kind ? vh : kh) + dst;
+                if (i < (kind ? in->n_comp_v : in->n_comp_k)) {
+                    rc = in->ops->reconstruct(kind ? in->vstate : in->kstate, g, i, row);
+                } else {
+                    const float *x = exact_row(in, kind, g, i, row);
+                    if (x != row)
+                        memcpy(row, x, sizeof(float) * (size_t)m);
+                }
             }
         }
     for (int h = 0; h < Hq && rc == FK_OK; h++) {
@@ -719,7 +719,7 @@ int fk_attn_eval_naive_out(const struct fk_attn_in *in, struct fk_attn_acc *acc,
             axpyd(p[i], exact_row(in, 1, g, i, xr), oe, m);
             axpyd(ph[i], vh + ((size_t)g * n + i) * m, oa, m);
         }
-        head_metrics(zz, zh, p, ph, lse, lseh, n, in->n_comp, oe, oa, m, &mt[h]);
+        head_metrics(zz, zh, p, ph, lse, lseh, n, in->n_comp_k, oe, oa, m, &mt[h]);
         if (o_hat)
             memcpy(o_hat + (size_t)h * m, oa, sizeof(double) * (size_t)m);
     }

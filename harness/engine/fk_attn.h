@@ -18,7 +18,8 @@ struct fk_attn_in {
     int n_q_heads, n_kv_heads;    /* H_q = r * H_kv; query head h reads KV head h / r */
     int n_tokens;                 /* T: rows of K and V per head */
     int t;                        /* the query's token index; visible tokens are 0..t */
-    int n_comp;                   /* tokens 0..n_comp-1 are compressed (n_comp <= t) */
+    int n_comp_k, n_comp_v;       /* key / value rows 0..n_comp-1 are compressed (<= t + 1;
+                                   * a block buffer may have handed over token t itself) */
     const float *q;               /* [n_q_heads][m] post-RoPE queries of token t */
     const void *k, *v;            /* exact keys and values [n_kv_heads][T][m] as stored: */
     enum fk_encoding k_enc, v_enc; /* float32 (the default 0), or float16 / bfloat16 words */
@@ -35,7 +36,7 @@ struct fk_attn_acc {
     double kl_sum;                /* sum of KL(P || P_hat) */
     double tv_sum;                /* sum of the total variation 1/2 sum |P - P_hat| */
     double top_sum[3];            /* sums of top-k overlap, k = 1, 8, 32 */
-    double mass_sum;              /* sum of the exact attention mass on compressed rows */
+    double mass_sum;              /* sum of the exact attention mass on compressed keys */
     double *cos_vals;             /* [n] every cos value (for percentiles), malloc'd */
     long cos_cap;                 /* allocated length of cos_vals */
 };
@@ -47,7 +48,7 @@ struct fk_attn_metrics {
     double kl;                    /* KL(P || P_hat), nats */
     double tv;                    /* total variation 1/2 sum |P - P_hat| */
     double top[3];                /* top-k overlap for k = 1, 8, 32, in [0, 1] */
-    double mass;                  /* exact attention mass on the compressed rows */
+    double mass;                  /* exact attention mass on the compressed keys */
 };
 
 /* Per-thread working memory of fk_attn_eval: logits and softmax of every query head
@@ -75,11 +76,12 @@ int fk_attn_scratch_reserve(struct fk_attn_scratch *s, int n_atoms);
  * (q . D_K once per query, s multiply-adds per compressed key, values through the codes)
  * when the codec has FK_CAP_SPARSE, else reconstructs rows. Double precision for logits,
  * softmax and accumulators (q . D_K itself is one float SGEMM for all query heads; the
- * atom-space values go through one float SGEMM). If n_comp == 0 it only counts a skipped step.
+ * atom-space values go through one float SGEMM). If no key and no value is compressed it only
+ * counts a skipped step.
  * Allocates nothing except growing acc->cos_vals when it is full (see
  * fk_attn_acc_reserve) and the scratch's per-atom arrays when a dictionary is larger than
  * any before. Bit-identical run to run with OpenBLAS at one thread.
- * Errors: FK_EINVAL (inconsistent sizes, n_comp > t, scratch too small), the codec's error
+ * Errors: FK_EINVAL (inconsistent sizes, n_comp > t + 1, scratch too small), the codec's error
  * for a missing row, FK_ECORRUPT for a code naming a nonexistent atom; acc is then
  * unchanged. */
 int fk_attn_eval(const struct fk_attn_in *in, struct fk_attn_scratch *s,

@@ -53,11 +53,12 @@ static int reserve_event(struct fk_drive *d, size_t n, int m)
     return FK_OK;
 }
 
-static struct fk_sched unit_sched(const struct fk_unit *u)
+/* The schedule of stream `kind` (its codec's buffer rule). */
+static struct fk_sched unit_sched(const struct fk_unit *u, int kind)
 {
-    const struct fk_common_opts *co = u->opts;
+    const struct fk_buffer *b = &u->buf[kind];
     return (struct fk_sched){.n_tokens = u->n_tokens, .prompt_len = u->prompt_len,
-                             .n_b = co->n_b, .a_len = co->a_len};
+                             .n_b = b->n_b, .a_len = b->a_len, .mode = b->mode};
 }
 
 /* Encodes tokens e->first .. e->end-1 of every head of stream `kind` as one event and
@@ -107,28 +108,26 @@ static int encode_event(struct fk_drive *d, struct fk_unit *u, int kind,
  * Grams evict each other's rows. */
 static int drive_ahead(struct fk_drive *d, struct fk_unit *u)
 {
-    struct fk_sched s = unit_sched(u);
     int is_static = (u->ops->caps & FK_CAP_STATIC) != 0;
-    struct fk_sched_event pre = {.phase = 0, .step = -1, .first = 0,
-                                 .end = fk_sched_prefill_end(&s)};
-    if (is_static) {
-        if ((size_t)u->n_tokens + 1 > d->cap_es) {
-            FK_TRY(grow((void **)&d->evict_step, (size_t)u->n_tokens + 1, sizeof(int32_t)));
-            d->cap_es = (size_t)u->n_tokens + 1;
-        }
-        fk_sched_evict_steps(&s, d->evict_step);
+    if (is_static && (size_t)u->n_tokens + 1 > d->cap_es) {
+        FK_TRY(grow((void **)&d->evict_step, (size_t)u->n_tokens + 1, sizeof(int32_t)));
+        d->cap_es = (size_t)u->n_tokens + 1;
     }
     for (int k = 0; k < 2; k++) {
+        struct fk_sched s = unit_sched(u, k);
+        struct fk_sched_event pre = {.phase = 0, .step = -1, .first = 0,
+                                     .end = fk_sched_prefill_end(&s)};
         FK_TRY(encode_event(d, u, k, &pre, NULL));
+        u->n_comp[k] = pre.end;
         if (!is_static)
             continue;
+        fk_sched_evict_steps(&s, d->evict_step);
         struct fk_sched_blocks b;
         struct fk_sched_event e;
         fk_sched_blocks_begin(&b, &s, FK_STATIC_BLOCK);
         while (fk_sched_blocks_next(&b, &e))
             FK_TRY(encode_event(d, u, k, &e, d->evict_step));
     }
-    u->n_comp = pre.end;
     return FK_OK;
 }
 
@@ -140,27 +139,40 @@ static int notify_step(struct fk_drive *d, const struct fk_unit *u, const struct
     return FK_OK;
 }
 
-/* The decode steps P .. T-1 and their evictions. */
+static struct fk_step step_of(const struct fk_unit *u, int t, enum fk_step_when when)
+{
+    return (struct fk_step){.step = t - u->prompt_len, .t = t,
+                            .n_comp = {u->n_comp[0], u->n_comp[1]}, .when = when};
+}
+
+/* The decode steps P .. T-1 and their evictions (K's, then V's). */
 static int drive_decode(struct fk_drive *d, struct fk_unit *u)
 {
-    struct fk_sched s = unit_sched(u);
-    struct fk_sched_iter it;
-    struct fk_sched_event e;
-    fk_sched_begin(&it, &s);
-    int has = fk_sched_next(&it, &e);
-    if (has && e.phase == 0)
-        has = fk_sched_next(&it, &e);
+    struct fk_sched_iter it[2];
+    struct fk_sched_event e[2];
+    int has[2];
+    for (int k = 0; k < 2; k++) {
+        struct fk_sched s = unit_sched(u, k);
+        fk_sched_begin(&it[k], &s);
+        has[k] = fk_sched_next(&it[k], &e[k]);
+        if (has[k] && e[k].phase == 0)
+            has[k] = fk_sched_next(&it[k], &e[k]);
+    }
     int is_static = (u->ops->caps & FK_CAP_STATIC) != 0;
     for (int t = u->prompt_len; t < u->n_tokens; t++) {
         int step = t - u->prompt_len;
-        FK_TRY(notify_step(d, u, &(struct fk_step){step, t, u->n_comp, FK_STEP_BEGIN}));
-        if (has && e.step == step) {
-            for (int k = 0; k < 2 && !is_static; k++)
-                FK_TRY(encode_event(d, u, k, &e, NULL));
-            u->n_comp = e.end;
-            has = fk_sched_next(&it, &e);
+        struct fk_step begin = step_of(u, t, FK_STEP_BEGIN);
+        FK_TRY(notify_step(d, u, &begin));
+        for (int k = 0; k < 2; k++) {
+            if (!has[k] || e[k].step != step)
+                continue;
+            if (!is_static)
+                FK_TRY(encode_event(d, u, k, &e[k], NULL));
+            u->n_comp[k] = e[k].end;
+            has[k] = fk_sched_next(&it[k], &e[k]);
         }
-        FK_TRY(notify_step(d, u, &(struct fk_step){step, t, u->n_comp, FK_STEP_END}));
+        struct fk_step end = step_of(u, t, FK_STEP_END);
+        FK_TRY(notify_step(d, u, &end));
     }
     return FK_OK;
 }
@@ -194,7 +206,9 @@ static int finish(struct fk_drive *d, struct fk_unit *u, struct fk_unit_result *
 int fk_drive_unit(struct fk_drive *d, struct fk_unit *u, struct fk_unit_result *r)
 {
     u->st[0] = u->st[1] = NULL;
-    u->n_comp = 0;
+    u->n_comp[0] = u->n_comp[1] = 0;
+    for (int k = 0; k < 2; k++)
+        fk_codec_buffer(u->ops, u->opts, k, &u->buf[k]);
     int rc = FK_OK;
     for (int j = 0; j < d->obs.n && rc == FK_OK; j++)
         if (d->obs.ops[j]->start)

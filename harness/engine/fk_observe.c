@@ -234,7 +234,7 @@ static int final_error(struct obs_errors *o, const struct fk_unit *u, int k, dou
 {
     int H = u->n_kv_heads, T = u->n_tokens, m = u->head_dim;
     for (int h = 0; h < H; h++)
-        for (int t = 0; t < u->n_comp; t++) {
+        for (int t = 0; t < u->n_comp[k]; t++) {
             const float *x = fk_stored_row(u->kv[k], u->kv_enc[k], (size_t)h * T + t, m,
                                            o->xrow);
             FK_TRY(u->ops->reconstruct(u->st[k], h, t, o->rec));
@@ -489,7 +489,30 @@ static const struct fk_observer_ops obs_recall = {
 
 struct obs_account {
     double cpu_s[2];  /* encode() thread CPU seconds */
+    double tok_sum[2];/* sum over decode steps of B(t) / (t + 1) */
+    int steps;        /* decode steps seen */
 };
+
+/* Bytes of stream k held now: codes, dictionary state and the exact (fp16) rows of tokens
+ * n_comp .. t of every head. */
+static double held_bytes(const struct fk_unit *u, int k, int t, int n_comp)
+{
+    struct fk_stream_stats ss;
+    u->ops->stats(u->st[k], &ss);
+    return ss.bytes_codes + ss.bytes_dict_seq +
+           (double)(t + 1 - n_comp) * u->n_kv_heads * u->head_dim * 2;
+}
+
+static int account_step(void *self, const struct fk_unit *u, const struct fk_step *s)
+{
+    struct obs_account *o = self;
+    if (s->when != FK_STEP_END)
+        return FK_OK;
+    for (int k = 0; k < 2; k++)
+        o->tok_sum[k] += held_bytes(u, k, s->t, s->n_comp[k]) / (s->t + 1);
+    o->steps++;
+    return FK_OK;
+}
 
 static int account_start(void *self, const struct fk_unit *u)
 {
@@ -509,7 +532,7 @@ static int account_commit(void *self, const struct fk_unit *u, const struct fk_c
  * must reproduce them. */
 static int support_hashes(const struct fk_unit *u, int k, struct fk_stream_result *sr)
 {
-    int H = u->n_kv_heads, comp = u->n_comp;
+    int H = u->n_kv_heads, comp = u->n_comp[k];
     uint64_t hsh = FNV_OFFSET;
     if (u->ro->row_hashes && u->ops->sparse_row && comp > 0) {
         sr->row_hash = malloc(sizeof(uint64_t) * (size_t)H * (size_t)comp);
@@ -544,8 +567,11 @@ static int account_finish(void *self, const struct fk_unit *u, struct fk_unit_re
     for (int k = 0; k < 2; k++) {
         struct fk_stream_result *sr = r->sr[k];
         FK_TRY(support_hashes(u, k, sr));
-        sr->bytes_buf = (double)(T - u->n_comp) * H * m * 2;
+        sr->bytes_buf = (double)(T - u->n_comp[k]) * H * m * 2;
         sr->bytes_full = (double)T * H * m * 2;
+        sr->bytes_tok_avg = o->steps ? o->tok_sum[k] / o->steps : NAN;
+        sr->n_heads = H;
+        sr->head_dim = m;
         sr->cpu_s = o->cpu_s[k];
     }
     return FK_OK;
@@ -553,7 +579,7 @@ static int account_finish(void *self, const struct fk_unit *u, struct fk_unit_re
 
 static const struct fk_observer_ops obs_account = {
     .name = "account", .size = sizeof(struct obs_account), .start = account_start,
-    .on_commit = account_commit, .on_finish = account_finish,
+    .on_commit = account_commit, .on_step = account_step, .on_finish = account_finish,
 };
 
 /* ---- attention fidelity from the recorded queries (spec 10.5) -------------------------- */
@@ -617,11 +643,12 @@ static int attn_step(void *self, const struct fk_unit *u, const struct fk_step *
         memcpy(o->qbuf + (size_t)h * m, u->q + ((size_t)h * u->n_qsel + u->qrow[s->t]) * m,
                sizeof(float) * (size_t)m);
     struct fk_attn_in ai = {.m = m, .n_q_heads = hq, .n_kv_heads = u->n_kv_heads,
-                            .n_tokens = u->n_tokens, .t = s->t, .n_comp = s->n_comp,
+                            .n_tokens = u->n_tokens, .t = s->t, .n_comp_k = s->n_comp[0],
+                            .n_comp_v = s->n_comp[1],
                             .q = o->qbuf, .k = u->kv[0], .v = u->kv[1],
                             .k_enc = u->kv_enc[0], .v_enc = u->kv_enc[1], .ops = u->ops,
                             .kstate = u->st[0], .vstate = u->st[1]};
-    int rc = s->n_comp > 0 ? attn_reserve(o, u) : FK_OK;
+    int rc = s->n_comp[0] > 0 || s->n_comp[1] > 0 ? attn_reserve(o, u) : FK_OK;
     if (rc == FK_OK)
         rc = fk_attn_eval(&ai, o->as, &o->acc);
     u->times->t_attn += fk_clock_s(CLOCK_THREAD_CPUTIME_ID) - a0;

@@ -27,7 +27,7 @@ struct fk_unit_times {
 };
 
 /* One unit as the driver and the observers see it. Everything is borrowed from the worker
- * and valid for the whole unit; st[] and n_comp change as the driver runs. */
+ * and valid for the whole unit; st[] and n_comp[] change as the driver runs. */
 struct fk_unit {
     const struct fk_codec_ops *ops;
     const void *opts;                 /* ops->opts_size bytes, starts with fk_common_opts */
@@ -45,7 +45,8 @@ struct fk_unit {
     int n_qsel;
     const int32_t *qrow;              /* [T] row in q of token t's attention step, or -1 */
     void *st[2];                      /* the open K and V codec states */
-    int n_comp;                       /* tokens 0 .. n_comp-1 are compressed */
+    struct fk_buffer buf[2];          /* the K and V buffer rules (fk_codec_buffer) */
+    int n_comp[2];                    /* K / V tokens 0 .. n_comp[k]-1 are compressed */
     struct fk_unit_times *times;      /* observers add their own time where it belongs */
 };
 
@@ -65,9 +66,10 @@ enum fk_step_when {
     FK_STEP_END = 1,                  /* after it */
 };
 
-/* One decode step (step = t - P). n_comp: tokens compressed at that moment. */
+/* One decode step (step = t - P). n_comp: K and V tokens compressed at that moment. */
 struct fk_step {
-    int step, t, n_comp;
+    int step, t;
+    int n_comp[2];
     enum fk_step_when when;
 };
 

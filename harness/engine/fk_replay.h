@@ -84,7 +84,11 @@ struct fk_stream_result {
     uint32_t hist_prefill[FK_HIST_BINS], hist_total[FK_HIST_BINS]; /* usage histograms */
     uint8_t *inactive;           /* [N] 1 = unused after prefill (for cross-prompt overlap) */
     double bytes_buf, bytes_full;/* buffer and full-precision bytes (fp16 accounting) */
+    double bytes_tok_avg;        /* time average over decode steps t of B(t) / (t + 1), B(t)
+                                  * = codes + dictionary state + exact tokens after step t,
+                                  * summed over heads (families.md 0.1.6); NaN: no step */
     int n_tokens;                /* T of the trace */
+    int n_heads, head_dim;       /* H_kv, m */
     int n_steps;                 /* decode steps */
     float *dict_norm;            /* [n_steps] N_t / N after each decode step */
     double *step_err;            /* [n_steps] sum of errors of vectors coded at that step */

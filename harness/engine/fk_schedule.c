@@ -5,6 +5,10 @@
 
 int fk_sched_prefill_end(const struct fk_sched *s)
 {
+    if (s->mode == FK_BUF_BLOCK_ALL)
+        return s->prompt_len;
+    if (s->mode == FK_BUF_BLOCK)
+        return s->n_b > 0 ? s->prompt_len / s->n_b * s->n_b : 0;
     return s->prompt_len > s->n_b ? s->prompt_len - s->n_b : 0;
 }
 
@@ -25,6 +29,16 @@ int fk_sched_next(struct fk_sched_iter *it, struct fk_sched_event *ev)
             *ev = (struct fk_sched_event){.phase = 0, .step = -1, .first = 0, .end = it->comp};
             return 1;
         }
+    }
+    for (; it->t < s->n_tokens && s->mode != FK_BUF_SLIDE; it->t++) {
+        if (s->n_b < 1 || it->t + 1 - it->comp < s->n_b)
+            continue;
+        /* the block comp .. t is full: handed over after t's attention */
+        *ev = (struct fk_sched_event){.phase = 1, .step = it->t - s->prompt_len,
+                                      .first = it->comp, .end = it->t + 1};
+        it->comp = it->t + 1;
+        it->t++;
+        return 1;
     }
     for (; it->t < s->n_tokens; it->t++) {
         int held = it->t - it->comp; /* tokens comp .. t-1 sit in the buffer */

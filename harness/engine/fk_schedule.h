@@ -3,21 +3,27 @@
  * leave the full-precision buffer, at which step and in which event. No I/O, no codec: the
  * replay driver (fk_drive.h) walks it, and tests check it against a token-by-token model.
  *
- * Prefill: if P > n_b, tokens 0 .. P-n_b-1 are one event (phase 0, step -1). Decode token t
- * (P <= t < T, step t - P): if the buffer holds >= n_b tokens before t is appended, its
- * oldest min(a_len, held) tokens are one event (phase 1). Events with no token (n_b = 0 and
- * an empty buffer) are not listed: they code nothing.
+ * SLIDE (the default): if P > n_b, tokens 0 .. P-n_b-1 are one event (phase 0, step -1).
+ * Decode token t (P <= t < T, step t - P): if the buffer holds >= n_b tokens before t is
+ * appended, its oldest min(a_len, held) tokens are one event (phase 1). Events with no
+ * token (n_b = 0 and an empty buffer) are not listed: they code nothing.
+ * BLOCK: the prefill event is tokens 0 .. floor(P/n_b)*n_b - 1; decode token t ends a block
+ * when t + 1 - (tokens compressed) == n_b, and the block (t included) is its step's event.
+ * BLOCK_ALL: as BLOCK, with the prefill event 0 .. P-1. (core/fk_codec.h, enum fk_buf_mode.)
  */
 #ifndef FK_SCHEDULE_H
 #define FK_SCHEDULE_H
 
 #include <stdint.h>
 
+#include "core/fk_codec.h"
+
 struct fk_sched {
     int n_tokens;                /* T */
     int prompt_len;              /* P (<= T) */
     int n_b;                     /* full-precision buffer, tokens (>= 0) */
-    int a_len;                   /* tokens per eviction event (>= 1) */
+    int a_len;                   /* tokens per eviction event (>= 1; SLIDE only) */
+    int mode;                    /* enum fk_buf_mode (0 = SLIDE); BLOCK modes need n_b >= 1 */
 };
 
 struct fk_sched_event {
@@ -37,7 +43,8 @@ void fk_sched_begin(struct fk_sched_iter *it, const struct fk_sched *s);
 /* The next event into *ev: 1, or 0 when there is none left (*ev untouched). */
 int fk_sched_next(struct fk_sched_iter *it, struct fk_sched_event *ev);
 
-/* Tokens compressed at the end of prefill, max(P - n_b, 0). */
+/* Tokens compressed at the end of prefill: max(P - n_b, 0) (SLIDE), floor(P/n_b)*n_b
+ * (BLOCK), P (BLOCK_ALL). */
 int fk_sched_prefill_end(const struct fk_sched *s);
 /* Tokens compressed after the last decode step. */
 int fk_sched_final(const struct fk_sched *s);

@@ -177,6 +177,8 @@ struct headline {
     double support_agree, err_ratio;
     double bytes_per_seq, bytes_full_per_seq, bytes_codes, bytes_buf, bytes_dict_seq;
     double tokens_per_seq, bytes_per_token, macs_per_vec, cpu_us_per_vec;
+    double bytes_tok_head, bytes_tok_head_avg, bits_per_elem, bits_per_elem_avg, bytes_model;
+    double tok_heads, avg_heads, avg_sum, model_sum; /* sums behind the per-head bytes */
     double appends, replacements, adapt_failed, growth_capped, collateral, saturated, premature;
     double t_corr, t_code, t_adapt;
     long vectors, zero_vectors;
@@ -261,6 +263,14 @@ static void add_stream(const struct fk_cell_result *r, int t, int l, int k,
     h->bytes_buf += s->bytes_buf / T;
     h->bytes_dict_seq += s->st.bytes_dict_seq / T;
     h->bytes_full_per_seq += s->bytes_full / T;
+    if (k == 0) /* per (trace, layer): T H token-heads */
+        h->tok_heads += (double)s->n_tokens * s->n_heads;
+    if (!isnan(s->bytes_tok_avg)) {
+        h->avg_sum += s->bytes_tok_avg;
+        h->avg_heads += (double)s->n_heads / 2; /* K and V of one layer count one head */
+    }
+    if (t == 0)
+        h->model_sum += s->st.bytes_model;
     h->appends += s->st.appends;
     h->replacements += s->st.replacements;
     h->adapt_failed += s->st.adapt_failed;
@@ -311,6 +321,13 @@ static void aggregate_streams(const struct fk_cell_result *r, struct headline *h
     for (int t = 0; t < T; t++)
         h->tokens_per_seq += (double)r->streams[(size_t)t * L * 2].n_tokens / T;
     h->bytes_per_token = h->tokens_per_seq > 0 ? h->bytes_per_seq / h->tokens_per_seq : NAN;
+    /* per token per KV head (K and V together, mean over layers), families.md 0.1.6 */
+    int hd = r->streams ? r->streams[0].head_dim : 0;
+    h->bytes_tok_head = h->tok_heads > 0 ? h->bytes_per_seq * T / h->tok_heads : NAN;
+    h->bytes_tok_head_avg = h->avg_heads > 0 ? h->avg_sum / h->avg_heads : NAN;
+    h->bits_per_elem = hd > 0 ? h->bytes_tok_head * 8 / (2.0 * hd) : NAN;
+    h->bits_per_elem_avg = hd > 0 ? h->bytes_tok_head_avg * 8 / (2.0 * hd) : NAN;
+    h->bytes_model = h->model_sum;
     long vec = h->vectors + h->zero_vectors;
     h->macs_per_vec = vec ? m.macs / vec : NAN;
     h->cpu_us_per_vec = vec ? m.cpu / vec * 1e6 : NAN;
@@ -504,7 +521,9 @@ static int write_h5(const char *path, const struct fk_cell_meta *m,
     X(attn_mass) X(dict_size_norm_final) X(inactive_after_prefill) X(inactive_k)          \
     X(inactive_v) X(inactive_overlap) X(gini) X(adapted_share) X(support_agree)           \
     X(err_ratio) X(bytes_per_seq) X(bytes_full_per_seq) X(bytes_codes) X(bytes_buf)       \
-    X(bytes_dict_seq) X(tokens_per_seq) X(bytes_per_token) X(macs_per_vec) X(cpu_us_per_vec) X(appends) X(replacements)        \
+    X(bytes_dict_seq) X(tokens_per_seq) X(bytes_per_token) X(bytes_tok_head)              \
+    X(bytes_tok_head_avg) X(bits_per_elem) X(bits_per_elem_avg) X(bytes_model)            \
+    X(macs_per_vec) X(cpu_us_per_vec) X(appends) X(replacements)                          \
     X(adapt_failed) X(growth_capped) X(collateral) X(saturated) X(premature) X(t_corr) X(t_code)   \
     X(t_adapt)
 
@@ -706,7 +725,9 @@ static const char *const cell_metrics[] = {
     "adapted_share", "pool_recall_8", "pool_recall_16", "pool_recall_32", "pool_recall_64",
     "pool_recall_128", "pool_recall_256", "pool_recall_512", "pool_recall_1024",
     "support_agree", "err_ratio", "bytes_per_seq", "bytes_full_per_seq", "bytes_codes",
-    "bytes_buf", "bytes_dict_seq", "tokens_per_seq", "bytes_per_token", "macs_per_vec", "cpu_us_per_vec", "appends",
+    "bytes_buf", "bytes_dict_seq", "tokens_per_seq", "bytes_per_token", "bytes_tok_head",
+    "bytes_tok_head_avg", "bits_per_elem", "bits_per_elem_avg", "bytes_model", "macs_per_vec",
+    "cpu_us_per_vec", "appends",
     "replacements", "adapt_failed", "growth_capped", "collateral", "saturated", "premature",
     "vectors", "zero_vectors", "attn_evals", "attn_skipped_steps", "wall_s", NULL,
 };
