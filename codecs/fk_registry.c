@@ -15,3 +15,11 @@ const struct fk_codec_ops *fk_codec_find(const char *name)
     return NULL;
 }
 
+
+const char *fk_codec_family(const struct fk_codec_ops *ops)
+{
+    for (int i = 0; fk_codecs[i]; i++)
+        if (fk_codecs[i] == ops)
+            return fk_codec_families[i];
+    return "";
+}

@@ -202,6 +202,9 @@ extern const struct fk_codec_ops *const fk_codecs[]; /* NULL-terminated */
  * ([sweep] cost_baseline): set next to the list in codecs/meson.build. */
 extern const char *const fk_default_cost_baseline;
 const struct fk_codec_ops *fk_codec_find(const char *name);
+/* The family of a registered codec: the folder of its source ("dict", "quant", ...), "" if
+ * ops is not registered. */
+const char *fk_codec_family(const struct fk_codec_ops *ops);
 const struct fk_option *fk_codec_option(const struct fk_codec_ops *ops, const char *name);
 /* The buffer rule of stream `kind`: ops->buffer, or SLIDE with the common n_b and a_len. */
 void fk_codec_buffer(const struct fk_codec_ops *ops, const void *opts, int kind,
