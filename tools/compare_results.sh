@@ -4,10 +4,14 @@
 # (cells.csv, summary.csv), every cell's .meta and .summary.csv, every cell HDF5 file
 # (h5diff, exact) and resolved.txt. Used to show that a refactor keeps every number:
 #   tools/compare_results.sh results-before/default results-after/default
+# With --allow-new, columns and .meta keys that only side B has (a change that adds a
+# metric) are listed as notes; every value both sides have must still be identical.
 # Prints one line per difference and a verdict; exit 0 identical, 1 different, 2 usage.
 set -uo pipefail
+allow_new=0
+[ "${1:-}" = --allow-new ] && { allow_new=1; shift; }
 [ $# -eq 2 ] && [ -d "$1" ] && [ -d "$2" ] || {
-    echo "usage: $0 RESULTS_DIR_A RESULTS_DIR_B" >&2; exit 2; }
+    echo "usage: $0 [--allow-new] RESULTS_DIR_A RESULTS_DIR_B" >&2; exit 2; }
 a=$1 b=$2
 # Columns and meta keys that are measured time (differ run to run by nature).
 timing="wall_s cpu_us_per_vec cpu_time_rel cpu_s t_corr t_code t_adapt t_io t_encode t_attn t_metrics t_gram"
@@ -44,10 +48,12 @@ cmp_csv() {  # NAME FILE_A FILE_B [HEADER]
         if [ $side = a ]; then f=$2; else f=$3; fi
         for col in $(if [ $side = a ]; then grep -vFxf <(echo "$cb") <<<"$ca";
                      else grep -vFxf <(echo "$ca") <<<"$cb"; fi); do
-            if [ "$(column_used "$f" "$col" "${4:-}")" = 1 ]; then
+            if [ "$(column_used "$f" "$col" "${4:-}")" = 1 ] && [ $side$allow_new != b1 ]; then
                 say "$1: column '$col' only in side $side, with values"
             elif [ -z "${seen_col[$col]:-}" ]; then
-                echo "note: $1: column '$col' only in side $side (empty in every row)"
+                what="empty in every row"
+                [ "$(column_used "$f" "$col" "${4:-}")" = 0 ] || what="new, allowed by --allow-new"
+                echo "note: $1: column '$col' only in side $side ($what)"
                 seen_col[$col]=1
             fi
         done
@@ -57,6 +63,18 @@ cmp_csv() {  # NAME FILE_A FILE_B [HEADER]
 }
 declare -A seen_col=()
 norm_meta() { awk -F'\t' -v timing=" $timing " 'index(timing, " " $1 " ") == 0' "$1" | LC_ALL=C sort; }
+# .meta of side B restricted to the keys of side A's (FILE_B FILE_A), with --allow-new.
+meta_b() {
+    if [ $allow_new = 0 ]; then norm_meta "$1"; return; fi
+    local extra
+    extra=$(awk -F'\t' 'NR == FNR { k[$1] = 1; next } !($1 in k) { print $1 }' "$2" "$1" | tr '\n' ' ')
+    # (runs in a process substitution: the note goes to stderr, once, through a flag file)
+    [ -z "$extra" ] || [ -e "$tmpd/noted" ] || {
+        echo "note: .meta keys only in side b: $extra" >&2; : > "$tmpd/noted"; }
+    awk -F'\t' 'NR == FNR { k[$1] = 1; next } $1 in k' "$2" "$1" > "$tmpd/meta"
+    norm_meta "$tmpd/meta"
+}
+tmpd=$(mktemp -d); trap 'rm -rf "$tmpd"' EXIT
 
 cmp_csv cells.csv "$a/cells.csv" "$b/cells.csv"
 cmp_csv summary.csv "$a/summary.csv" "$b/summary.csv"
@@ -70,7 +88,7 @@ sum_header=$(head -n 1 "$a/summary.csv" 2>/dev/null)
 n=0
 for id in $(comm -12 <(echo "$ids_a") <(echo "$ids_b")); do
     n=$((n + 1))
-    out=$(diff <(norm_meta "$a/cells/$id.meta") <(norm_meta "$b/cells/$id.meta") | head -n 4)
+    out=$(diff <(norm_meta "$a/cells/$id.meta") <(meta_b "$b/cells/$id.meta" "$a/cells/$id.meta") | head -n 4)
     [ -z "$out" ] || { say "cell $id: .meta differs:"; echo "$out" | sed 's/^/    /'; }
     cmp_csv "cell $id .summary.csv" "$a/cells/$id.summary.csv" "$b/cells/$id.summary.csv" "$sum_header"
     if [ -f "$a/cells/$id.h5" ] || [ -f "$b/cells/$id.h5" ]; then

@@ -69,6 +69,7 @@ static int full_encode(void *state, const struct fk_event *ev, struct fk_vec_out
         for (int j = 0; j < f->m; j++)
             xx += (double)ev->x[(size_t)i * f->m + j] * ev->x[(size_t)i * f->m + j];
         out[i] = (struct fk_vec_out){.err_enc = 0, .err = 0, .nnz = f->m,
+                                     .bytes = 2.0f * f->m,
                                      .flags = xx <= 1e-30 ? FK_VEC_ZERO : 0};
     }
     return FK_OK;

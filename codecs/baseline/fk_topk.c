@@ -106,6 +106,14 @@ static float topk_quantise(struct topk *k, float c)
 }
 
 /* Codes x as row `row`: the s largest |x_j| that are nonzero, then out. */
+/* Bytes of one stored row of nnz coefficients: value + index each, and the count. */
+static double topk_row_bytes(const struct topk *k, int nnz)
+{
+    int b_val = k->coef == FK_COEF_FP8 ? 1 : k->coef == FK_COEF_FP16 ? 2 : 4;
+    int b_idx = k->m <= 256 ? 1 : 2, b_cnt = k->m <= 255 ? 1 : 2;
+    return (double)nnz * (b_idx + b_val) + b_cnt;
+}
+
 static void topk_code(struct topk *k, const float *x, size_t row, struct fk_vec_out *out)
 {
     int m = k->m;
@@ -116,6 +124,7 @@ static void topk_code(struct topk *k, const float *x, size_t row, struct fk_vec_
         xx += (double)x[j] * x[j];
     *out = (struct fk_vec_out){0};
     k->nnz[row] = 0;
+    out->bytes = (float)topk_row_bytes(k, 0);
     if (xx <= 1e-30) {
         out->flags = FK_VEC_ZERO;
         return;
@@ -144,6 +153,7 @@ static void topk_code(struct topk *k, const float *x, size_t row, struct fk_vec_
     out->err_enc = (float)sqrt(e_enc / xx);
     out->err = (float)sqrt(e / xx);
     out->nnz = nnz;
+    out->bytes = (float)topk_row_bytes(k, nnz);
     if (nnz < k->s) {
         out->flags |= FK_VEC_PREMATURE;
         k->st.premature++;
@@ -210,9 +220,8 @@ static void topk_stats(const void *state, struct fk_stream_stats *st)
     *st = k->st;
     st->n_atoms = k->m;
     st->n_base = 0;
-    int b_val = k->coef == FK_COEF_FP8 ? 1 : k->coef == FK_COEF_FP16 ? 2 : 4;
-    int b_idx = k->m <= 256 ? 1 : 2, b_cnt = k->m <= 255 ? 1 : 2;
-    st->bytes_codes = (double)k->nnz_total * (b_idx + b_val) + (double)k->rows_total * b_cnt;
+    st->bytes_codes = (double)k->nnz_total * (topk_row_bytes(k, 1) - topk_row_bytes(k, 0)) +
+                      (double)k->rows_total * topk_row_bytes(k, 0);
 }
 
 const struct fk_codec_ops fk_codec_topk = {

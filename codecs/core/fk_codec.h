@@ -135,6 +135,9 @@ struct fk_vec_out {
     float err_enc;               /* relative error with unquantised coefficients, at encode */
     float err;                   /* relative error of the stored (dequantised) row */
     int32_t nnz;                 /* stored coefficients */
+    float bytes;                 /* bytes this row occupies as stored (codes and its share of
+                                  * per-group metadata), as stats() counts them in bytes_codes:
+                                  * a static codec's rows, encoded ahead, sum to bytes_codes */
     uint32_t flags;              /* enum fk_vec_flag */
 };
 

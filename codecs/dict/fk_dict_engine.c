@@ -226,6 +226,15 @@ static void use_atom(struct dc *d, int j, int phase, int step, int delta)
     d->last_use[j] = step;
 }
 
+/* Bytes of a stored row of k coefficients (spec 10.6): value and index per coefficient and
+ * the row pointer. */
+static double dc_row_bytes(const struct dc *d, int k)
+{
+    int b_val = d->o.c.coef == FK_COEF_FP8 ? 1 : d->o.c.coef == FK_COEF_FP16 ? 2 : 4;
+    int b_idx = d->cap > DC_IDX16_MAX ? 4 : 2;
+    return (double)k * (b_val + b_idx) + d->o.ptr_bytes;
+}
+
 /* Stores code c as row `token` of `head` (a new row, or a rewrite of a stored one) and
  * fills out. Within an event, new rows may be committed out of token order (phase B before
  * phase C); the event was checked to hold exactly the next tokens of each head. */
@@ -254,6 +263,7 @@ void dc_commit(struct dc *d, int head, int token, const float *x, const struct f
     if (!out)
         return;
     out->nnz = c->k;
+    out->bytes = (float)dc_row_bytes(d, c->k);
     out->flags = flags;
     if (c->flags & FK_CODE_ZERO) {
         out->flags |= FK_VEC_ZERO;
@@ -535,10 +545,8 @@ void dc_stats(const void *state, struct fk_stream_stats *st)
     *st = d->st;
     st->n_atoms = d->Nt;
     st->n_base = d->N;
-    int b_val = d->o.c.coef == FK_COEF_FP8 ? 1 : d->o.c.coef == FK_COEF_FP16 ? 2 : 4;
-    int b_idx = d->cap > DC_IDX16_MAX ? 4 : 2;
-    st->bytes_codes = (double)d->nnz_total * (b_val + b_idx) +
-                      (double)d->rows_total * d->o.ptr_bytes;
+    st->bytes_codes = (double)d->nnz_total * (dc_row_bytes(d, 1) - dc_row_bytes(d, 0)) +
+                      (double)d->rows_total * dc_row_bytes(d, 0);
     if (d->adapt)
         st->bytes_dict_seq = d->adapt->dict_bytes(d);
     st->bytes_model = (double)d->N * d->m * 2; /* the universal dictionary, fp16 (10.6) */

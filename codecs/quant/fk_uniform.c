@@ -120,6 +120,7 @@ static void uniform_code(struct uniform *u, const float *x, size_t row, float *x
     int zero = xx <= 1e-30;
     float err = zero ? 0.0f : (float)sqrt(e / xx);
     *out = (struct fk_vec_out){.err_enc = err, .err = err, .nnz = m,
+                               .bytes = (float)(((size_t)m * u->bits + 7) / 8 + 4),
                                .flags = zero ? FK_VEC_ZERO : 0};
 }
 

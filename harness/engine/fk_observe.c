@@ -491,16 +491,28 @@ struct obs_account {
     double cpu_s[2];  /* encode() thread CPU seconds */
     double tok_sum[2];/* sum over decode steps of B(t) / (t + 1) */
     int steps;        /* decode steps seen */
+    /* A static codec's rows are encoded ahead of their eviction, so its stats count rows
+     * not yet compressed: its held code bytes are summed from the rows' own bytes. */
+    double *tok_bytes[2]; /* [T] bytes of token t's rows (every head), static codecs */
+    int cap_tok;
+    int done[2];      /* tokens summed into codes[] */
+    double codes[2];  /* code bytes of tokens 0 .. done-1 */
 };
 
-/* Bytes of stream k held now: codes, dictionary state and the exact (fp16) rows of tokens
- * n_comp .. t of every head. */
-static double held_bytes(const struct fk_unit *u, int k, int t, int n_comp)
+/* Bytes of stream k held after step t: codes of the compressed tokens, dictionary state and
+ * the exact (fp16) rows of tokens n_comp .. t of every head. */
+static double held_bytes(struct obs_account *o, const struct fk_unit *u, int k, int t,
+                         int n_comp)
 {
     struct fk_stream_stats ss;
     u->ops->stats(u->st[k], &ss);
-    return ss.bytes_codes + ss.bytes_dict_seq +
-           (double)(t + 1 - n_comp) * u->n_kv_heads * u->head_dim * 2;
+    double codes = ss.bytes_codes;
+    if (u->ops->caps & FK_CAP_STATIC) {
+        while (o->done[k] < n_comp)
+            o->codes[k] += o->tok_bytes[k][o->done[k]++];
+        codes = o->codes[k];
+    }
+    return codes + ss.bytes_dict_seq + (double)(t + 1 - n_comp) * u->n_kv_heads * u->head_dim * 2;
 }
 
 static int account_step(void *self, const struct fk_unit *u, const struct fk_step *s)
@@ -509,22 +521,50 @@ static int account_step(void *self, const struct fk_unit *u, const struct fk_ste
     if (s->when != FK_STEP_END)
         return FK_OK;
     for (int k = 0; k < 2; k++)
-        o->tok_sum[k] += held_bytes(u, k, s->t, s->n_comp[k]) / (s->t + 1);
+        o->tok_sum[k] += held_bytes(o, u, k, s->t, s->n_comp[k]) / (s->t + 1);
     o->steps++;
     return FK_OK;
 }
 
 static int account_start(void *self, const struct fk_unit *u)
 {
-    (void)u;
-    memset(self, 0, sizeof(struct obs_account));
+    struct obs_account *o = self;
+    double *keep[2] = {o->tok_bytes[0], o->tok_bytes[1]};
+    int cap = o->cap_tok;
+    memset(o, 0, sizeof *o);
+    o->tok_bytes[0] = keep[0];
+    o->tok_bytes[1] = keep[1];
+    o->cap_tok = cap;
+    if (!(u->ops->caps & FK_CAP_STATIC))
+        return FK_OK;
+    if (u->n_tokens > o->cap_tok) {
+        for (int k = 0; k < 2; k++) {
+            double *p = realloc(o->tok_bytes[k], sizeof(double) * (size_t)u->n_tokens);
+            if (!p)
+                return fk_err(FK_ENOMEM, "out of memory");
+            o->tok_bytes[k] = p;
+        }
+        o->cap_tok = u->n_tokens;
+    }
+    for (int k = 0; k < 2; k++)
+        memset(o->tok_bytes[k], 0, sizeof(double) * (size_t)u->n_tokens);
     return FK_OK;
+}
+
+static void account_release(void *self)
+{
+    struct obs_account *o = self;
+    free(o->tok_bytes[0]);
+    free(o->tok_bytes[1]);
+    memset(o, 0, sizeof *o);
 }
 
 static int account_commit(void *self, const struct fk_unit *u, const struct fk_commit *c)
 {
-    (void)u;
-    ((struct obs_account *)self)->cpu_s[c->kind] += c->cpu_s;
+    struct obs_account *o = self;
+    o->cpu_s[c->kind] += c->cpu_s;
+    for (int i = 0; (u->ops->caps & FK_CAP_STATIC) && i < c->ev->n; i++)
+        o->tok_bytes[c->kind][c->ev->token[i]] += c->out[i].bytes;
     return FK_OK;
 }
 
@@ -580,6 +620,7 @@ static int account_finish(void *self, const struct fk_unit *u, struct fk_unit_re
 static const struct fk_observer_ops obs_account = {
     .name = "account", .size = sizeof(struct obs_account), .start = account_start,
     .on_commit = account_commit, .on_step = account_step, .on_finish = account_finish,
+    .release = account_release,
 };
 
 /* ---- attention fidelity from the recorded queries (spec 10.5) -------------------------- */
