@@ -820,8 +820,39 @@ static int close_rel(double a, double b, double tol)
 
 /* The attention of every evaluated step of a layer, straight from fk_attn_eval_naive: a
  * fresh state holding every row, the exact K, V and queries, n_comp from the schedule. */
+static void naive_layer_attn_rules(struct fk_trace *tr, int layer, const struct probe_opts *o,
+                                   int stride, struct fk_attn_acc *acc, int rk, int rv,
+                                   double *bytes_avg);
+
 static void naive_layer_attn(struct fk_trace *tr, int layer, const struct probe_opts *o,
                              int stride, struct fk_attn_acc *acc)
+{
+    naive_layer_attn_rules(tr, layer, o, stride, acc, 0, 0, NULL);
+}
+
+/* Compressed keys and values at each step under KIVI's rules, re-derived token by token:
+ * keys flushed in whole blocks of rk (the current token included), values in a sliding
+ * window of rv exact tokens (one leaves per step). comp[0..1] are the counts attention sees
+ * at step t; kivi_advance moves them past step t. */
+static void kivi_prefill(int P, int rk, int rv, int comp[2])
+{
+    comp[0] = P / rk * rk;
+    comp[1] = P > rv ? P - rv : 0;
+}
+static void kivi_advance(int t, int rk, int rv, int comp[2])
+{
+    if (t + 1 - comp[0] == rk)
+        comp[0] = t + 1;
+    if (t - comp[1] >= rv)
+        comp[1]++;
+}
+
+/* rk > 0: the schedule is KIVI's (kivi_prefill/kivi_advance) instead of o's SLIDE rule, and
+ * *bytes_avg (nullable) receives the time average over decode steps of the exact fp16 rows
+ * held after each step per token, K plus V (the ids codec's own bytes are 0). */
+static void naive_layer_attn_rules(struct fk_trace *tr, int layer, const struct probe_opts *o,
+                                   int stride, struct fk_attn_acc *acc, int rk, int rv,
+                                   double *bytes_avg)
 {
     const struct fk_trace_info *ti = fk_trace_get_info(tr);
     int H = ti->n_kv_heads, Hq = ti->n_q_heads, T = ti->n_tokens, m = ti->head_dim;
@@ -856,25 +887,34 @@ static void naive_layer_attn(struct fk_trace *tr, int layer, const struct probe_
     struct fk_sched_iter it;
     struct fk_sched_event e;
     fk_sched_begin(&it, &s);
-    int comp = 0, has = fk_sched_next(&it, &e);
+    int comp = 0, has = fk_sched_next(&it, &e), kc[2] = {0, 0};
     if (has && e.phase == 0) {
         comp = e.end;
         has = fk_sched_next(&it, &e);
     }
+    if (rk > 0)
+        kivi_prefill(P, rk, rv, kc);
+    double bsum = 0;
     for (int t = P; t < T; t++) {
+        int ck = rk > 0 ? kc[0] : comp, cv = rk > 0 ? kc[1] : comp;
         if ((t - P) % stride == 0) {
             for (int h = 0; h < Hq; h++)
                 memcpy(qt + (size_t)h * m, q + ((size_t)h * T + t) * m, sizeof(float) * m);
             struct fk_attn_in in = {.m = m, .n_q_heads = Hq, .n_kv_heads = H, .n_tokens = T,
-                                    .t = t, .n_comp_k = comp, .n_comp_v = comp, .q = qt, .k = k, .v = v,
-                                    .ops = &ids_ops, .kstate = st[0], .vstate = st[1]};
+                                    .t = t, .n_comp_k = ck, .n_comp_v = cv, .q = qt, .k = k,
+                                    .v = v, .ops = &ids_ops, .kstate = st[0], .vstate = st[1]};
             ck_assert_int_eq(fk_attn_eval_naive(&in, acc), FK_OK);
         }
-        if (has && e.step == t - P) {
+        if (rk > 0) {
+            kivi_advance(t, rk, rv, kc);
+            bsum += (double)(2 * (t + 1) - kc[0] - kc[1]) * H * m * 2 / (t + 1);
+        } else if (has && e.step == t - P) {
             comp = e.end;
             has = fk_sched_next(&it, &e);
         }
     }
+    if (bytes_avg)
+        *bytes_avg = T > P ? bsum / (T - P) : NAN;
     ids_close(st[0]);
     ids_close(st[1]);
     free(out), free(k), free(v), free(q), free(qt);
@@ -923,6 +963,70 @@ START_TEST(test_sparse_no_dict_attention)
     }
     fk_cell_result_free(&res);
     fk_trace_close(&tr);
+}
+END_TEST
+
+/* The ids codec with KIVI's buffer rules (keys in blocks of 5, a value window of 7). */
+static void ids_kivi_buffer(const void *opts, int kind, struct fk_buffer *b)
+{
+    (void)opts;
+    *b = kind == FK_KIND_K ? (struct fk_buffer){.mode = FK_BUF_BLOCK, .n_b = 5}
+                           : (struct fk_buffer){.mode = FK_BUF_SLIDE, .n_b = 7, .a_len = 1};
+}
+
+/* A codec whose keys and values follow different buffer rules: attention reads each kind's
+ * compressed rows up to its own count (against the naive path with the counts re-derived
+ * here), the vectors coded and the exact bytes are each kind's, and the time-averaged
+ * bytes are those of the rows held after every step. */
+START_TEST(test_buffer_rules)
+{
+    static const int P_cases[] = {3, 5, 7, 12};
+    for (int pc = 0; pc < 4; pc++) {
+        int P = P_cases[pc], T = 40;
+        char path[512];
+        snprintf(path, sizeof path, "%s/rules-%d.h5", tmpdir, P);
+        make_trace(path, 2, 4, 2, 16, T, P);
+        struct fk_trace *tr;
+        ck_assert_int_eq(fk_trace_open(path, &tr), FK_OK);
+        struct fk_codec_ops ops = ids_ops;
+        ops.buffer = ids_kivi_buffer;
+        struct probe_opts o;
+        fk_opts_defaults(&ops, &o);
+        struct fk_cell_input in = {.ops = &ops, .opts = &o, .traces = &tr, .n_traces = 1};
+        struct fk_replay_opts ro = {.jobs = 2, .attention = 1, .attn_stride = 1,
+                                    .recall_every = 8};
+        struct fk_cell_result res;
+        int rc = fk_replay_cell(&in, &ro, &res);
+        ck_assert_msg(rc == FK_OK, "%s", fk_errmsg());
+        int kc[2];
+        kivi_prefill(P, 5, 7, kc);
+        for (int t = P; t < T; t++)
+            kivi_advance(t, 5, 7, kc);
+        for (int l = 0; l < 2; l++) {
+            const struct fk_attn_acc *a = &res.attn[l];
+            struct fk_attn_acc b = {0};
+            double avg = 0;
+            naive_layer_attn_rules(tr, l, &o, 1, &b, 5, 7, &avg);
+            ck_assert_int_eq(a->n, b.n);
+            ck_assert_int_eq(a->skipped_steps, b.skipped_steps);
+            ck_assert_msg(close_rel(a->cos_sum, b.cos_sum, 1e-5), "P %d: cos %.17g %.17g", P,
+                          a->cos_sum, b.cos_sum);
+            ck_assert(close_rel(a->kl_sum, b.kl_sum, 1e-6));
+            ck_assert(close_rel(a->mass_sum, b.mass_sum, 1e-9));
+            for (int k = 0; k < 2; k++) {
+                const struct fk_stream_result *sr = fk_cell_stream(&res, 0, l, k);
+                ck_assert_int_eq(sr->n_vectors + sr->n_zero, (long)kc[k] * 2);
+                ck_assert(sr->bytes_buf == (double)(T - kc[k]) * 2 * 16 * 2);
+            }
+            double got = fk_cell_stream(&res, 0, l, 0)->bytes_tok_avg +
+                         fk_cell_stream(&res, 0, l, 1)->bytes_tok_avg;
+            ck_assert_msg(close_rel(got, avg, 1e-12), "P %d: time-averaged bytes %.17g, "
+                          "expected %.17g", P, got, avg);
+            fk_attn_acc_free(&b);
+        }
+        fk_cell_result_free(&res);
+        fk_trace_close(&tr);
+    }
 }
 END_TEST
 
@@ -1012,6 +1116,7 @@ static Suite *replay_suite(void)
     tcase_add_test(tc, test_pool);
     tcase_add_test(tc, test_codec_failures);
     tcase_add_test(tc, test_sparse_no_dict_attention);
+    tcase_add_test(tc, test_buffer_rules);
     tcase_add_test(tc, test_observer_merge);
     suite_add_tcase(s, tc);
     return s;

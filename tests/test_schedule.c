@@ -2,8 +2,10 @@
  * The eviction schedule (engine/fk_schedule.h) against a naive model written here: a FIFO
  * buffer of token ids, filled by the prompt and then one token per decode step, evicting
  * its oldest min(a_len, held) tokens whenever it holds >= n_b tokens before an append
- * (spec algorithms.md section 4). Also the static codec's ahead-of-time blocks and the
- * per-token eviction steps.
+ * (spec algorithms.md section 4); and for the block rules (KIVI's keys, Hugging Face's
+ * QuantizedCache) a list of exact tokens that is flushed whole, the current token included,
+ * once it holds n_b tokens. Also the static codec's ahead-of-time blocks and the per-token
+ * eviction steps.
  */
 #include <check.h>
 #include <stdio.h>
@@ -48,11 +50,36 @@ static void naive_events(int T, int P, int n_b, int a_len, struct evlist *out)
     }
 }
 
-static void check_case(int T, int P, int n_b, int a_len)
+/* The block rules, written as KIVI's key state machine (families.md 1.1): the prefill
+ * quantises all but its last P mod R tokens (BLOCK) or all of them (BLOCK_ALL); each decode
+ * token is appended to the exact list, and a list of R tokens is flushed whole. */
+static void naive_block_events(int T, int P, int R, int all, struct evlist *out)
 {
-    struct fk_sched s = {.n_tokens = T, .prompt_len = P, .n_b = n_b, .a_len = a_len};
+    out->n = 0;
+    int n_exact = all ? 0 : P % R; /* the exact list is tokens first .. first+n_exact-1 */
+    int first = P - n_exact;
+    if (first > 0)
+        out->e[out->n++] = (struct fk_sched_event){0, -1, 0, first};
+    for (int t = P; t < T; t++) {
+        n_exact++; /* append t; attention would run here; then the flush */
+        if (n_exact == R) {
+            out->e[out->n++] = (struct fk_sched_event){1, t - P, first, t + 1};
+            first = t + 1;
+            n_exact = 0;
+        }
+        ck_assert_int_lt(n_exact, R);
+    }
+}
+
+static void check_mode(int T, int P, int n_b, int a_len, int mode)
+{
+    struct fk_sched s = {.n_tokens = T, .prompt_len = P, .n_b = n_b, .a_len = a_len,
+                         .mode = mode};
     static struct evlist want, got;
-    naive_events(T, P, n_b, a_len, &want);
+    if (mode == FK_BUF_SLIDE)
+        naive_events(T, P, n_b, a_len, &want);
+    else
+        naive_block_events(T, P, n_b, mode == FK_BUF_BLOCK_ALL, &want);
     struct fk_sched_iter it;
     fk_sched_begin(&it, &s);
     got.n = 0;
@@ -72,7 +99,7 @@ static void check_case(int T, int P, int n_b, int a_len)
     ck_assert_int_eq(fk_sched_next(&it, &got.e[0]), 0); /* stays finished */
     ck_assert_int_eq(fk_sched_final(&s), comp);
     ck_assert_int_eq(fk_sched_prefill_end(&s), want.n && want.e[0].phase == 0 ? want.e[0].end : 0);
-    if (T <= n_b)
+    if (T <= n_b && mode == FK_BUF_SLIDE)
         ck_assert_int_eq(got.n, 0);
 
     /* eviction steps: the step of the event that evicts each token */
@@ -111,6 +138,47 @@ static void check_case(int T, int P, int n_b, int a_len)
     ck_assert_int_eq(encoded, comp);
 }
 
+static void check_case(int T, int P, int n_b, int a_len)
+{
+    check_mode(T, P, n_b, a_len, FK_BUF_SLIDE);
+}
+
+START_TEST(test_blocks)
+{
+    /* KIVI's keys at R = 4: prefill below, equal to, above R and a multiple of it */
+    for (int all = 0; all < 2; all++) {
+        int mode = all ? FK_BUF_BLOCK_ALL : FK_BUF_BLOCK;
+        check_mode(20, 3, 4, 1, mode);
+        check_mode(20, 4, 4, 1, mode);
+        check_mode(20, 6, 4, 1, mode);
+        check_mode(20, 8, 4, 1, mode);
+        check_mode(20, 0, 4, 1, mode);
+        check_mode(7, 7, 4, 1, mode);   /* no decode step */
+        check_mode(12, 2, 1, 1, mode);  /* R = 1: every token leaves at its own step */
+    }
+    /* the hand-written case: P = 6, R = 4: prefill 0..3, then 4..7 at step 2 (token 7) */
+    struct fk_sched s = {.n_tokens = 12, .prompt_len = 6, .n_b = 4, .mode = FK_BUF_BLOCK};
+    struct fk_sched_iter it;
+    struct fk_sched_event e;
+    fk_sched_begin(&it, &s);
+    ck_assert(fk_sched_next(&it, &e) && e.phase == 0 && e.first == 0 && e.end == 4);
+    ck_assert(fk_sched_next(&it, &e) && e.step == 1 && e.first == 4 && e.end == 8);
+    ck_assert(fk_sched_next(&it, &e) && e.step == 5 && e.first == 8 && e.end == 12);
+    ck_assert(!fk_sched_next(&it, &e));
+    s.mode = FK_BUF_BLOCK_ALL;
+    fk_sched_begin(&it, &s);
+    ck_assert(fk_sched_next(&it, &e) && e.phase == 0 && e.first == 0 && e.end == 6);
+    ck_assert(fk_sched_next(&it, &e) && e.step == 3 && e.first == 6 && e.end == 10);
+    ck_assert(!fk_sched_next(&it, &e));
+    for (int T = 0; T <= 30; T += 3)
+        for (int P = 0; P <= T; P += 2)
+            for (int R = 1; R <= 9; R += 2) {
+                check_mode(T, P, R, 1, FK_BUF_BLOCK);
+                check_mode(T, P, R, 1, FK_BUF_BLOCK_ALL);
+            }
+}
+END_TEST
+
 START_TEST(test_boundaries)
 {
     check_case(40, 20, 8, 1);   /* prefill longer than n_b, one token per step */
@@ -148,6 +216,7 @@ int main(void)
     TCase *tc = tcase_create("core");
     tcase_add_test(tc, test_boundaries);
     tcase_add_test(tc, test_sweep);
+    tcase_add_test(tc, test_blocks);
     suite_add_tcase(s, tc);
     return fk_suite_run(s);
 }
