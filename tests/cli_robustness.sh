@@ -298,6 +298,13 @@ name = "lexico"
 coef = 4' "exclude-enum-not-string.toml:9:" "string"
 CFG_BUG=-
 
+# a check that needs the data's shape or the dictionary's N refuses the run before any cell
+cfg_case n-greater-than-N '[[codec]]
+name = "fadkv"
+s = 4
+n = 500
+n_b = 16' "pool size n = 500 exceeds the dictionary's N = 128 atoms" "codec 'fadkv' on dataset"
+
 begin "config: traces glob matches nothing"
 cfg "$W/noglob.toml" "$R" "$W/nothing-*.h5" "$DICT"
 run noglob --config "$W/noglob.toml"
@@ -509,11 +516,6 @@ cell_case query-index-out-of-range "$B/bad-query-idx.h5" "$DICT" 'attention = tr
 [[codec]]
 name = "lexico"
 n_b = 16' "query_token_idx[3] = 100000" "expected a token index in [0, 124)"
-cell_case n-greater-than-N "$A" "$DICT" '[[codec]]
-name = "fadkv"
-s = 4
-n = 500
-n_b = 16' "pool size n = 500 exceeds the dictionary's N = 128 atoms"
 cell_case dictionary-head-dim "$A" "$DICTS/fortune-byte-4L.h5" "" \
     "has head_dim 64 but trace" "aidreams-260k-00.h5 has head_dim 16" "fortune-byte-4L.h5"
 cell_case dictionary-fewer-layers "$EMB/babyllama-tok105-00.h5" "$DICT" "" \

@@ -208,16 +208,61 @@ START_TEST(resume_and_force)
 }
 END_TEST
 
+/* A small trace (2 layers, d 8) whose layer 1 values hold a NaN: every cell on it passes
+ * the checks before the run and fails at replay, when the layer is read. */
+static void write_nan_trace(const char *path)
+{
+    enum { L = 2, H = 2, D = 8, T = 24, P = 8 };
+    struct fk_trace_info ti = {.n_layers = L, .n_q_heads = H, .n_kv_heads = H, .head_dim = D,
+                               .n_tokens = T, .prompt_len = P, .keys_post_rope = 1,
+                               .rope_theta = 10000};
+    strcpy(ti.model_id, "nan-test");
+    strcpy(ti.source, "synthetic");
+    int32_t pos[T];
+    uint8_t ph[T];
+    float x[H * T * D];
+    for (int t = 0; t < T; t++)
+        pos[t] = t, ph[t] = t >= P;
+    struct fk_trace_writer *w;
+    ck_assert_int_eq(fk_trace_create(path, &ti, FK_ENC_F32, &w), FK_OK);
+    ck_assert_int_eq(fk_trace_write_tokens(w, pos, ph, NULL), FK_OK);
+    for (int l = 0; l < L; l++)
+        for (int k = 0; k < 2; k++) {
+            for (int i = 0; i < H * T * D; i++)
+                x[i] = (float)((i * 37 + l * 11 + k) % 17) / 17.0f - 0.5f;
+            if (l == 1 && k == 1)
+                x[5 * D + 3] = NAN;
+            ck_assert_int_eq(fk_trace_write_layer(w, l, (enum fk_kind)k, x, NULL), FK_OK);
+        }
+    int32_t qidx[T];
+    for (int t = 0; t < T; t++)
+        qidx[t] = t;
+    x[5 * D + 3] = 0.25f; /* the queries are finite */
+    for (int l = 0; l < L; l++)
+        ck_assert_int_eq(fk_trace_write_layer(w, l, FK_KIND_Q, x, qidx), FK_OK);
+    ck_assert_int_eq(fk_trace_finish(&w), FK_OK);
+}
+
 /* A failed cell is not done: a rerun retries it, and only it; the cells that finished
- * stay finished. (topk with s above head_dim fails at replay.) */
+ * stay finished. (The cell on a trace with a NaN fails at replay.) */
 START_TEST(failed_cells_are_retried)
 {
+    char nan_path[128];
+    snprintf(nan_path, sizeof nan_path, "%s/nan.h5", g_dir);
+    write_nan_trace(nan_path);
     FILE *f = fopen(g_toml, "a");
     ck_assert(f);
-    fprintf(f, "[[codec]]\nname = \"topk\"\ns = 32\n");
+    fprintf(f, "[[dataset]]\nname = \"broken\"\ntraces = [\"%s\"]\n"
+               "[[exclude]]\ndataset = \"broken\"\ncodec = \"lexico\"\n"
+               "[[exclude]]\ndataset = \"broken\"\ncodec = \"gm\"\n"
+               "[[exclude]]\ndataset = \"broken\"\ncodec = \"fadkv\"\n", nan_path);
     fclose(f);
     struct fk_sweep *s = load("retry");
-    int n = s->n_cells;
+    int n = s->n_cells, bad = -1;
+    for (int c = 0; c < n; c++)
+        if (!strcmp(s->datasets[s->cells[c].dataset].name, "broken"))
+            bad = c;
+    ck_assert_int_ge(bad, 0);
     struct fk_runner_summary a = run(s, 0, 0, 1, NULL);
     ck_assert_int_eq(a.failed, 1);
     ck_assert_int_eq(a.done, n - 1);
@@ -226,11 +271,33 @@ START_TEST(failed_cells_are_retried)
     ck_assert_int_eq(b.failed, 1);
     ck_assert_int_eq(b.done, 0);
     ck_assert_int_eq(b.skipped, n - 1);
-    ck_assert(!fk_results_done(s->output, s->cells[n - 1].id));
-    ck_assert(fk_results_recorded(s->output, s->cells[n - 1].id)); /* in cells.csv */
+    ck_assert(!fk_results_done(s->output, s->cells[bad].id));
+    ck_assert(fk_results_recorded(s->output, s->cells[bad].id)); /* in cells.csv */
     char *t = table(s->output);
-    ck_assert_msg(strstr(t, "exceeds head_dim"), "cells.csv lacks the failed cell's error");
+    ck_assert_msg(strstr(t, "non-finite"), "cells.csv lacks the failed cell's error");
     free(t);
+    fk_sweep_free(&s);
+}
+END_TEST
+
+/* A check that needs the data's shape (topk's s against head_dim) refuses the run before
+ * any cell and before the results directory exists, naming the cell, codec and dataset. */
+START_TEST(shape_checks_before_any_cell)
+{
+    FILE *f = fopen(g_toml, "a");
+    ck_assert(f);
+    fprintf(f, "[[codec]]\nname = \"topk\"\ns = 32\n");
+    fclose(f);
+    struct fk_sweep *s = load("shape");
+    struct fk_runner_opts o = {.shard_n = 1};
+    struct fk_runner_summary sum;
+    ck_assert_int_eq(fk_runner_run(s, &o, &sum), FK_ECONFIG);
+    const char *msg = fk_errmsg();
+    ck_assert_msg(strstr(msg, "codec 'topk' on dataset 'babyllama', head_dim 16") &&
+                  strstr(msg, "s = 32 exceeds head_dim = 16"), "message: %s", msg);
+    ck_assert_int_eq(sum.done + sum.failed, 0);
+    struct stat st;
+    ck_assert_int_ne(stat(s->output, &st), 0); /* nothing written */
     fk_sweep_free(&s);
 }
 END_TEST
@@ -286,6 +353,7 @@ int main(void)
     tcase_add_test(tc, shards_merge_to_unsharded);
     tcase_add_test(tc, resume_and_force);
     tcase_add_test(tc, failed_cells_are_retried);
+    tcase_add_test(tc, shape_checks_before_any_cell);
     tcase_add_test(tc, stop_before_first_cell);
     tcase_add_test(tc, unreadable_dataset_touches_nothing);
     suite_add_tcase(s, tc);

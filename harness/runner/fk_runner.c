@@ -130,6 +130,23 @@ static int load_dataset(struct run *r, const struct fk_sweep_cell *cell)
     return FK_OK;
 }
 
+/* The codec's cross-option checks against the dataset's shape (head_dim) and dictionary
+ * size, for every selected cell before any runs: the sweep could only refuse what fails at
+ * any shape (e.g. s > n), the replay repeats these checks when the cell starts. */
+static int check_cell(struct run *r, const struct fk_sweep_cell *cell)
+{
+    const struct loaded *L = &r->ld[cell->dataset];
+    if (!cell->ops->check || !L->traces || r->s->datasets[cell->dataset].n_traces < 1)
+        return FK_OK;
+    int hd = fk_trace_get_info(L->traces[0])->head_dim;
+    int rc = cell->ops->check(cell->opts, hd, L->dict ? L->dict->n_atoms : 0);
+    if (rc < 0)
+        return fk_err_context(FK_ECONFIG, "cell %s (codec '%s' on dataset '%s', head_dim %d)",
+                              cell->id, cell->ops->name, r->s->datasets[cell->dataset].name,
+                              hd);
+    return FK_OK;
+}
+
 static void free_loaded(struct run *r)
 {
     for (int d = 0; r->ld && d < r->s->n_datasets; d++) {
@@ -156,6 +173,7 @@ static int prepare(struct run *r)
             r->sum->todo++;
             r->est_total += cell_weight(s, &s->cells[c]);
             FK_TRY(load_dataset(r, &s->cells[c]));
+            FK_TRY(check_cell(r, &s->cells[c]));
         }
     }
     if (fk_results_prepare(s->output) < 0 || write_provenance(s) < 0) {
