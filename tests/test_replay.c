@@ -249,8 +249,14 @@ static void run_cell_pool(const char *codec, struct fk_trace **tr, int n_tr,
     ck_assert_ptr_nonnull(ops);
     void *o = calloc(1, ops->opts_size);
     fk_opts_defaults(ops, o);
+    /* short traces, head_dim 16: a small buffer, and quantiser groups that divide 16 */
     const struct fk_option *opt = fk_codec_option(ops, "n_b");
-    ck_assert_int_eq(fk_opts_set(ops, o, opt, 16), FK_OK);
+    if (opt)
+        ck_assert_int_eq(fk_opts_set(ops, o, opt, 16), FK_OK);
+    if ((opt = fk_codec_option(ops, "group")))
+        ck_assert_int_eq(fk_opts_set(ops, o, opt, 8), FK_OK);
+    if ((opt = fk_codec_option(ops, "residual")))
+        ck_assert_int_eq(fk_opts_set(ops, o, opt, 16), FK_OK);
     if ((opt = fk_codec_option(ops, "n")))
         ck_assert_int_eq(fk_opts_set(ops, o, opt, 32), FK_OK);
     if ((opt = fk_codec_option(ops, "tau_c")))
