@@ -724,6 +724,7 @@ EOF
 run longref --config "$W/long.toml"
 ref_ok=$RC
 n_long=$(ls "$W"/long-ref/cells/*.meta 2>/dev/null | wc -l)
+"$BIN" check --baseline "$W/long-base.csv" --results "$W/long-ref" --update >/dev/null 2>&1
 t0=$(date +%s%N)
 
 # interrupt SIG DIR: starts the sweep, waits until 2 cells are finished, sends SIG.
@@ -821,6 +822,42 @@ chk "exit 0 (got $RC)" - test "$RC" = 0
 chk "says 0 to run" - has "14 cell(s), 0 to run"
 chk "cells untouched" - diff <(snap "$W/long-ref" | grep /cells/) <(grep /cells/ "$W/ref.sha")
 end
+
+# ---- integrity: a finished cell whose files were damaged is never trusted --------------------
+for part in h5 summary.csv meta-sums; do
+    begin "integrity: a finished cell's $part damaged after the run"
+    D=$W/dmg-$part
+    rm -rf "$D"
+    cp -r "$W/long-ref" "$D"
+    id=$(basename "$(ls "$D"/cells/*.h5 | head -1)" .h5)
+    case $part in
+    h5) f=$D/cells/$id.h5; truncate -s $(($(stat -c %s "$f") / 2)) "$f" ;;  # cut in half
+    summary.csv) f=$D/cells/$id.summary.csv; printf 'x' | dd of="$f" bs=1 seek=10 \
+                     conv=notrunc 2>/dev/null ;;                                 # one byte
+    meta-sums) sed -i '/^file\./d' "$D/cells/$id.meta" ;;                        # no sums
+    esac
+    run info-dmg info "$D"
+    chk "info names the damaged cell" - has "damaged: $id"
+    run plot-dmg plot "$D" --out "$W/dmg-fig" --format svg
+    chk "plot skips it, naming it" - has "skipping damaged cell $id"
+    run check-dmg check --baseline "$W/long-base.csv" --results "$D"
+    chk "check fails (exit 1, got $RC) naming it" - test "$RC" = 1
+    chk "check names the damaged cell" - has "skipping damaged cell $id"
+    run update-dmg check --baseline "$W/dmg-base.csv" --results "$D" --update
+    chk "check --update refuses (exit 1, got $RC)" - test "$RC" = 1 -a ! -e "$W/dmg-base.csv"
+    run merge-dmg merge "$W/dmg-merged-$part" "$D"
+    chk "merge refuses (exit $RC)" - test "$RC" != 0
+    chk "merge names the cell and why" - has "cell $id is damaged"
+    OUTF=$W/dmg-rerun-$part.out
+    "$BIN" --config "$W/long.toml" --set "sweep.output=\"$D\"" >"$OUTF" 2>&1
+    RC=$?
+    chk "rerun exit 0 (got $RC)" - test "$RC" = 0
+    chk "rerun names the cell and why, and recomputes it" - \
+        has "cell $id was recorded as finished but"
+    chk "rerun runs only that cell" - has "14 cell(s), 1 to run"
+    compare_runs "$D"
+    end
+done
 
 echo "$n_pass passed, $n_fail failed ($n_xfail known harness bugs as XFAIL, $n_skip skipped)"
 [ "$n_fail" = 0 ]

@@ -142,6 +142,8 @@ static int info_results(const char *path, int *rc)
         ok += !strcmp(st->cells.rows[r][st->c_status], "ok");
     printf("%s: results directory, %d cell(s) in cells.csv, %d finished; see cells.csv, "
            "summary.csv\n", path, st->cells.n_rows, ok);
+    for (int i = 0; i < st->n_damaged; i++)
+        printf("  damaged: %s (rerun the sweep to recompute it)\n", st->damaged[i]);
     fk_store_close(&st);
     *rc = 0;
     return 1;
@@ -389,6 +391,13 @@ static void show_start(void *ctx, const struct fk_sweep *s, int todo)
                 s->output);
 }
 
+static void show_damaged(void *ctx, const struct fk_sweep_cell *c, const char *why)
+{
+    (void)ctx; /* printed even with --quiet: a result is being recomputed */
+    fprintf(stderr, "fadkv-bench: cell %s was recorded as finished but %s: recomputing it\n",
+            c->id, why);
+}
+
 static void show_cell_start(void *ctx, const struct fk_sweep *s, const struct fk_sweep_cell *c,
                             int index, int todo)
 {
@@ -456,7 +465,8 @@ static int run_sweep(const struct fk_sweep *s, const struct sweep_args *a)
     struct fk_runner_opts ro = {
         .force = a->force, .shard_i = a->shard_i, .shard_n = a->shard_n, .stop = &g_stop,
         .hooks = {.ctx = &d, .start = show_start, .cell_start = show_cell_start,
-                  .progress = show_progress, .cell_end = show_cell_end}};
+                  .progress = show_progress, .cell_end = show_cell_end,
+                  .damaged = show_damaged}};
     struct fk_runner_summary sum;
     if (fk_runner_run(s, &ro, &sum) < 0) {
         fprintf(stderr, "fadkv-bench: %s\n", fk_errmsg());

@@ -10,6 +10,9 @@
 /* Process-wide set-up, once, before a command: HDF5's error printing and GSL's aborting
  * error handler off (errors come back as values), SIGXFSZ ignored (EFBIG is reported). */
 void fk_cli_init(void);
+/* Prints one line per damaged cell of results directory dir (files that do not match their
+ * record, so every reader skips them), prefixed by the command's name; returns how many. */
+int fk_cli_warn_damaged(const char *cmd, const char *dir);
 
 int fk_cli_sweep(int argc, char **argv);
 int fk_cli_codecs(int argc, char **argv);

@@ -108,6 +108,13 @@ int fk_cli_check(int argc, char **argv)
     int st = check_args(argc, argv, &o);
     if (st)
         return st < 0 ? 0 : st;
+    /* a damaged cell is skipped, so its rows count as missing: the gate fails; a baseline
+     * is never recorded from a directory with one */
+    if (fk_cli_warn_damaged("check", o.results) > 0 && o.update) {
+        fprintf(stderr, "fadkv-bench check: %s has damaged cells: refusing to record a "
+                        "baseline from it\n", o.results);
+        return 1;
+    }
     struct fk_check_result r;
     if (fk_check_run(&o, &r) < 0) {
         fprintf(stderr, "fadkv-bench check: %s\n", fk_errmsg());

@@ -190,6 +190,7 @@ int fk_cli_plot(int argc, char **argv)
                         "set FK_SRCDIR to the source tree\n");
         return 1;
     }
+    fk_cli_warn_damaged("plot", res);
     double t0 = fk_wall_s();
     static struct fk_plot_titles titles;
     struct fk_plot_opts po = {.titles = &titles, .cost_baseline = baseline,

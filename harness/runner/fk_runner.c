@@ -170,6 +170,13 @@ static int prepare(struct run *r)
     for (int c = 0; c < s->n_cells; c++) {
         r->ids[c] = s->cells[c].id;
         if (fk_runner_selected(s, c, r->o)) {
+            char why[512];
+            if (fk_results_state(s->output, s->cells[c].id, why, sizeof why) ==
+                FK_CELL_DAMAGED) {
+                r->sum->damaged++;
+                if (r->o->hooks.damaged)
+                    r->o->hooks.damaged(r->o->hooks.ctx, &s->cells[c], why);
+            }
             r->sum->todo++;
             r->est_total += cell_weight(s, &s->cells[c]);
             FK_TRY(load_dataset(r, &s->cells[c]));

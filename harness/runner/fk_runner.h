@@ -46,6 +46,9 @@ struct fk_runner_hooks {
                        int index, int todo);
     void (*progress)(void *ctx, const struct fk_runner_progress *p);
     void (*cell_end)(void *ctx, const struct fk_sweep *s, const struct fk_runner_cell_end *e);
+    /* before the first cell, for each selected cell recorded as finished whose files do not
+     * match their record (why names the file): it is recomputed */
+    void (*damaged)(void *ctx, const struct fk_sweep_cell *c, const char *why);
 };
 
 struct fk_runner_opts {
@@ -58,6 +61,7 @@ struct fk_runner_opts {
 struct fk_runner_summary {
     int todo;                    /* cells selected to run */
     int done, failed, skipped;   /* finished now, failed now, already finished before */
+    int damaged;                 /* of the cells to run, found damaged (recomputed) */
     int interrupted;             /* 1: *stop was set; finished cells are kept */
     double wall_s;
 };

@@ -93,6 +93,12 @@ static int copy_shard(struct merge *m, int s, struct fk_merge_result *r)
             r->duplicates++;
             continue;
         }
+        char why[512];
+        if (fk_results_state(o->shards[s], fin[i], why, sizeof why) == FK_CELL_DAMAGED) {
+            rc = fk_err(FK_ECORRUPT, "%s: cell %s is damaged (%s): rerun that shard, which "
+                        "recomputes it, before merging", o->shards[s], fin[i], why);
+            break;
+        }
         rc = fk_store_cell_copy(o->shards[s], o->out, fin[i]);
         if (rc < 0)
             rc = fk_err_context(rc, "copying a cell");

@@ -16,6 +16,7 @@
 
 #include "common/fk_err.h"
 #include "formats/fk_h5.h"
+#include "common/fk_sha256.h"
 #include "common/fk_str.h"
 
 /* ---- text helpers ------------------------------------------------------------------ */
@@ -146,23 +147,73 @@ int fk_results_recorded(const char *dir, const char *id)
     return meta_path(p, sizeof p, dir, id) && access(p, F_OK) == 0;
 }
 
+/* The recorded size and digest of a cell file ("file.h5\t<size> <hex>") against the file. */
+static int verify_file(const char *dir, const char *id, const char *ext, const char *rec,
+                       char *why, size_t cap)
+{
+    char p[PATH_MAX], hex[65], want[65];
+    long size = -1;
+    struct stat sb;
+    if (sscanf(rec, "%ld %64s", &size, want) != 2 || strlen(want) != 64) {
+        snprintf(why, cap, "cells/%s.meta: unreadable checksum of its .%s file", id, ext);
+        return 0;
+    }
+    int n = snprintf(p, sizeof p, "%s/cells/%s.%s", dir, id, ext);
+    if (n < 0 || (size_t)n >= sizeof p || stat(p, &sb) != 0) {
+        snprintf(why, cap, "cells/%s.%s is missing", id, ext);
+        return 0;
+    }
+    if ((long)sb.st_size != size) {
+        snprintf(why, cap, "cells/%s.%s has %ld bytes, %ld were recorded", id, ext,
+                 (long)sb.st_size, size);
+        return 0;
+    }
+    if (fk_sha256_file(p, hex) < 0 || strcmp(hex, want)) {
+        snprintf(why, cap, "cells/%s.%s does not match its recorded SHA-256", id, ext);
+        return 0;
+    }
+    return 1;
+}
+
+enum fk_cell_state fk_results_state(const char *dir, const char *id, char *why, size_t cap)
+{
+    char p[PATH_MAX], line[512], rec[2][160] = {"", ""};
+    char dummy[8];
+    if (!why)
+        why = dummy, cap = sizeof dummy;
+    why[0] = 0;
+    FILE *f = meta_path(p, sizeof p, dir, id) ? fopen(p, "r") : NULL;
+    if (!f)
+        return FK_CELL_NONE;
+    int status = -1; /* 1 ok, 0 not ok, -1 no status line */
+    /* short lines only (status, file.*): a longer line (the traces) is skipped whole */
+    while (fgets(line, sizeof line, f)) {
+        int whole = strchr(line, '\n') != NULL;
+        if (!strncmp(line, "status\t", 7))
+            status = !strcmp(line + 7, "ok\n");
+        else if (whole && !strncmp(line, "file.h5\t", 8))
+            snprintf(rec[0], sizeof rec[0], "%s", line + 8);
+        else if (whole && !strncmp(line, "file.summary.csv\t", 17))
+            snprintf(rec[1], sizeof rec[1], "%s", line + 17);
+        while (!whole && fgets(line, sizeof line, f))
+            whole = strchr(line, '\n') != NULL;
+    }
+    fclose(f);
+    if (status != 1)
+        return FK_CELL_FAILED;
+    if (!rec[0][0] || !rec[1][0]) {
+        snprintf(why, cap, "cells/%s.meta records no checksums of the cell's files", id);
+        return FK_CELL_DAMAGED;
+    }
+    if (!verify_file(dir, id, "h5", rec[0], why, cap) ||
+        !verify_file(dir, id, "summary.csv", rec[1], why, cap))
+        return FK_CELL_DAMAGED;
+    return FK_CELL_OK;
+}
+
 int fk_results_done(const char *dir, const char *id)
 {
-    char p[PATH_MAX], line[512];
-    FILE *f = meta_path(p, sizeof p, dir, id) ? fopen(p, "r") : NULL;
-    int ok = 0;
-    /* the status line comes among the first (meta_head); a longer line is skipped whole */
-    while (f && fgets(line, sizeof line, f)) {
-        if (!strncmp(line, "status\t", 7)) {
-            ok = !strcmp(line + 7, "ok\n");
-            break;
-        }
-        while (!strchr(line, '\n') && fgets(line, sizeof line, f))
-            ;
-    }
-    if (f)
-        fclose(f);
-    return ok;
+    return fk_results_state(dir, id, NULL, 0) == FK_CELL_OK;
 }
 
 /* ---- aggregation ----------------------------------------------------------------------- */
@@ -433,8 +484,22 @@ static const char *base_name(const char *p)
     return s ? s + 1 : p;
 }
 
+/* What a finished cell's .meta records of one of its files: size and SHA-256. */
+struct file_sum {
+    long size;
+    char hex[65];
+};
+
+static void file_sum_of(const void *data, size_t len, struct file_sum *fs)
+{
+    uint8_t d[32];
+    fk_sha256(data, len, d);
+    fk_sha256_hex(d, fs->hex);
+    fs->size = (long)len;
+}
+
 static int write_h5(const char *path, const struct fk_cell_meta *m,
-                    const struct fk_cell_result *r)
+                    const struct fk_cell_result *r, struct file_sum *fs)
 {
     /* The file is built in memory (core driver, no backing store) and written with
      * fk_write_atomic: HDF5 never writes to the disk, so a full disk is an ordinary write
@@ -509,8 +574,10 @@ static int write_h5(const char *path, const struct fk_cell_meta *m,
     if (!rc && H5Fget_file_image(f, img, (size_t)len) != len)
         rc = fk_err(FK_EEXTERNAL, "%s: HDF5 file image unavailable", path);
     H5Fclose(f);
-    if (!rc)
+    if (!rc) {
+        file_sum_of(img, (size_t)len, fs);
         rc = fk_write_atomic(path, img, (size_t)len);
+    }
     free(img);
     return rc;
 }
@@ -596,26 +663,39 @@ static int write_cell_file(const char *dir, const char *id, const char *ext, con
     return rc;
 }
 
+/* The .meta lines that let a reader verify the cell's other files. */
+static void meta_files(struct fk_sb *b, const struct file_sum *h5, const struct file_sum *sum)
+{
+    fk_sb_printf(b, "file.h5\t%ld %s\nfile.summary.csv\t%ld %s\n", h5->size, h5->hex,
+                 sum->size, sum->hex);
+}
+
 int fk_results_commit(const char *dir, const struct fk_cell_meta *m,
                       const struct fk_cell_result *r)
 {
     char *path;
+    struct file_sum fh5, fsum;
     FK_TRY(fk_store_path(&path, dir, "cells/%s.h5", m->id));
-    int rc = write_h5(path, m, r);
+    int rc = write_h5(path, m, r, &fh5);
     free(path);
     FK_TRY(rc);
 
     struct fk_sb b = {0};
     rc = summary_rows(m, r, &b);
-    if (rc == FK_OK)
+    if (rc == FK_OK) {
+        file_sum_of(b.s ? b.s : "", b.n, &fsum);
         rc = write_cell_file(dir, m->id, "summary.csv", b.s, b.n);
+    }
     fk_sb_free(&b);
     FK_TRY(rc);
 
-    /* meta last: its presence marks the cell finished */
+    /* meta last: its presence marks the cell finished; it carries the other files' sums */
     rc = meta_text(m, r, &b);
-    if (rc == FK_OK)
-        rc = write_cell_file(dir, m->id, "meta", b.s, b.n);
+    if (rc == FK_OK) {
+        meta_files(&b, &fh5, &fsum);
+        rc = b.oom ? fk_err(FK_ENOMEM, "out of memory")
+                   : write_cell_file(dir, m->id, "meta", b.s, b.n);
+    }
     fk_sb_free(&b);
     return rc;
 }

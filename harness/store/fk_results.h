@@ -40,8 +40,20 @@ struct fk_cell_meta {
 
 /* Creates dir and dir/cells if needed (refuses an unwritable directory). */
 int fk_results_prepare(const char *dir);
-/* 1 if the cell finished: its .meta exists and says status ok. A failed cell is not done
- * (a rerun retries it). Needs no allocation and cannot fail. */
+/* What the directory holds of a cell. A finished cell's .meta records the size and SHA-256
+ * of its .h5 and .summary.csv files; a cell whose files are missing, cut or changed is
+ * DAMAGED (never trusted: resume recomputes it, readers skip or refuse it). */
+enum fk_cell_state {
+    FK_CELL_NONE = 0,            /* no .meta */
+    FK_CELL_OK,                  /* finished, files intact */
+    FK_CELL_FAILED,              /* recorded with a status other than ok */
+    FK_CELL_DAMAGED,             /* status ok, but a file does not match its record */
+};
+/* The cell's state; for DAMAGED, why (nullable, cap bytes) names the file and how it
+ * differs. Reads and hashes the cell's files; cannot fail otherwise. */
+enum fk_cell_state fk_results_state(const char *dir, const char *id, char *why, size_t cap);
+/* 1 if the cell finished and its files are intact (state FK_CELL_OK). A failed or damaged
+ * cell is not done (a rerun recomputes it). */
 int fk_results_done(const char *dir, const char *id);
 /* 1 if the cell is recorded, finished or failed (its .meta exists). */
 int fk_results_recorded(const char *dir, const char *id);
@@ -83,10 +95,15 @@ struct fk_store {
     int c_id, c_codec, c_dataset, c_status; /* cells.csv columns */
     int c_first_opt, c_end_opt;  /* option columns [first, end) of cells.csv */
     int s_id, s_trace, s_kind;   /* summary.csv columns */
+    char **damaged;              /* [n_damaged] "ID: reason" of the cells cells.csv lists as
+                                  * ok whose files do not match their record; their status
+                                  * reads "damaged" here, so readers skip them */
+    int n_damaged;
 };
 
 /* Opens a results directory: FK_EIO when a table is unreadable, FK_ECORRUPT when it lacks
- * cell_id, codec, dataset, status (cells.csv) or cell_id, trace, kind (summary.csv). */
+ * cell_id, codec, dataset, status (cells.csv) or cell_id, trace, kind (summary.csv). Every
+ * finished cell's files are verified (see damaged). */
 int fk_store_open(const char *dir, struct fk_store **out);
 void fk_store_close(struct fk_store **st);
 /* The cost baseline the tables were computed with: the codec of the first finished cell

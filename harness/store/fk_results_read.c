@@ -53,6 +53,41 @@ static int find_columns(struct fk_store *st)
     return FK_OK;
 }
 
+/* Every row of cells.csv that says ok is checked against its cell's files: a cell whose
+ * files are missing, cut or changed is marked "damaged" (readers skip every row that is not
+ * ok) and listed in st->damaged with the reason. */
+static int mark_damaged(struct fk_store *st)
+{
+    for (int i = 0; i < st->cells.n_rows; i++) {
+        char **status = &st->cells.rows[i][st->c_status], why[512];
+        const char *id = st->cells.rows[i][st->c_id];
+        if (strcmp(*status, "ok"))
+            continue;
+        enum fk_cell_state cs = fk_results_state(st->dir, id, why, sizeof why);
+        if (cs == FK_CELL_OK)
+            continue;
+        if (cs != FK_CELL_DAMAGED)
+            snprintf(why, sizeof why, "cells.csv says ok but cells/%s.meta %s", id,
+                     cs == FK_CELL_NONE ? "is missing" : "records a failure");
+        char *msg = NULL, *bad = strdup("damaged");
+        char **grown = realloc(st->damaged, sizeof(char *) * (size_t)(st->n_damaged + 1));
+        if (grown)
+            st->damaged = grown;
+        size_t len = strlen(id) + strlen(why) + 3;
+        if (grown && bad && (msg = malloc(len)))
+            snprintf(msg, len, "%s: %s", id, why);
+        if (!grown || !bad || !msg) {
+            free(bad);
+            free(msg);
+            return fk_err(FK_ENOMEM, "out of memory");
+        }
+        st->damaged[st->n_damaged++] = msg;
+        free(*status);
+        *status = bad;
+    }
+    return FK_OK;
+}
+
 int fk_store_open(const char *dir, struct fk_store **out)
 {
     *out = NULL;
@@ -66,6 +101,8 @@ int fk_store_open(const char *dir, struct fk_store **out)
         rc = load_table(dir, "summary.csv", &st->summary);
     if (rc == FK_OK)
         rc = find_columns(st);
+    if (rc == FK_OK)
+        rc = mark_damaged(st);
     if (rc < 0) {
         fk_store_close(&st);
         return rc;
@@ -80,6 +117,9 @@ void fk_store_close(struct fk_store **st)
         return;
     fk_csv_free(&(*st)->cells);
     fk_csv_free(&(*st)->summary);
+    for (int i = 0; i < (*st)->n_damaged; i++)
+        free((*st)->damaged[i]);
+    free((*st)->damaged);
     free((*st)->dir);
     free(*st);
     *st = NULL;
