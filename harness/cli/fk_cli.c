@@ -398,6 +398,14 @@ static void show_damaged(void *ctx, const struct fk_sweep_cell *c, const char *w
             c->id, why);
 }
 
+static void show_claimed(void *ctx, const struct fk_sweep_cell *c, const char *holder)
+{
+    const struct display *d = ctx;
+    if (!d->quiet)
+        fprintf(stderr, "fadkv-bench: cell %s is being computed by another run (%s): left "
+                        "to it\n", c->id, holder);
+}
+
 static void show_cell_start(void *ctx, const struct fk_sweep *s, const struct fk_sweep_cell *c,
                             int index, int todo)
 {
@@ -466,7 +474,7 @@ static int run_sweep(const struct fk_sweep *s, const struct sweep_args *a)
         .force = a->force, .shard_i = a->shard_i, .shard_n = a->shard_n, .stop = &g_stop,
         .hooks = {.ctx = &d, .start = show_start, .cell_start = show_cell_start,
                   .progress = show_progress, .cell_end = show_cell_end,
-                  .damaged = show_damaged}};
+                  .damaged = show_damaged, .claimed = show_claimed}};
     struct fk_runner_summary sum;
     if (fk_runner_run(s, &ro, &sum) < 0) {
         fprintf(stderr, "fadkv-bench: %s\n", fk_errmsg());
@@ -485,6 +493,10 @@ static int run_sweep(const struct fk_sweep *s, const struct sweep_args *a)
     if (sum.failed)
         fprintf(stderr, "fadkv-bench: %d cell(s) failed (their errors are in cells.csv); "
                         "running the same command again retries them\n", sum.failed);
+    if (sum.elsewhere)
+        fprintf(stderr, "fadkv-bench: %d cell(s) were being computed by other runs on %s; "
+                        "the last run to finish writes the complete tables\n", sum.elsewhere,
+                s->output);
     return sum.failed ? 1 : 0;
 }
 

@@ -16,6 +16,7 @@
 #include "formats/fk_dict.h"
 #include "formats/fk_trace.h"
 #include "runner/fk_runner.h"
+#include "store/fk_claim.h"
 #include "store/fk_results.h"
 #include "fk_version.h"
 
@@ -322,7 +323,21 @@ int fk_runner_run(const struct fk_sweep *s, const struct fk_runner_opts *o,
             sum->skipped++;
             continue;
         }
-        rc = run_cell(&r, c);
+        /* claimed first: another run on this directory may be computing it */
+        char holder[256];
+        int cl = fk_results_claim(s->output, s->cells[c].id, o->force, holder, sizeof holder);
+        if (cl == FK_CLAIM_DONE) {
+            sum->skipped++;
+        } else if (cl == FK_CLAIM_HELD) {
+            sum->elsewhere++;
+            if (o->hooks.claimed)
+                o->hooks.claimed(o->hooks.ctx, &s->cells[c], holder);
+        } else if (cl == FK_CLAIM_OK) {
+            rc = run_cell(&r, c);
+            fk_results_unclaim(s->output, s->cells[c].id);
+        } else {
+            rc = cl;
+        }
     }
     if (r.prepared && fk_results_tables(s->output, r.ids, s->n_cells, s->cost_baseline) < 0 &&
         rc == FK_OK)

@@ -49,6 +49,8 @@ struct fk_runner_hooks {
     /* before the first cell, for each selected cell recorded as finished whose files do not
      * match their record (why names the file): it is recomputed */
     void (*damaged)(void *ctx, const struct fk_sweep_cell *c, const char *why);
+    /* a cell left alone because another live run holds its claim ("host pid N") */
+    void (*claimed)(void *ctx, const struct fk_sweep_cell *c, const char *holder);
 };
 
 struct fk_runner_opts {
@@ -62,6 +64,7 @@ struct fk_runner_summary {
     int todo;                    /* cells selected to run */
     int done, failed, skipped;   /* finished now, failed now, already finished before */
     int damaged;                 /* of the cells to run, found damaged (recomputed) */
+    int elsewhere;               /* left to other runs that held their claims */
     int interrupted;             /* 1: *stop was set; finished cells are kept */
     double wall_s;
 };

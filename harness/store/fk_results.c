@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "common/fk_err.h"
+#include "store/fk_claim.h"
 #include "formats/fk_h5.h"
 #include "common/fk_sha256.h"
 #include "common/fk_str.h"
@@ -60,15 +61,14 @@ int fk_store_path(char **out, const char *dir, const char *fmt, ...)
 
 int fk_write_atomic(const char *path, const char *text, size_t len)
 {
-    size_t pl = strlen(path);
-    if (pl + 5 > PATH_MAX)
-        return fk_err(FK_EINVAL, "path too long for its temporary name (limit %d bytes): %s",
-                      PATH_MAX - 1, path);
-    char *tmp = malloc(pl + 5);
+    /* the temporary name carries host and pid: runs sharing a directory never share one */
+    char *tmp = malloc(PATH_MAX);
     if (!tmp)
         return fk_err(FK_ENOMEM, "out of memory");
-    memcpy(tmp, path, pl);
-    memcpy(tmp + pl, ".tmp", 5);
+    if (fk_store_tmp_name(path, tmp, PATH_MAX) < 0) {
+        free(tmp);
+        return FK_EINVAL;
+    }
     int rc = FK_OK;
     int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
     if (fd < 0)
@@ -126,12 +126,20 @@ int fk_results_prepare(const char *dir)
     int rc = fk_store_mkdir_p(p);
     free(p);
     FK_TRY(rc);
+    char test[PATH_MAX];
     FK_TRY(fk_store_path(&p, dir, "cells/.write-test"));
-    rc = fk_write_atomic(p, "ok\n", 3);
-    if (rc == FK_OK)
-        unlink(p);
+    rc = fk_store_tmp_name(p, test, sizeof test); /* one per process: runs may share dir */
     free(p);
-    return rc;
+    FK_TRY(rc);
+    rc = fk_write_atomic(test, "ok\n", 3);
+    if (rc == FK_OK)
+        unlink(test);
+    FK_TRY(rc);
+    int fd;
+    FK_TRY(fk_store_lock(dir, &fd));
+    fk_store_sweep_stale(dir);
+    fk_store_unlock(fd);
+    return FK_OK;
 }
 
 /* No allocation: an answer that cannot fail (a path beyond PATH_MAX cannot exist). */
@@ -942,8 +950,23 @@ static int write_table(const char *dir, const char *name, const struct fk_sb *b)
     return rc;
 }
 
+static int tables_locked(const char *dir, const char *const *ids, int n_ids,
+                         const char *cost_baseline);
+
 int fk_results_tables(const char *dir, const char *const *ids, int n_ids,
                       const char *cost_baseline)
+{
+    /* under the directory lock: two runs never interleave their rewrites, and the last
+     * one to finish a cell writes tables that hold every finished cell */
+    int fd;
+    FK_TRY(fk_store_lock(dir, &fd));
+    int rc = tables_locked(dir, ids, n_ids, cost_baseline);
+    fk_store_unlock(fd);
+    return rc;
+}
+
+static int tables_locked(const char *dir, const char *const *ids, int n_ids,
+                         const char *cost_baseline)
 {
     struct kv *metas = calloc((size_t)n_ids + 1, sizeof *metas);
     uint8_t *have = calloc((size_t)n_ids + 1, 1);
