@@ -164,18 +164,29 @@ START_TEST(shards_merge_to_unsharded)
     fk_sweep_free(&s);
     char shard[2][300];
     const char *shards[2] = {shard[0], shard[1]};
-    int done = 0;
+    int done = 0, of[64], in_shard[2] = {0, 0};
+    double load_of[2] = {0, 0};
+    ck_assert_int_le(n, 64);
     for (int i = 0; i < 2; i++) {
         char name[16];
         snprintf(name, sizeof name, "shard%d", i);
         snprintf(shard[i], sizeof shard[i], "%s/%s", g_dir, name);
         s = load(name);
+        ck_assert_int_eq(fk_runner_shards(s, 2, of), FK_OK);
+        for (int c = 0; i == 0 && c < n; c++) {
+            in_shard[of[c]]++;
+            load_of[of[c]] += fk_sweep_cell_macs(s, &s->cells[c], NULL);
+        }
         struct fk_runner_summary b = run(s, 0, i, 2, NULL);
-        ck_assert_int_eq(b.todo, (n + 1 - i) / 2); /* cell c belongs to shard c mod 2 */
+        ck_assert_int_eq(b.todo, in_shard[i]);
         done += b.done;
         fk_sweep_free(&s);
     }
     ck_assert_int_eq(done, n);
+    ck_assert(in_shard[0] > 0 && in_shard[1] > 0);
+    /* balanced by cost, not by count: neither shard carries twice the other's coding */
+    ck_assert_msg(load_of[0] < 2 * load_of[1] && load_of[1] < 2 * load_of[0],
+                  "shard loads %.3g and %.3g", load_of[0], load_of[1]);
     char out[300], ref[300];
     snprintf(out, sizeof out, "%s/merged", g_dir);
     snprintf(ref, sizeof ref, "%s/unsharded", g_dir);

@@ -347,20 +347,28 @@ static void print_config(const struct fk_sweep *s)
     }
 }
 
-static void print_dry_run(const struct fk_sweep *s, int sh_i, int sh_n)
+static int print_dry_run(const struct fk_sweep *s, int sh_i, int sh_n)
 {
+    int *shard = malloc(sizeof(int) * ((size_t)s->n_cells + 1)), n = 0;
+    if (!shard || fk_runner_shards(s, sh_n, shard) < 0) {
+        free(shard);
+        return fail("dry run");
+    }
     double total = 0;
     printf("%-16s %-10s %-10s options / estimated GMAC\n", "cell", "codec", "dataset");
     for (int c = 0; c < s->n_cells; c++) {
-        if (c % sh_n != sh_i)
+        if (shard[c] != (sh_n > 1 ? sh_i : 0))
             continue;
         double macs = fk_sweep_cell_macs(s, &s->cells[c], NULL);
         total += macs;
+        n++;
         print_cell_label(s, &s->cells[c], stdout);
         printf("  %.1f GMAC\n", macs / 1e9);
     }
-    printf("%d cell(s), about %.0f GMAC of coding in total (about %.0f s at 10 GMAC/s)\n",
-           s->n_cells, total / 1e9, total / 1e10);
+    printf("%d cell(s)%s, about %.0f GMAC of coding in total (about %.0f s at 10 GMAC/s)\n",
+           n, sh_n > 1 ? " in this shard" : "", total / 1e9, total / 1e10);
+    free(shard);
+    return 0;
 }
 
 /* Progress display: a bar on a terminal, a plain line every few seconds otherwise. */
@@ -516,7 +524,7 @@ int fk_cli_sweep(int argc, char **argv)
     if (a.print)
         print_config(s);
     else if (a.dry)
-        print_dry_run(s, a.shard_i, a.shard_n);
+        rc = print_dry_run(s, a.shard_i, a.shard_n);
     else
         rc = run_sweep(s, &a);
     fk_sweep_free(&s);

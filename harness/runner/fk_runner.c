@@ -43,15 +43,8 @@ struct run {
     const struct fk_sweep_cell *cell;
     int index;
     double t_cell, est_cell;
+    int *shard;                  /* [n_cells] fk_runner_shards */
 };
-
-int fk_runner_selected(const struct fk_sweep *s, int c, const struct fk_runner_opts *o)
-{
-    int n = o->shard_n > 0 ? o->shard_n : 1;
-    if (c % n != o->shard_i)
-        return 0;
-    return o->force || !fk_results_done(s->output, s->cells[c].id);
-}
 
 /* Relative running time of a cell for the estimate of the time left: its coding
  * multiply-adds plus a fixed per-vector cost for reading, metrics and attention (about
@@ -60,6 +53,52 @@ static double cell_weight(const struct fk_sweep *s, const struct fk_sweep_cell *
 {
     double vec = 0, macs = fk_sweep_cell_macs(s, c, &vec);
     return macs + 2e5 * vec;
+}
+
+struct weighted {
+    double w;
+    int c;
+};
+
+static int heavier_first(const void *a, const void *b)
+{
+    const struct weighted *x = a, *y = b;
+    if (x->w != y->w)
+        return x->w < y->w ? 1 : -1;
+    return (x->c > y->c) - (x->c < y->c);
+}
+
+int fk_runner_shards(const struct fk_sweep *s, int n_shards, int *shard)
+{
+    int n = s->n_cells, k = n_shards > 0 ? n_shards : 1;
+    struct weighted *w = malloc(sizeof *w * (size_t)(n + 1));
+    double *load = calloc((size_t)k, sizeof *load);
+    if (!w || !load) {
+        free(w);
+        free(load);
+        return fk_err(FK_ENOMEM, "out of memory");
+    }
+    for (int c = 0; c < n; c++)
+        w[c] = (struct weighted){cell_weight(s, &s->cells[c]), c};
+    qsort(w, (size_t)n, sizeof *w, heavier_first);
+    for (int i = 0; i < n; i++) {
+        int best = 0;
+        for (int j = 1; j < k; j++)
+            best = load[j] < load[best] ? j : best;
+        shard[w[i].c] = best;
+        load[best] += w[i].w;
+    }
+    free(w);
+    free(load);
+    return FK_OK;
+}
+
+/* 1 if cell c is in this run's shard and (force or not finished in the results directory). */
+static int selected(const struct run *r, int c)
+{
+    if (r->shard[c] != (r->o->shard_n > 1 ? r->o->shard_i : 0))
+        return 0;
+    return r->o->force || !fk_results_done(r->s->output, r->s->cells[c].id);
 }
 
 static double eta(const struct run *r, double work_done)
@@ -166,11 +205,13 @@ static int prepare(struct run *r)
     const struct fk_sweep *s = r->s;
     r->ld = calloc((size_t)s->n_datasets, sizeof *r->ld);
     r->ids = calloc((size_t)s->n_cells + 1, sizeof(char *));
-    if (!r->ld || !r->ids)
+    r->shard = malloc(sizeof(int) * ((size_t)s->n_cells + 1));
+    if (!r->ld || !r->ids || !r->shard)
         return fk_err(FK_ENOMEM, "out of memory");
+    FK_TRY(fk_runner_shards(s, r->o->shard_n, r->shard));
     for (int c = 0; c < s->n_cells; c++) {
         r->ids[c] = s->cells[c].id;
-        if (fk_runner_selected(s, c, r->o)) {
+        if (selected(r, c)) {
             char why[512];
             if (fk_results_state(s->output, s->cells[c].id, why, sizeof why) ==
                 FK_CELL_DAMAGED) {
@@ -316,8 +357,7 @@ int fk_runner_run(const struct fk_sweep *s, const struct fk_runner_opts *o,
             sum->interrupted = 1;
             break;
         }
-        int n = o->shard_n > 0 ? o->shard_n : 1;
-        if (c % n != o->shard_i)
+        if (!r.shard || r.shard[c] != (o->shard_n > 1 ? o->shard_i : 0))
             continue;
         if (!o->force && fk_results_done(s->output, s->cells[c].id)) {
             sum->skipped++;
@@ -345,6 +385,7 @@ int fk_runner_run(const struct fk_sweep *s, const struct fk_runner_opts *o,
     fk_replay_pool_free(&r.pool);
     free_loaded(&r);
     free(r.ids);
+    free(r.shard);
     sum->wall_s = fk_wall_s() - r.t_start;
     return rc;
 }

@@ -55,7 +55,8 @@ struct fk_runner_hooks {
 
 struct fk_runner_opts {
     int force;                   /* recompute finished cells */
-    int shard_i, shard_n;        /* run the cells c with c % shard_n == shard_i (0, 1: all) */
+    int shard_i, shard_n;        /* run the cells of shard shard_i of shard_n (fk_runner_shards;
+                                  * shard_n 0 or 1: all) */
     volatile sig_atomic_t *stop; /* set by a signal handler: stop after the current unit */
     struct fk_runner_hooks hooks;
 };
@@ -69,8 +70,11 @@ struct fk_runner_summary {
     double wall_s;
 };
 
-/* 1 if cell c is in the shard and (force or not finished in the results directory). */
-int fk_runner_selected(const struct fk_sweep *s, int c, const struct fk_runner_opts *o);
+/* The shard of every cell when the sweep is split in n_shards (shard[n_cells]): balanced by
+ * each cell's estimated cost (its coding multiply-adds plus a per-vector cost for reading,
+ * metrics and attention), largest first to the least loaded shard, ties to the lower cell
+ * index and shard: every process of a job array computes the same split. FK_ENOMEM. */
+int fk_runner_shards(const struct fk_sweep *s, int n_shards, int *shard);
 
 /* Runs the selected cells. Returns FK_OK when every cell was run or skipped (failed cells
  * are counted in sum->failed, not returned) or the run was interrupted; an error (with
