@@ -859,5 +859,30 @@ for part in h5 summary.csv meta-sums; do
     end
 done
 
+# ---- a changed sweep in the same directory: no result hides ---------------------------------
+begin "a changed sweep: the earlier cells are listed with their sweep, and prune removes them"
+E=$W/earlier
+rm -rf "$E"
+cp -r "$W/long-ref" "$E"
+OUTF=$W/changed.out
+"$BIN" --config "$W/long.toml" --set "sweep.output=\"$E\"" --set 'sweep.attn_stride=2' \
+    --set 'sweep.name="robust-long-v2"' >"$OUTF" 2>&1
+RC=$?
+chk "the changed sweep runs (exit $RC)" - test "$RC" = 0
+chk "its tables describe the current sweep (14 rows)" - \
+    test "$(csv_col "$E/cells.csv" status | grep -c '^ok$')" = 14
+run info-earlier info "$E"
+chk "info counts the earlier cells" - has "14 earlier cell(s) recorded here are not in the current sweep"
+chk "info names the sweep they came from" - has "from sweep 'robust-long': 14 cell(s)"
+run prune-dry prune "$E" --dry-run
+chk "prune --dry-run lists them and removes nothing" - \
+    test "$(grep -c '^would remove' "$OUTF")" = 14 -a "$(ls "$E"/cells/*.meta | wc -l)" = 28
+run prune prune "$E"
+chk "prune removes exactly them" - test "$(ls "$E"/cells/*.meta | wc -l)" = 14
+run info-after info "$E"
+chk "info no longer lists earlier cells" - test "$(grep -c 'earlier cell' "$OUTF")" = 0
+chk "the current sweep's cells are intact" - has "14 finished, 0 failed, 0 damaged"
+end
+
 echo "$n_pass passed, $n_fail failed ($n_xfail known harness bugs as XFAIL, $n_skip skipped)"
 [ "$n_fail" = 0 ]

@@ -13,6 +13,7 @@
 #include "fk_check_main.h"
 #include "common/fk_err.h"
 #include "common/fk_json.h"
+#include "common/fk_sha256.h"
 #include "common/fk_str.h"
 #include "report/fk_check.h"
 #include "report/fk_plotdata.h"
@@ -47,6 +48,34 @@ static void put(const char *name, const char *text)
     ck_assert_ptr_nonnull(f);
     fputs(text, f);
     fclose(f);
+}
+
+/* Records cell `id` of results directory `res` (relative to g_dir) as a finished cell would
+ * be: its .h5 and .summary.csv (empty when the test has none) and a .meta holding their
+ * sizes and SHA-256, so that the store's integrity check accepts it. */
+static void seal_cell(const char *res, const char *id)
+{
+    char p[512], meta[1024];
+    snprintf(p, sizeof p, "%s/%s/cells", g_dir, res);
+    mkdir(p, 0755);
+    int n = snprintf(meta, sizeof meta, "cell_id\t%s\nstatus\tok\n", id);
+    static const char *const ext[] = {"h5", "summary.csv"};
+    for (int i = 0; i < 2; i++) {
+        struct stat sb;
+        char hex[65];
+        snprintf(p, sizeof p, "%s/%s/cells/%s.%s", g_dir, res, id, ext[i]);
+        if (stat(p, &sb) != 0) {
+            FILE *f = fopen(p, "w");
+            ck_assert_ptr_nonnull(f);
+            fclose(f);
+            sb.st_size = 0;
+        }
+        ck_assert_int_eq(fk_sha256_file(p, hex), FK_OK);
+        n += snprintf(meta + n, sizeof meta - (size_t)n, "file.%s\t%ld %s\n", ext[i],
+                      (long)sb.st_size, hex);
+    }
+    snprintf(p, sizeof p, "%s/cells/%s.meta", res, id);
+    put(p, meta);
 }
 
 static void rm_dir(void)
@@ -203,6 +232,9 @@ START_TEST(check_gate)
     snprintf(p, sizeof p, "%s/res", g_dir);
     ck_assert_int_eq(mkdir(p, 0755), 0);
     put("res/cells.csv", cells_csv);
+    seal_cell("res", "aaaaaaaaaaaaaaa1");
+    seal_cell("res", "aaaaaaaaaaaaaaa2");
+    seal_cell("res", "bbbbbbbbbbbbbbb1");
     summary(0.1, "aaaaaaaaaaaaaaa1", 0, 0);
     /* update writes the baseline (16 rows, the failed cell has none) */
     ck_assert_int_eq(run_check(1, RTOL, ATOL, &r), 0);
@@ -408,6 +440,8 @@ START_TEST(export_skips_absent)
                        "f000000000000001,full,t0.h5,0,V,0,0,nan,25,25\n"
                        "f000000000000002,lexico,t0.h5,0,K,0.4,nan,0.3,12,25\n"
                        "f000000000000002,lexico,t0.h5,0,V,0.6,nan,0.1,13,25\n");
+    seal_cell(".", "f000000000000001"); /* the lexico cell's .h5 is empty: unreadable */
+    seal_cell(".", "f000000000000002");
     fk_hdf5_quiet();    /* the missing .h5 is expected: no HDF5 error stack */
     struct fk_plot_set set;
     char out[512];

@@ -57,6 +57,8 @@ static const struct command commands[] = {
     {"check", "--baseline FILE --results DIR [--rtol R] [--atol A] [--update]",
      "regression gate against a baseline", fk_cli_check},
     {"merge", "OUT_DIR SHARD_DIR...", "combine shard results", fk_cli_merge},
+    {"prune", "RESULTS_DIR [--dry-run]", "remove the cells of earlier sweeps from a directory",
+     fk_cli_prune},
     {NULL, NULL, NULL, NULL},
 };
 
@@ -126,6 +128,55 @@ int fk_cli_codecs(int argc, char **argv)
 
 /* ---- info ----------------------------------------------------------------------------- */
 
+/* The cells recorded in a results directory that its current sweep (resolved.txt) does
+ * not hold: counted per sweep they came from. */
+static void info_earlier(const char *path)
+{
+    char *text = NULL, **cur = NULL, **all = NULL, *names[64];
+    size_t len;
+    int n_cur = 0, n_all = 0, n_names = 0, count[64], earlier = 0;
+    if (fk_store_resolved_read(path, &text, &len) < 0 ||
+        fk_store_sweep_ids(text, &cur, &n_cur) < 0 ||
+        fk_store_finished_ids(path, &all, &n_all) < 0) {
+        fk_err_clear();
+        free(text);
+        fk_store_ids_free(&cur, n_cur);
+        return;
+    }
+    free(text);
+    for (int i = 0; i < n_all; i++) {
+        int in = 0;
+        for (int j = 0; j < n_cur && !in; j++)
+            in = !strcmp(cur[j], all[i]);
+        if (in)
+            continue;
+        earlier++;
+        char sw[256];
+        if (fk_results_meta_str(path, all[i], "sweep", sw, sizeof sw) < 0) {
+            fk_err_clear();
+            snprintf(sw, sizeof sw, "?");
+        }
+        int k = 0;
+        while (k < n_names && strcmp(names[k], sw))
+            k++;
+        if (k == n_names && n_names < 64 && (names[k] = strdup(sw)))
+            count[n_names++] = 0;
+        if (k < n_names)
+            count[k]++;
+    }
+    if (earlier) {
+        printf("  %d earlier cell(s) recorded here are not in the current sweep (their files "
+               "stay in cells/; `fadkv-bench prune %s` removes them):\n", earlier, path);
+        for (int k = 0; k < n_names; k++)
+            printf("    from sweep '%s': %d cell(s)\n", names[k][0] ? names[k] : "(unnamed)",
+                   count[k]);
+    }
+    for (int k = 0; k < n_names; k++)
+        free(names[k]);
+    fk_store_ids_free(&cur, n_cur);
+    fk_store_ids_free(&all, n_all);
+}
+
 /* A results directory: its cells through the store. Returns 1 if path is one. */
 static int info_results(const char *path, int *rc)
 {
@@ -137,16 +188,51 @@ static int info_results(const char *path, int *rc)
         *rc = fail(path);
         return 1;
     }
-    int ok = 0;
-    for (int r = 0; r < st->cells.n_rows; r++)
-        ok += !strcmp(st->cells.rows[r][st->c_status], "ok");
-    printf("%s: results directory, %d cell(s) in cells.csv, %d finished; see cells.csv, "
-           "summary.csv\n", path, st->cells.n_rows, ok);
+    int ok = 0, failed = 0;
+    for (int r = 0; r < st->cells.n_rows; r++) {
+        const char *v = st->cells.rows[r][st->c_status];
+        ok += !strcmp(v, "ok");
+        failed += strcmp(v, "ok") && strcmp(v, "damaged");
+    }
+    printf("%s: results directory, %d cell(s) in cells.csv (the current sweep): %d finished, "
+           "%d failed, %d damaged; see cells.csv, summary.csv\n", path, st->cells.n_rows, ok,
+           failed, st->n_damaged);
     for (int i = 0; i < st->n_damaged; i++)
         printf("  damaged: %s (rerun the sweep to recompute it)\n", st->damaged[i]);
+    info_earlier(path);
     fk_store_close(&st);
     *rc = 0;
     return 1;
+}
+
+int fk_cli_prune(int argc, char **argv)
+{
+    int dry = 0;
+    const char *dir = NULL;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--dry-run"))
+            dry = 1;
+        else if (argv[i][0] != '-' && !dir)
+            dir = argv[i];
+        else {
+            fprintf(stderr, "usage: fadkv-bench prune RESULTS_DIR [--dry-run]\n");
+            return 2;
+        }
+    }
+    if (!dir) {
+        fprintf(stderr, "usage: fadkv-bench prune RESULTS_DIR [--dry-run]\n");
+        return 2;
+    }
+    char **ids;
+    int n;
+    if (fk_store_prune(dir, dry, &ids, &n) < 0)
+        return fail(dir);
+    for (int i = 0; i < n; i++)
+        printf("%s %s/cells/%s.*\n", dry ? "would remove" : "removed", dir, ids[i]);
+    printf("prune: %d cell(s) of earlier sweeps %s; the current sweep's cells are kept\n", n,
+           dry ? "would be removed" : "removed");
+    fk_store_ids_free(&ids, n);
+    return 0;
 }
 
 static int info_one(const char *path)

@@ -261,7 +261,8 @@ static void cell_meta(const struct run *r, const struct fk_sweep_cell *cell,
                                   .n_traces = ds->n_traces,
                                   .dict = (cell->ops->caps & FK_CAP_DICT) ? ds->dict : NULL,
                                   .attn_stride = s->attention ? s->attn_stride : 0,
-                                  .seed = (long)(cell->seed & 0x7fffffffffffffffULL)};
+                                  .seed = (long)(cell->seed & 0x7fffffffffffffffULL),
+                                  .sweep = s->name};
     memcpy(meta->id, cell->id, sizeof meta->id);
 }
 

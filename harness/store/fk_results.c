@@ -479,6 +479,10 @@ static void meta_head(struct fk_sb *b, const struct fk_cell_meta *m, const char 
               m->dataset, status);
     fk_sb_printf(b, "dictionary\t%s\nn_traces\t%d\nseed\t%ld\nattn_stride\t%d\n",
               m->dict ? m->dict : "", m->n_traces, m->seed, m->attn_stride);
+    fk_sb_printf(b, "sweep\t");
+    for (const char *p = m->sweep ? m->sweep : ""; *p; p++)
+        fk_sb_printf(b, "%c", *p == '\n' || *p == '\t' ? ' ' : *p);
+    fk_sb_printf(b, "\n");
     fk_sb_printf(b, "traces\t");
     for (int i = 0; i < m->n_traces; i++)
         fk_sb_printf(b, "%s%s", i ? ";" : "", m->traces[i]);
@@ -792,14 +796,30 @@ static double kv_num(const struct kv *m, const char *key)
     return *v ? strtod(v, NULL) : NAN;
 }
 
-int fk_results_metric(const char *dir, const char *id, const char *name, double *value)
+/* Loads cells/<id>.meta of dir. */
+static int load_cell_meta(const char *dir, const char *id, struct kv *m)
 {
     char *p;
     FK_TRY(fk_store_path(&p, dir, "cells/%s.meta", id));
-    struct kv m;
-    int rc = kv_load(p, &m);
+    int rc = kv_load(p, m);
     free(p);
-    FK_TRY(rc);
+    return rc;
+}
+
+int fk_results_meta_str(const char *dir, const char *id, const char *key, char *buf,
+                        size_t cap)
+{
+    struct kv m;
+    FK_TRY(load_cell_meta(dir, id, &m));
+    snprintf(buf, cap, "%s", kv_get(&m, key));
+    kv_free(&m);
+    return FK_OK;
+}
+
+int fk_results_metric(const char *dir, const char *id, const char *name, double *value)
+{
+    struct kv m;
+    FK_TRY(load_cell_meta(dir, id, &m));
     *value = kv_num(&m, name);
     kv_free(&m);
     return FK_OK;

@@ -36,6 +36,7 @@ struct fk_cell_meta {
     const char *dict;            /* dictionary path or NULL */
     int attn_stride;             /* 0 = no attention */
     long seed;                   /* the cell's seed */
+    const char *sweep;           /* name of the sweep that computed it (NULL: none) */
 };
 
 /* Creates dir and dir/cells if needed (refuses an unwritable directory). */
@@ -81,6 +82,9 @@ int fk_store_path(char **out, const char *dir, const char *fmt, ...)
 /* mkdir -p (FK_EIO naming the component that failed). */
 int fk_store_mkdir_p(const char *dir);
 
+/* Text value of a cell's .meta key into buf (cap bytes; "" when absent). */
+int fk_results_meta_str(const char *dir, const char *id, const char *key, char *buf,
+                        size_t cap);
 /* Headline metrics of a finished cell, by name ("rel_err_mean", ...): NaN if absent. */
 int fk_results_metric(const char *dir, const char *id, const char *name, double *value);
 
@@ -131,6 +135,10 @@ int fk_store_resolved_write(const char *dir, const char *text, size_t len);
 /* Cell ids of a resolved.txt text, in sweep order (*ids malloc'ed, free with
  * fk_store_ids_free). */
 int fk_store_sweep_ids(const char *resolved, char ***ids, int *n);
+/* Removes the files of every recorded cell of dir that the current sweep (resolved.txt)
+ * does not hold, under the directory lock (dry: only lists them). *removed (malloc'ed ids,
+ * fk_store_ids_free) lists them. A cell that a live run has claimed is kept. */
+int fk_store_prune(const char *dir, int dry, char ***removed, int *n);
 /* Ids of the finished cells of dir (those with a cells/<id>.meta), directory order. */
 int fk_store_finished_ids(const char *dir, char ***ids, int *n);
 void fk_store_ids_free(char ***ids, int n);

@@ -16,6 +16,7 @@
 #include "common/fk_err.h"
 #include "common/fk_str.h"
 #include "formats/fk_h5.h"
+#include "store/fk_claim.h"
 
 _Static_assert(sizeof(hid_t) == sizeof(int64_t), "hid_t is stored as int64_t");
 
@@ -455,5 +456,67 @@ int fk_store_cell_copy(const char *from_dir, const char *to_dir, const char *id)
         free(a);
         free(b);
     }
+    return rc;
+}
+
+/* ---- pruning the cells of earlier sweeps ---------------------------------------------------- */
+
+static int in_list(char **ids, int n, const char *id)
+{
+    for (int i = 0; i < n; i++)
+        if (!strcmp(ids[i], id))
+            return 1;
+    return 0;
+}
+
+/* Removes cell id's files, the .meta first (the cell stops being finished at once). */
+static void remove_cell(const char *dir, const char *id)
+{
+    static const char *const ext[] = {"meta", "h5", "summary.csv", NULL};
+    for (int i = 0; ext[i]; i++) {
+        char *p;
+        if (fk_store_path(&p, dir, "cells/%s.%s", id, ext[i]) == FK_OK) {
+            unlink(p);
+            free(p);
+        }
+    }
+}
+
+static int claimed(const char *dir, const char *id)
+{
+    char *p;
+    if (fk_store_path(&p, dir, "cells/%s.claim", id) < 0)
+        return 0;
+    int c = access(p, F_OK) == 0;
+    free(p);
+    return c;
+}
+
+int fk_store_prune(const char *dir, int dry, char ***removed, int *n)
+{
+    *removed = NULL;
+    *n = 0;
+    char *text, **cur = NULL, **all = NULL;
+    size_t len;
+    int n_cur = 0, n_all = 0, cap = 0, fd = -1;
+    FK_TRY(fk_store_resolved_read(dir, &text, &len));
+    int rc = fk_store_sweep_ids(text, &cur, &n_cur);
+    free(text);
+    if (rc == FK_OK)
+        rc = fk_store_lock(dir, &fd);
+    if (rc == FK_OK)
+        rc = fk_store_finished_ids(dir, &all, &n_all);
+    for (int i = 0; rc == FK_OK && i < n_all; i++) {
+        if (in_list(cur, n_cur, all[i]) || claimed(dir, all[i]))
+            continue;
+        rc = ids_push(removed, n, &cap, all[i]);
+        if (rc == FK_OK && !dry)
+            remove_cell(dir, all[i]);
+    }
+    fk_store_unlock(fd);
+    fk_store_ids_free(&cur, n_cur);
+    fk_store_ids_free(&all, n_all);
+    if (rc < 0)
+        fk_store_ids_free(removed, *n);
     return rc;
 }
