@@ -105,6 +105,21 @@ static int buf_write(struct fk_sb *b, const char *path)
     return bad ? fk_err(FK_EIO, "%s: write failed", path) : FK_OK;
 }
 
+/* Writes a table as out_dir/<stem>.md and out_dir/<stem>.tex, their paths into md_path and
+ * tex_path (cap bytes each); both buffers are freed on every path. */
+static int table_write(struct fk_sb *md, struct fk_sb *tex, const char *out_dir,
+                       const char *stem, char *md_path, char *tex_path, size_t cap)
+{
+    snprintf(md_path, cap, "%s/%s.md", out_dir, stem);
+    snprintf(tex_path, cap, "%s/%s.tex", out_dir, stem);
+    int rc = buf_write(md, md_path);
+    if (rc < 0) {
+        fk_sb_free(tex);
+        return rc;
+    }
+    return buf_write(tex, tex_path);
+}
+
 /* A number for a data file: gnuplot reads "NaN" as missing. */
 static void bnum(struct fk_sb *b, double v)
 {
@@ -213,31 +228,38 @@ static int count_nondefault(const struct store *st, const struct cell *c)
     return n;
 }
 
+/* The most common non-empty value of column j among the finished cells of dataset ds
+ * (first such value in sweep order on ties), NULL when every one is empty. */
+static const char *col_mode(const struct store *st, const char *ds, int j)
+{
+    const struct fk_csv *t = st->cells;
+    const char *mode = NULL;
+    int best = 0;
+    for (int a = 0; a < st->n; a++) {
+        const char *u = t->rows[st->c[a].row][j];
+        if (!u[0] || strcmp(st->c[a].dataset, ds))
+            continue;
+        int k = 0;
+        for (int b = 0; b < st->n; b++)
+            k += !strcmp(st->c[b].dataset, ds) && !strcmp(t->rows[st->c[b].row][j], u);
+        if (k > best) {
+            best = k;
+            mode = u;
+        }
+    }
+    return mode;
+}
+
 /* Options of a cell that differ from the most common value of that option among the
  * finished cells of its dataset (first such value in sweep order on ties). */
 static int count_offmode(const struct store *st, const struct cell *c)
 {
-    const struct fk_csv *t = st->cells;
     int n = 0;
     for (int j = st->col_first_opt; j < st->col_end_opt; j++) {
-        const char *v = t->rows[c->row][j];
+        const char *v = st->cells->rows[c->row][j];
         if (!v[0])
             continue;
-        const char *mode = NULL;
-        int best = 0;
-        for (int a = 0; a < st->n; a++) {
-            const char *u = t->rows[st->c[a].row][j];
-            if (!u[0] || strcmp(st->c[a].dataset, c->dataset))
-                continue;
-            int k = 0;
-            for (int b = 0; b < st->n; b++)
-                k += !strcmp(st->c[b].dataset, c->dataset) &&
-                     !strcmp(t->rows[st->c[b].row][j], u);
-            if (k > best) {
-                best = k;
-                mode = u;
-            }
-        }
+        const char *mode = col_mode(st, c->dataset, j);
         n += mode && strcmp(mode, v);
     }
     return n;
@@ -463,10 +485,14 @@ static void fig_skip(struct fk_plot_fig *f, const char *fmt, ...)
         snprintf(f->note, sizeof f->note, "no data");
 }
 
-static void data_path(const struct store *st, const struct fk_plot_fig *f, const char *ext,
-                      char *out, size_t cap)
+/* Writes b (freed) as the figure's data file, data/<name>.dat, and sets `data` to it. */
+static int fig_data(const struct store *st, struct fk_plot_fig *f, struct fk_sb *b)
 {
-    snprintf(out, cap, "%s/%s.%s", st->data_dir, f->name, ext);
+    char p[4400];
+    snprintf(p, sizeof p, "%s/%s.dat", st->data_dir, f->name);
+    FK_TRY(buf_write(b, p));
+    fig_var(f, "data", p);
+    return FK_OK;
 }
 
 /* ---- HDF5 cell files -------------------------------------------------------------------- */
@@ -581,10 +607,7 @@ static int fig1a(struct store *st, struct fk_plot_set *set, const char *ds, stru
             fig_skip(f, "no pool recall in cell %s (sweep recall = false?)", c->id);
         return rc;
     }
-    char p[4400];
-    data_path(st, f, "dat", p, sizeof p);
-    FK_TRY(buf_write(&b, p));
-    fig_var(f, "data", p);
+    FK_TRY(fig_data(st, f, &b));
     char t[512];
     if (N > 0)
         snprintf(t, sizeof t, "%s, %s, N = %ld, s = %s", ds, codec_display(st, c->codec), N,
@@ -669,10 +692,7 @@ static int fig1b(struct store *st, struct fk_plot_set *set, const char *ds, stru
         return fk_err(FK_ENOMEM, "out of memory");
     }
     free(col);
-    char p[4400];
-    data_path(st, f, "dat", p, sizeof p);
-    FK_TRY(buf_write(&b, p));
-    fig_var(f, "data", p);
+    FK_TRY(fig_data(st, f, &b));
     char t[512];
     snprintf(t, sizeof t, "%s, %s", ds, codec_display(st, c->codec));
     fig_text(f, "subtitle", t);
@@ -757,10 +777,7 @@ static int fig1c(struct store *st, struct fk_plot_set *set, const char *ds, stru
             fig_skip(f, "no inactive-atom counts in cell %s", c->id);
         return rc;
     }
-    char p[4400];
-    data_path(st, f, "dat", p, sizeof p);
-    FK_TRY(buf_write(&b, p));
-    fig_var(f, "data", p);
+    FK_TRY(fig_data(st, f, &b));
     char t[512];
     snprintf(t, sizeof t, "%s, %s", ds, codec_display(st, c->codec));
     fig_text(f, "subtitle", t);
@@ -798,10 +815,7 @@ static int fig1d(struct store *st, struct fk_plot_set *set, const char *ds)
                  "is longer than the buffer n_b, and a dictionary codec)", ds);
         return FK_OK;
     }
-    char p[4400];
-    data_path(st, f, "dat", p, sizeof p);
-    FK_TRY(buf_write(&b, p));
-    fig_var(f, "data", p);
+    FK_TRY(fig_data(st, f, &b));
     fig_text(f, "subtitle", ds);
     return FK_OK;
 }
@@ -958,10 +972,7 @@ static int fig3_series(struct store *st, struct fk_plot_set *set, const char *ds
             fig_skip(f, "no per-step series for a dictionary codec in dataset %s", ds);
         return rc;
     }
-    char p[4400];
-    data_path(st, f, "dat", p, sizeof p);
-    FK_TRY(buf_write(&b, p));
-    fig_var(f, "data", p);
+    FK_TRY(fig_data(st, f, &b));
     fig_var(f, "codecs", names);
     fig_text(f, "subtitle", ds);
     fig_num(f, "bin", bin);
@@ -1076,10 +1087,7 @@ static int heat_write(struct store *st, struct fk_plot_fig *f, const struct axis
         }
         fk_sb_printf(&b, "\n");
     }
-    char p[4400];
-    data_path(st, f, "dat", p, sizeof p);
-    FK_TRY(buf_write(&b, p));
-    fig_var(f, "data", p);
+    FK_TRY(fig_data(st, f, &b));
     fig_num(f, "nx", ax->n);
     fig_num(f, "ny", ay->n);
     return FK_OK;
@@ -1335,10 +1343,7 @@ static int pareto(struct store *st, struct fk_plot_set *set, const char *ds)
             fk_sb_printf(&b, " NaN front\n");
         }
     free(front);
-    char p[4400];
-    data_path(st, f, "dat", p, sizeof p);
-    FK_TRY(buf_write(&b, p));
-    fig_var(f, "data", p);
+    FK_TRY(fig_data(st, f, &b));
     fig_var(f, "codecs", names);
     char t[512];
     snprintf(t, sizeof t, "%s%s", ds, skipped ? " (cells with KL = 0, e.g. full, not shown)"
@@ -1502,14 +1507,8 @@ static int table4(struct store *st, struct fk_plot_set *set, const char *out_dir
         free(tex.s);
         return rc;
     }
-    snprintf(set->table_md, sizeof set->table_md, "%s/table4.md", out_dir);
-    snprintf(set->table_tex, sizeof set->table_tex, "%s/table4.tex", out_dir);
-    rc = buf_write(&md, set->table_md);
-    if (rc < 0) {
-        free(tex.s);
-        return rc;
-    }
-    return buf_write(&tex, set->table_tex);
+    return table_write(&md, &tex, out_dir, "table4", set->table_md, set->table_tex,
+                       sizeof set->table_md);
 }
 
 /* ---- entry ------------------------------------------------------------------------------- */
