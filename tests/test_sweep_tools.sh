@@ -119,7 +119,8 @@ echo "ok: check passes identical results and catches a drift"
 # 4. plot
 if command -v gnuplot > /dev/null 2>&1; then
     FK_SRCDIR=${FK_SRCDIR:-} "$TOOLS" plot "$T/m" --format png > "$T/plot.out"
-    for f in fig1a_recall fig3a_dict_size fig3b_err_steps fig3c_tau_delta pareto_bytes_kl; do
+    for f in fig1a_recall fig3a_dict_size fig3b_err_steps fig3c_tau_delta pareto_bytes_kl \
+             pareto_head_cos pareto_head_kl pareto_head_err; do
         [ -s "$T/m/figures/$f.png" ] || { echo "FAIL: $f.png not drawn"; cat "$T/plot.out"; exit 1; }
     done
     echo "ok: plot drew $(ls "$T"/m/figures/*.png | wc -l) PNG(s)"
@@ -130,6 +131,9 @@ fi
 [ -s "$T/m/figures/data/fig3a_dict_size.dat" ]
 [ -s "$T/m/figures/table4.md" ] && [ -s "$T/m/figures/table4.tex" ]
 grep -q "FAD-KV" "$T/m/figures/table4.md"
+# the cross-family Pareto (fadkv's swept options label its points)
+grep -q '^# Pareto frontier' "$T/m/figures/data/pareto_head_cos.dat"
+grep -q '"dk0.3 dv0.5 tc1" fadkv' "$T/m/figures/data/pareto_head_cos.dat"
 # fig3d needs two dictionaries or several s: skipped here, with a note
 grep -q "skip fig3d_N_s" "$T/plot.out"
 echo "ok: plot"
