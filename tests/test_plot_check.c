@@ -6,6 +6,9 @@
  * sample; `check` on a hand-made results store (identical data passes, a drift beyond rtol
  * fails, within rtol passes, missing / extra rows are reported, cell ids do not matter, NaN
  * handling, update); the exporter skips figures with a note when the store lacks their data;
+ * the cross-family Pareto (frontiers, labels, family styles) and the equal-budget table (best
+ * setting per budget, ties, "—", the rel_err_mean fallback without attention) on a hand-made
+ * store, and both on results older than the per-head byte columns;
  * JSON escaping round-trips and syntax errors name line:col; provenance.json round-trips
  * through the store; a path past PATH_MAX is an error, not a truncation.
  * The end-to-end merge / shard test is tests/test_sweep_tools.sh.
@@ -447,7 +450,7 @@ START_TEST(export_skips_absent)
 }
 END_TEST
 
-/* ---- cross-family Pareto ------------------------------------------------------------------- */
+/* ---- cross-family Pareto and equal-budget table -------------------------------------------- */
 
 /* The cross-family fixture (head_dim 16: fp16 = 64 bytes per token per head, bits_per_elem
  * = bytes_tok_head / 4). Dataset ds has every metric; dataset noattn none of the attention
@@ -597,6 +600,51 @@ START_TEST(export_cross_family)
                          " 17.6 0.1 4.4 \"b4\" uniform b000000000000003\n");
     free(d);
 
+    /* the equal-budget table: bits_per_elem <= 1.1 x budget (2.2 and 4.4 are inside, 4.5
+     * is not), highest attn_cos, ties to fewer bits (topk s3 over s4 at 4 bits) */
+    ck_assert_str_ne(set.budget_md, "");
+    ck_assert_str_eq(set.budget_note, "");
+    char *t = slurp_rel("fig/table_budget.md");
+    ASSERT_HAS(t, "### Dataset ds\n");
+    ASSERT_HAS(t, "| 1 | uniform | quant | — | — | — | — | — | — | — |\n");
+    ASSERT_HAS(t, "| 2 | full | baseline | — | — | — | — | — | — | — |\n");
+    ASSERT_HAS(t, "| 2 | lexico | dict | nb16 s2 | 2.20 | 0.95000 | 0.12 | 0.4500 | attn_cos | "
+                  "a000000000000008 |\n");
+    ASSERT_HAS(t, "| 2 | gm | dict | — | — | — | — | — | — | — |\n");
+    ASSERT_HAS(t, "| 2 | uniform | quant | b2 | 2.20 | 0.95000 | 0.1 | 0.4000 | attn_cos | "
+                  "a000000000000005 |\n");
+    ASSERT_HAS(t, "| 3 | lexico | dict | nb16 s4 | 3.10 | 0.97000 | 0.05 | 0.3000 | attn_cos | "
+                  "a000000000000009 |\n");
+    ASSERT_HAS(t, "| 3 | gm | dict | (one setting) | 2.50 | 0.96000 | 0.08 | 0.3500 | attn_cos | "
+                  "a00000000000000c |\n");
+    ASSERT_HAS(t, "| 3 | topk | baseline | s2 | 3.00 | 0.90000 | 0.3 | 0.7000 | attn_cos | "
+                  "a000000000000002 |\n");
+    ASSERT_HAS(t, "| 4 | topk | baseline | s3 | 3.50 | 0.93000 | 0.22 | 0.6000 | attn_cos | "
+                  "a000000000000003 |\n");
+    ASSERT_HAS(t, "| 4 | uniform | quant | b4 | 4.40 | 0.99000 | 0.01 | 0.1000 | attn_cos | "
+                  "a000000000000006 |\n");
+    ASSERT_HAS(t, "| 4 | lexico-adp | dict | — | — | — | — | — | — | — |\n");
+    /* without attention: ranked by the lowest rel_err_mean, and said so */
+    const char *na = strstr(t, "### Dataset noattn\n");
+    ck_assert_ptr_nonnull(na);
+    ck_assert_ptr_null(strstr(na, "attn_cos |"));
+    ASSERT_HAS(na, "| 2 | uniform | quant | b2 | 2.20 | — | — | 0.4000 | rel_err_mean | "
+                   "b000000000000002 |\n");
+    ASSERT_HAS(na, "| 2 | mystery | - | — | — | — | — | — | — | — |\n");
+    ASSERT_HAS(na, "| 3 | mystery | - | bits=2 block=16 | 2.40 | — | — | 0.5000 | rel_err_mean | "
+                   "b000000000000006 |\n");
+    ASSERT_HAS(na, "| 4 | mystery | - | bits=3 block=32 | 3.40 | — | — | 0.3500 | rel_err_mean | "
+                   "b000000000000007 |\n");
+    ASSERT_HAS(na, "| 4 | lexico | dict | — | — | — | — | — | — | — |\n");
+    free(t);
+    t = slurp_rel("fig/table_budget.tex");
+    ASSERT_HAS(t, "\\multicolumn{9}{l}{Dataset ds} \\\\\n");
+    ASSERT_HAS(t, "4 & topk & baseline & s3 & $3.50$ & $0.93000$ & $0.22$ & $0.6000$ & "
+                  "attn\\_cos \\\\\n");
+    ASSERT_HAS(t, "4 & lexico-adp & dict & --- & --- & --- & --- & --- & --- \\\\\n");
+    ASSERT_HAS(t, "3 & mystery & - & bits=2 block=16 & $2.40$ & --- & --- & $0.5000$ & "
+                  "rel\\_err\\_mean \\\\\n");
+    free(t);
     fk_plotdata_free(&set);
     rm_dir();
 }
@@ -605,7 +653,7 @@ END_TEST
 START_TEST(export_cross_family_old_results)
 {
     /* results written before the per-head byte columns: the three panels are skipped with
-     * the reason */
+     * the reason and the equal-budget table is not written, with a note */
     make_dir();
     put("cells.csv", "cell_id,codec,dataset,status,n_b,s,n_traces,traces,dictionary,seed,"
                      "attn_stride,rel_err_mean,attn_cos,attn_kl,bytes_per_token\n"
@@ -623,6 +671,11 @@ START_TEST(export_cross_family_old_results)
         ck_assert_msg(f != NULL, "%s", names[i]);
         ASSERT_HAS(f->note, "cells.csv has no bytes_tok_head column");
     }
+    ck_assert_str_eq(set.budget_md, "");
+    ASSERT_HAS(set.budget_note, "no cell has bits_per_elem");
+    char p[512];
+    snprintf(p, sizeof p, "%s/fig/table_budget.md", g_dir);
+    ck_assert_int_ne(access(p, F_OK), 0);
     ck_assert_str_ne(set.table_md, "");    /* Table 4 as before */
     fk_plotdata_free(&set);
     rm_dir();

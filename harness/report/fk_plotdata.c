@@ -12,10 +12,11 @@
  * unknown to this build in sweep order. Several datasets give one file per dataset (suffix
  * ".<dataset>").
  *
- * Cross-family Pareto. The figures pareto_head_cos, _kl and _err show every finished cell
- * of a dataset at its bytes_tok_head, one series per codec styled by its family
- * (fk_codec_family), each point labelled by the options that tell the codec's cells apart
- * (label_cols). They read only cells.csv columns.
+ * Cross-family Pareto and equal-budget table. The Pareto figures (pareto_head_cos, _kl,
+ * _err) show every finished cell of a dataset at its bytes_tok_head, one series per codec
+ * styled by its family (fk_codec_family), each point labelled by the options that tell the
+ * codec's cells apart (label_cols); the equal-budget table picks each codec's best cell at
+ * about 1, 2, 3 and 4 bits per element (budget_best). Both read only cells.csv columns.
  *
  * Aggregation. Per-sequence values come from summary.csv (one row per cell x trace x layer
  * x kind) or from cells/<id>.h5; a sequence's value is the mean over its layers (and kinds
@@ -1689,6 +1690,177 @@ static int pareto_head(struct store *st, struct fk_plot_set *set, const char *ds
     return FK_OK;
 }
 
+/* ---- equal-budget table ------------------------------------------------------------------ */
+
+static const double budgets[] = {1, 2, 3, 4}; /* bits per element */
+#define BUDGET_SLACK 1.10        /* "about b bits": bits_per_elem <= b x BUDGET_SLACK */
+
+/* The best cell of codec in dataset ds within a budget of bits per element: among its
+ * finished cells with bits_per_elem <= budget x BUDGET_SLACK, the highest attn_cos (ties:
+ * fewer bits, then sweep order); when none of them has attn_cos, the lowest rel_err_mean
+ * (same ties); when none has either, the fewest bits. *by names the column ranked. NULL when
+ * no cell is within the budget. */
+static const struct cell *budget_best(const struct store *st, const char *ds,
+                                      const char *codec, double budget, const char **by)
+{
+    static const struct {
+        const char *col;
+        int higher;
+    } rank[] = {{"attn_cos", 1}, {"rel_err_mean", 0}, {"bits_per_elem", 0}};
+    for (size_t r = 0; r < sizeof rank / sizeof rank[0]; r++) {
+        const struct cell *best = NULL;
+        double bv = NAN, bb = NAN;
+        for (int i = 0; i < st->n; i++) {
+            const struct cell *c = &st->c[i];
+            if (strcmp(c->dataset, ds) || strcmp(c->codec, codec))
+                continue;
+            double bits = cnum(st, c, "bits_per_elem"), v = cnum(st, c, rank[r].col);
+            if (!(bits <= budget * BUDGET_SLACK) || !isfinite(v))
+                continue;
+            if (!best || (rank[r].higher ? v > bv : v < bv) || (v == bv && bits < bb)) {
+                best = c;
+                bv = v;
+                bb = bits;
+            }
+        }
+        if (best) {
+            *by = rank[r].col;
+            return best;
+        }
+    }
+    return NULL;
+}
+
+/* Text in a LaTeX table cell. */
+static void tex_text(struct fk_sb *b, const char *s)
+{
+    for (; *s; s++) {
+        if (strchr("&%$#_{}", *s))
+            fk_sb_printf(b, "\\%c", *s);
+        else if (*s == '~')
+            fk_sb_printf(b, "\\textasciitilde{}");
+        else if (*s == '^')
+            fk_sb_printf(b, "\\textasciicircum{}");
+        else if (*s == '\\')
+            fk_sb_printf(b, "\\textbackslash{}");
+        else
+            fk_sb_printf(b, "%c", *s);
+    }
+}
+
+/* One number of the equal-budget table ("—" / "---" when missing). */
+static void bt_num(struct fk_sb *md, struct fk_sb *tex, const char *fmt, double v)
+{
+    char a[64];
+    if (!isfinite(v)) {
+        fk_sb_printf(md, " — |");
+        fk_sb_printf(tex, " & ---");
+        return;
+    }
+    snprintf(a, sizeof a, fmt, v);
+    fk_sb_printf(md, " %s |", a);
+    fk_sb_printf(tex, " & $%s$", a);
+}
+
+/* One row of the equal-budget table: codec within budget on dataset ds. */
+static int budget_row(const struct store *st, const char *ds, const char *codec,
+                      double budget, struct fk_sb *md, struct fk_sb *tex)
+{
+    int colour, marker;
+    const char *fam = family_style(codec, &colour, &marker), *by = NULL;
+    const struct cell *c = budget_best(st, ds, codec, budget, &by);
+    fk_sb_printf(md, "| %g | %s | %s |", budget, codec_display(st, codec), fam);
+    fk_sb_printf(tex, "%g & ", budget);
+    tex_text(tex, codec_display(st, codec));
+    fk_sb_printf(tex, " & ");
+    tex_text(tex, fam);
+    if (!c) {
+        fk_sb_printf(md, " — | — | — | — | — | — | — |\n");
+        fk_sb_printf(tex, " & --- & --- & --- & --- & --- & --- \\\\\n");
+        return FK_OK;
+    }
+    int cols[LABEL_COLS], ncol = 0;
+    char label[LABEL_LEN];
+    FK_TRY(label_cols(st, ds, codec, cols, &ncol));
+    cell_label(st, c, cols, ncol, label, sizeof label);
+    if (!label[0])
+        snprintf(label, sizeof label, "(one setting)");
+    fk_sb_printf(md, " %s |", label);
+    fk_sb_printf(tex, " & ");
+    tex_text(tex, label);
+    bt_num(md, tex, "%.2f", cnum(st, c, "bits_per_elem"));
+    bt_num(md, tex, "%.5f", cnum(st, c, "attn_cos"));
+    bt_num(md, tex, "%.3g", cnum(st, c, "attn_kl"));
+    bt_num(md, tex, "%.4f", cnum(st, c, "rel_err_mean"));
+    fk_sb_printf(md, " %s | %s |\n", by, c->id);
+    fk_sb_printf(tex, " & ");
+    tex_text(tex, by);
+    fk_sb_printf(tex, " \\\\\n");
+    return FK_OK;
+}
+
+/* The equal-budget table of every dataset: out_dir/table_budget.md and .tex. */
+static int budget_table(struct store *st, struct fk_plot_set *set, const char *out_dir)
+{
+    struct fk_sb md = {0}, tex = {0};
+    int nb = (int)(sizeof budgets / sizeof budgets[0]), tables = 0, rc = FK_OK;
+    fk_sb_printf(&md, "<!-- Equal-budget table (best setting of each codec within a budget of "
+                 "bits per element); generated by `fadkv-bench plot` from %s -->\n", st->dir);
+    fk_sb_printf(&tex, "%% Equal-budget table (best setting of each codec within a budget of "
+                 "bits per element); generated by fadkv-bench plot\n");
+    for (int d = 0; d < st->n_ds && rc == FK_OK; d++) {
+        const char *ds = st->datasets[d];
+        int any = 0;
+        for (int i = 0; i < st->n && !any; i++)
+            any = !strcmp(st->c[i].dataset, ds) && isfinite(cnum(st, &st->c[i], "bits_per_elem"));
+        fk_sb_printf(&md, "\n### Dataset %s\n\n", ds);
+        if (!any) {
+            fk_sb_printf(&md, "No cell of this dataset has bits_per_elem (results written by "
+                         "an older fadkv-bench: rerun the sweep).\n");
+            fk_sb_printf(&tex, "\n%% dataset %s: no cell has bits_per_elem\n", ds);
+            continue;
+        }
+        tables++;
+        fk_sb_printf(&md, "| Budget (bits/elem) | Method | Family | Setting | Bits/elem | "
+                     "Attn cos | Attn KL | Rel. error | Chosen by | Cell |\n"
+                     "|---:|---|---|---|---:|---:|---:|---:|---|---|\n");
+        fk_sb_printf(&tex, "\n\\begin{tabular}{rlllrrrrl}\n\\hline\n\\multicolumn{9}{l}{Dataset ");
+        tex_text(&tex, ds);
+        fk_sb_printf(&tex, "} \\\\\n\\hline\nBudget & Method & Family & Setting & Bits/elem & "
+                     "Attn cos & Attn KL & Rel.\\ error & Chosen by \\\\\n\\hline\n");
+        const char *cod[64];
+        int nc = codecs_in(st, ds, cod, 64);
+        for (int k = 0; k < nb && rc == FK_OK; k++) {
+            for (int i = 0; i < nc && rc == FK_OK; i++)
+                rc = budget_row(st, ds, cod[i], budgets[k], &md, &tex);
+            fk_sb_printf(&tex, "\\hline\n");
+        }
+        fk_sb_printf(&tex, "\\end{tabular}\n");
+    }
+    fk_sb_printf(&md, "\nBudget b: a codec's finished cells of the dataset with bits_per_elem "
+                 "<= %.2f x b (\"about b bits\"; bits_per_elem = bytes_tok_head x 8 / (2 x "
+                 "head_dim) at the end of the trace, K and V: codes, per-group metadata, the "
+                 "fp16 buffer and appended atoms; model constants such as the universal "
+                 "dictionary, bytes_model, excluded; 16 = fp16). Best: the highest attn_cos, "
+                 "ties to fewer bits, then sweep order; a codec none of whose cells within the "
+                 "budget has attn_cos (attention off) is ranked by the lowest rel_err_mean "
+                 "(\"Chosen by\"). —: no setting of the codec within the budget. Setting: the "
+                 "options swept among the codec's cells of the dataset, or set off both the "
+                 "codec's default and the dataset's common value. Teacher-forced replay: "
+                 "recorded queries, per-layer error, no propagation across layers or decode "
+                 "steps.\n", BUDGET_SLACK);
+    if (rc < 0 || !tables) {
+        free(md.s);
+        free(tex.s);
+        if (rc == FK_OK)
+            snprintf(set->budget_note, sizeof set->budget_note, "no cell has bits_per_elem "
+                     "(results written by an older fadkv-bench: rerun the sweep)");
+        return rc;
+    }
+    return table_write(&md, &tex, out_dir, "table_budget", set->budget_md, set->budget_tex,
+                       sizeof set->budget_md);
+}
+
 /* ---- Table 4 ------------------------------------------------------------------------------ */
 
 /* A per-sequence value of a cell for Table 4 (NaN when not defined). */
@@ -1925,6 +2097,8 @@ int fk_plotdata_export(const char *results_dir, const char *out_dir,
             rc = pareto_head(&st, set, st.datasets[d], &pmetrics[k]);
     if (rc == FK_OK)
         rc = table4(&st, set, out_dir);
+    if (rc == FK_OK)
+        rc = budget_table(&st, set, out_dir);
     store_free(&st);
     free(data_dir);
     if (rc < 0)
