@@ -6,6 +6,9 @@
  * sample; `check` on a hand-made results store (identical data passes, a drift beyond rtol
  * fails, within rtol passes, missing / extra rows are reported, cell ids do not matter, NaN
  * handling, update); the exporter skips figures with a note when the store lacks their data;
+ * the cross-family Pareto (frontiers, labels, family styles) and the equal-budget table (best
+ * setting per budget, ties, "—", the rel_err_mean fallback without attention) on a hand-made
+ * store, and both on results older than the per-head byte columns;
  * JSON escaping round-trips and syntax errors name line:col; provenance.json round-trips
  * through the store; a path past PATH_MAX is an error, not a truncation.
  * The end-to-end merge / shard test is tests/test_sweep_tools.sh.
@@ -481,6 +484,238 @@ START_TEST(export_skips_absent)
 }
 END_TEST
 
+/* ---- cross-family Pareto and equal-budget table -------------------------------------------- */
+
+/* The cross-family fixture (head_dim 16: fp16 = 64 bytes per token per head, bits_per_elem
+ * = bytes_tok_head / 4). Dataset ds has every metric; dataset noattn none of the attention
+ * metrics, a lexico cell without byte accounting and a codec unknown to this build
+ * ("mystery", whose options bits and block share the abbreviation b). */
+static void xfam_fixture(void)
+{
+    put("cells.csv",
+        "cell_id,codec,dataset,status,n_b,a_len,coef,s,bits,block,n_traces,traces,dictionary,"
+        "seed,attn_stride,rel_err_mean,attn_cos,attn_kl,bytes_tok_head,bits_per_elem\n"
+        /* id           codec      ds  n_b a_len coef s bits block ... err  cos  kl  bytes bpe */
+        "a000000000000001,full,ds,ok,16,1,fp8,,,,1,t0.h5,,1,16,0,1,0,64,16\n"
+        "a000000000000002,topk,ds,ok,16,1,fp8,2,,,1,t0.h5,,1,16,0.7,0.9,0.3,12,3\n"
+        "a000000000000003,topk,ds,ok,16,1,fp8,3,,,1,t0.h5,,1,16,0.6,0.93,0.22,14,3.5\n"
+        "a000000000000004,topk,ds,ok,16,1,fp8,4,,,1,t0.h5,,1,16,0.55,0.93,0.2,16,4\n"
+        "a000000000000005,uniform,ds,ok,16,1,fp8,,2,,1,t0.h5,,1,16,0.4,0.95,0.1,8.8,2.2\n"
+        "a000000000000006,uniform,ds,ok,16,1,fp8,,4,,1,t0.h5,,1,16,0.1,0.99,0.01,17.6,4.4\n"
+        "a000000000000007,uniform,ds,ok,16,1,fp8,,8,,1,t0.h5,,1,16,0.01,0.999,0.001,33.6,8.4\n"
+        "a000000000000008,lexico,ds,ok,16,1,fp8,2,,,1,t0.h5,,1,16,0.45,0.95,0.12,8.8,2.2\n"
+        "a000000000000009,lexico,ds,ok,16,1,fp8,4,,,1,t0.h5,,1,16,0.3,0.97,0.05,12.4,3.1\n"
+        "a00000000000000a,lexico,ds,ok,8,1,fp8,8,,,1,t0.h5,,1,16,0.2,0.985,0.02,20,5\n"
+        "a00000000000000b,lexico-adp,ds,ok,16,1,fp16,6,,,1,t0.h5,,1,16,0.25,0.975,0.03,18,4.5\n"
+        "a00000000000000c,gm,ds,ok,16,1,fp8,2,,,1,t0.h5,,1,16,0.35,0.96,0.08,10,2.5\n"
+        "a00000000000000d,gm,ds,failed,16,1,fp8,4,,,1,t0.h5,,1,16,nan,nan,nan,nan,nan\n"
+        "b000000000000001,full,noattn,ok,16,1,fp8,,,,1,t0.h5,,1,16,0,,,64,16\n"
+        "b000000000000002,uniform,noattn,ok,16,1,fp8,,2,,1,t0.h5,,1,16,0.4,,,8.8,2.2\n"
+        "b000000000000003,uniform,noattn,ok,16,1,fp8,,4,,1,t0.h5,,1,16,0.1,,,17.6,4.4\n"
+        "b000000000000004,topk,noattn,ok,16,1,fp8,2,,,1,t0.h5,,1,16,0.7,,,12,3\n"
+        "b000000000000005,lexico,noattn,ok,16,1,fp8,4,,,1,t0.h5,,1,16,0.3,,,,\n"
+        "b000000000000006,mystery,noattn,ok,16,1,fp8,,2,16,1,t0.h5,,1,16,0.5,,,9.6,2.4\n"
+        "b000000000000007,mystery,noattn,ok,16,1,fp8,,3,32,1,t0.h5,,1,16,0.35,,,13.6,3.4\n");
+    put("summary.csv", "cell_id,codec,trace,layer,kind,rel_err_mean,attn_kl\n");
+}
+
+/* The text of a file below g_dir (malloc'ed). */
+static char *slurp_rel(const char *rel)
+{
+    char p[512];
+    snprintf(p, sizeof p, "%s/%s", g_dir, rel);
+    char *t = fk_slurp(p, NULL);
+    ck_assert_msg(t != NULL, "%s not written", p);
+    return t;
+}
+
+/* The figure named name, or NULL. */
+static const struct fk_plot_fig *find_fig(const struct fk_plot_set *set, const char *name)
+{
+    for (int i = 0; i < set->n_figs; i++)
+        if (!strcmp(set->figs[i].name, name))
+            return &set->figs[i];
+    return NULL;
+}
+
+/* hay holds needle (the message shows the start of hay: Check limits its length) */
+#define ASSERT_HAS(hay, needle)                                                              \
+    ck_assert_msg(strstr(hay, needle), "missing <%s> in:\n%.1500s", needle, hay)
+
+START_TEST(export_cross_family)
+{
+    make_dir();
+    xfam_fixture();
+    fk_hdf5_quiet();
+    struct fk_plot_set set;
+    char out[512];
+    snprintf(out, sizeof out, "%s/fig", g_dir);
+    ck_assert_msg(fk_plotdata_export(g_dir, out, NULL, &set) == FK_OK, "%s", fk_errmsg());
+
+    /* dataset ds, cosine: every codec a block (registry order), colours by family */
+    const struct fk_plot_fig *f = find_fig(&set, "pareto_head_cos.ds");
+    ck_assert_ptr_nonnull(f);
+    ck_assert_str_eq(f->note, "");
+    ck_assert_str_eq(f->script, "pareto_head.gp");
+    ASSERT_HAS(f->vars, "codecs='full lexico lexico-adp gm topk uniform'; ");
+    ASSERT_HAS(f->vars, "cfamname='baseline dict dict dict baseline quant'; ");
+    ASSERT_HAS(f->vars, "metric='cos'; logy=0; fp16=64; ");
+    int col[6], mk[6];
+    const char *cf = strstr(f->vars, "cfam='"), *cp = strstr(f->vars, "cpt='");
+    ck_assert(cf && cp);
+    ck_assert_int_eq(sscanf(cf, "cfam='%d %d %d %d %d %d'", &col[0], &col[1], &col[2], &col[3],
+                            &col[4], &col[5]), 6);
+    ck_assert_int_eq(sscanf(cp, "cpt='%d %d %d %d %d %d'", &mk[0], &mk[1], &mk[2], &mk[3],
+                            &mk[4], &mk[5]), 6);
+    ck_assert(col[0] == col[4] && col[1] == col[2] && col[2] == col[3]);  /* one per family */
+    ck_assert(col[0] != col[1] && col[5] != col[0] && col[5] != col[1] && col[0] >= 1);
+    ck_assert(mk[0] != mk[4] && mk[1] != mk[2] && mk[2] != mk[3] && mk[1] != mk[3]);
+    char *d = slurp_rel("fig/data/pareto_head_cos.ds.dat");
+    ASSERT_HAS(d, "# teacher-forced replay");
+    ASSERT_HAS(d, "# fp16 level: 64 bytes");
+    /* labels: swept options (topk s, uniform bits, lexico n_b and s), options off both the
+     * codec's default and the dataset's common value (lexico-adp coef and s), none for a
+     * codec at the common values (gm s = 2, full) */
+    ASSERT_HAS(d, "# codec full (family baseline)\n 64 1 16 \"\" full a000000000000001\n");
+    ASSERT_HAS(d, "# codec lexico (family dict)\n"
+                  " 8.8 0.95 2.2 \"nb16 s2\" lexico a000000000000008\n"
+                  " 12.4 0.97 3.1 \"nb16 s4\" lexico a000000000000009\n"
+                  " 20 0.985 5 \"nb8 s8\" lexico a00000000000000a\n");
+    ASSERT_HAS(d, " 18 0.975 4.5 \"c=fp16 s6\" lexico-adp a00000000000000b\n");
+    ASSERT_HAS(d, " 10 0.96 2.5 \"\" gm a00000000000000c\n");
+    ASSERT_HAS(d, " 12 0.9 3 \"s2\" topk a000000000000002\n");
+    ASSERT_HAS(d, " 33.6 0.999 8.4 \"b8\" uniform a000000000000007\n");
+    /* the frontier: bytes ascending, strictly better cosine; at 8.8 bytes uniform b2 and
+     * lexico s2 tie (first in sweep order kept); topk is dominated everywhere */
+    const char *fr = strstr(d, "# Pareto frontier");
+    ck_assert_ptr_nonnull(fr);
+    fr = strchr(fr, '\n') + 1;
+    ck_assert_str_eq(fr, " 8.8 0.95 2.2 \"b2\" uniform a000000000000005\n"
+                         " 10 0.96 2.5 \"\" gm a00000000000000c\n"
+                         " 12.4 0.97 3.1 \"nb16 s4\" lexico a000000000000009\n"
+                         " 17.6 0.99 4.4 \"b4\" uniform a000000000000006\n"
+                         " 33.6 0.999 8.4 \"b8\" uniform a000000000000007\n"
+                         " 64 1 16 \"\" full a000000000000001\n");
+    free(d);
+    /* KL on a log axis: full (KL 0) left out and said so; frontier of the lowest KL */
+    f = find_fig(&set, "pareto_head_kl.ds");
+    ck_assert(f && !f->note[0]);
+    ASSERT_HAS(f->vars, "codecs='lexico lexico-adp gm topk uniform'; ");
+    ASSERT_HAS(f->vars, "metric='kl'; logy=1; ");
+    ASSERT_HAS(f->vars, "1 cell(s) with attn\\_kl = 0 not shown");
+    d = slurp_rel("fig/data/pareto_head_kl.ds.dat");
+    fr = strchr(strstr(d, "# Pareto frontier"), '\n') + 1;
+    ck_assert_str_eq(fr, " 8.8 0.1 2.2 \"b2\" uniform a000000000000005\n"
+                         " 10 0.08 2.5 \"\" gm a00000000000000c\n"
+                         " 12.4 0.05 3.1 \"nb16 s4\" lexico a000000000000009\n"
+                         " 17.6 0.01 4.4 \"b4\" uniform a000000000000006\n"
+                         " 33.6 0.001 8.4 \"b8\" uniform a000000000000007\n");
+    free(d);
+
+    /* dataset noattn: no attention metrics, so the cosine and KL panels are skipped with
+     * the reason; the error panel is drawn (lexico without bytes left out, full's 0 too) */
+    f = find_fig(&set, "pareto_head_cos.noattn");
+    ck_assert_ptr_nonnull(f);
+    ck_assert_str_eq(f->note, "no cell with attn_cos in dataset noattn (attention off, or "
+                              "traces without queries)");
+    f = find_fig(&set, "pareto_head_kl.noattn");
+    ck_assert(f && strstr(f->note, "no cell with attn_kl in dataset noattn"));
+    f = find_fig(&set, "pareto_head_err.noattn");
+    ck_assert(f && !f->note[0]);
+    ASSERT_HAS(f->vars, "codecs='topk uniform mystery'; cfamname='baseline quant -'; ");
+    cf = strstr(f->vars, "cfam='");
+    ck_assert(cf && sscanf(cf, "cfam='%d %d %d'", &col[0], &col[1], &col[2]) == 3);
+    ck_assert_int_eq(col[2], 0);    /* unknown to this build: grey */
+    d = slurp_rel("fig/data/pareto_head_err.noattn.dat");
+    ck_assert_ptr_null(strstr(d, " lexico "));
+    fr = strchr(strstr(d, "# Pareto frontier"), '\n') + 1;
+    ck_assert_str_eq(fr, " 8.8 0.4 2.2 \"b2\" uniform b000000000000002\n"
+                         " 13.6 0.35 3.4 \"bits=3 block=32\" mystery b000000000000007\n"
+                         " 17.6 0.1 4.4 \"b4\" uniform b000000000000003\n");
+    free(d);
+
+    /* the equal-budget table: bits_per_elem <= 1.1 x budget (2.2 and 4.4 are inside, 4.5
+     * is not), highest attn_cos, ties to fewer bits (topk s3 over s4 at 4 bits) */
+    ck_assert_str_ne(set.budget_md, "");
+    ck_assert_str_eq(set.budget_note, "");
+    char *t = slurp_rel("fig/table_budget.md");
+    ASSERT_HAS(t, "### Dataset ds\n");
+    ASSERT_HAS(t, "| 1 | uniform | quant | — | — | — | — | — | — | — |\n");
+    ASSERT_HAS(t, "| 2 | full | baseline | — | — | — | — | — | — | — |\n");
+    ASSERT_HAS(t, "| 2 | lexico | dict | nb16 s2 | 2.20 | 0.95000 | 0.12 | 0.4500 | attn_cos | "
+                  "a000000000000008 |\n");
+    ASSERT_HAS(t, "| 2 | gm | dict | — | — | — | — | — | — | — |\n");
+    ASSERT_HAS(t, "| 2 | uniform | quant | b2 | 2.20 | 0.95000 | 0.1 | 0.4000 | attn_cos | "
+                  "a000000000000005 |\n");
+    ASSERT_HAS(t, "| 3 | lexico | dict | nb16 s4 | 3.10 | 0.97000 | 0.05 | 0.3000 | attn_cos | "
+                  "a000000000000009 |\n");
+    ASSERT_HAS(t, "| 3 | gm | dict | (one setting) | 2.50 | 0.96000 | 0.08 | 0.3500 | attn_cos | "
+                  "a00000000000000c |\n");
+    ASSERT_HAS(t, "| 3 | topk | baseline | s2 | 3.00 | 0.90000 | 0.3 | 0.7000 | attn_cos | "
+                  "a000000000000002 |\n");
+    ASSERT_HAS(t, "| 4 | topk | baseline | s3 | 3.50 | 0.93000 | 0.22 | 0.6000 | attn_cos | "
+                  "a000000000000003 |\n");
+    ASSERT_HAS(t, "| 4 | uniform | quant | b4 | 4.40 | 0.99000 | 0.01 | 0.1000 | attn_cos | "
+                  "a000000000000006 |\n");
+    ASSERT_HAS(t, "| 4 | lexico-adp | dict | — | — | — | — | — | — | — |\n");
+    /* without attention: ranked by the lowest rel_err_mean, and said so */
+    const char *na = strstr(t, "### Dataset noattn\n");
+    ck_assert_ptr_nonnull(na);
+    ck_assert_ptr_null(strstr(na, "attn_cos |"));
+    ASSERT_HAS(na, "| 2 | uniform | quant | b2 | 2.20 | — | — | 0.4000 | rel_err_mean | "
+                   "b000000000000002 |\n");
+    ASSERT_HAS(na, "| 2 | mystery | - | — | — | — | — | — | — | — |\n");
+    ASSERT_HAS(na, "| 3 | mystery | - | bits=2 block=16 | 2.40 | — | — | 0.5000 | rel_err_mean | "
+                   "b000000000000006 |\n");
+    ASSERT_HAS(na, "| 4 | mystery | - | bits=3 block=32 | 3.40 | — | — | 0.3500 | rel_err_mean | "
+                   "b000000000000007 |\n");
+    ASSERT_HAS(na, "| 4 | lexico | dict | — | — | — | — | — | — | — |\n");
+    free(t);
+    t = slurp_rel("fig/table_budget.tex");
+    ASSERT_HAS(t, "\\multicolumn{9}{l}{Dataset ds} \\\\\n");
+    ASSERT_HAS(t, "4 & topk & baseline & s3 & $3.50$ & $0.93000$ & $0.22$ & $0.6000$ & "
+                  "attn\\_cos \\\\\n");
+    ASSERT_HAS(t, "4 & lexico-adp & dict & --- & --- & --- & --- & --- & --- \\\\\n");
+    ASSERT_HAS(t, "3 & mystery & - & bits=2 block=16 & $2.40$ & --- & --- & $0.5000$ & "
+                  "rel\\_err\\_mean \\\\\n");
+    free(t);
+    fk_plotdata_free(&set);
+    rm_dir();
+}
+END_TEST
+
+START_TEST(export_cross_family_old_results)
+{
+    /* results written before the per-head byte columns: the three panels are skipped with
+     * the reason and the equal-budget table is not written, with a note */
+    make_dir();
+    put("cells.csv", "cell_id,codec,dataset,status,n_b,s,n_traces,traces,dictionary,seed,"
+                     "attn_stride,rel_err_mean,attn_cos,attn_kl,bytes_per_token\n"
+                     "f000000000000001,full,ds,ok,16,,1,t0.h5,,1,16,0,1,0,10\n"
+                     "f000000000000002,topk,ds,ok,16,2,1,t0.h5,,1,16,0.5,0.9,0.2,5\n");
+    put("summary.csv", "cell_id,codec,trace,layer,kind,rel_err_mean,attn_kl\n");
+    fk_hdf5_quiet();
+    struct fk_plot_set set;
+    char out[512];
+    snprintf(out, sizeof out, "%s/fig", g_dir);
+    ck_assert_msg(fk_plotdata_export(g_dir, out, NULL, &set) == FK_OK, "%s", fk_errmsg());
+    static const char *const names[] = {"pareto_head_cos", "pareto_head_kl", "pareto_head_err"};
+    for (int i = 0; i < 3; i++) {
+        const struct fk_plot_fig *f = find_fig(&set, names[i]);
+        ck_assert_msg(f != NULL, "%s", names[i]);
+        ASSERT_HAS(f->note, "cells.csv has no bytes_tok_head column");
+    }
+    ck_assert_str_eq(set.budget_md, "");
+    ASSERT_HAS(set.budget_note, "no cell has bits_per_elem");
+    char p[512];
+    snprintf(p, sizeof p, "%s/fig/table_budget.md", g_dir);
+    ck_assert_int_ne(access(p, F_OK), 0);
+    ck_assert_str_ne(set.table_md, "");    /* Table 4 as before */
+    fk_plotdata_free(&set);
+    rm_dir();
+}
+END_TEST
+
 static Suite *plot_suite(void)
 {
     Suite *s = suite_create("plot_check");
@@ -493,6 +728,8 @@ static Suite *plot_suite(void)
     tcase_add_test(tc, json_round_trip);
     tcase_add_test(tc, provenance_round_trip);
     tcase_add_test(tc, export_skips_absent);
+    tcase_add_test(tc, export_cross_family);
+    tcase_add_test(tc, export_cross_family_old_results);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -7,7 +7,8 @@
 #   2. merge refuses shards of another sweep and a cell whose results differ between shards;
 #   3. check passes the merged run against a baseline taken from the unsharded run, and fails
 #      on a baseline value moved beyond rtol;
-#   4. plot writes the data files and Table 4 (and PNGs when gnuplot is on PATH).
+#   4. plot writes the data files, Table 4 and the equal-budget table (and PNGs when gnuplot
+#      is on PATH).
 # usage: test_sweep_tools.sh FADKV_BENCH [TOOLS_BINARY]   (exit 77 = skipped)
 set -eu
 B=$1
@@ -119,7 +120,8 @@ echo "ok: check passes identical results and catches a drift"
 # 4. plot
 if command -v gnuplot > /dev/null 2>&1; then
     FK_SRCDIR=${FK_SRCDIR:-} "$TOOLS" plot "$T/m" --format png > "$T/plot.out"
-    for f in fig1a_recall fig3a_dict_size fig3b_err_steps fig3c_tau_delta pareto_bytes_kl; do
+    for f in fig1a_recall fig3a_dict_size fig3b_err_steps fig3c_tau_delta pareto_bytes_kl \
+             pareto_head_cos pareto_head_kl pareto_head_err; do
         [ -s "$T/m/figures/$f.png" ] || { echo "FAIL: $f.png not drawn"; cat "$T/plot.out"; exit 1; }
     done
     echo "ok: plot drew $(ls "$T"/m/figures/*.png | wc -l) PNG(s)"
@@ -130,6 +132,10 @@ fi
 [ -s "$T/m/figures/data/fig3a_dict_size.dat" ]
 [ -s "$T/m/figures/table4.md" ] && [ -s "$T/m/figures/table4.tex" ]
 grep -q "FAD-KV" "$T/m/figures/table4.md"
+# the cross-family Pareto (fadkv's swept options label its points) and the equal-budget table
+grep -q '^# Pareto frontier' "$T/m/figures/data/pareto_head_cos.dat"
+grep -q '"dk0.3 dv0.5 tc1" fadkv' "$T/m/figures/data/pareto_head_cos.dat"
+[ -s "$T/m/figures/table_budget.md" ] && [ -s "$T/m/figures/table_budget.tex" ]
 # fig3d needs two dictionaries or several s: skipped here, with a note
 grep -q "skip fig3d_N_s" "$T/plot.out"
 echo "ok: plot"

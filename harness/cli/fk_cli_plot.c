@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: MIT
  * `fadkv-bench plot RESULTS_DIR [--out DIR] [--format png|pdf|svg]...`: exports the figure
- * data files and Table 4 from a results directory (fk_plotdata.c), then runs gnuplot on the
- * scripts in plots/ (plots/README.md lists the figures).
+ * data files, Table 4 and the equal-budget table from a results directory (fk_plotdata.c),
+ * then runs gnuplot on the scripts in plots/ (plots/README.md lists the figures).
  */
 #include <errno.h>
 #include <limits.h>
@@ -25,9 +25,11 @@ static void plot_usage(FILE *f)
 {
     fprintf(f, "usage: fadkv-bench plot RESULTS_DIR [--out DIR] [--format png|pdf|svg]...\n"
                "                         [--cost-baseline CODEC]\n"
-               "  Writes DIR/data/*.dat (figure data), DIR/table4.md and DIR/table4.tex, and\n"
-               "  draws every figure with gnuplot (scripts in plots/, found via FK_SRCDIR,\n"
-               "  next to the executable or in the current directory).\n"
+               "  Writes DIR/data/*.dat (figure data), DIR/table4.md and DIR/table4.tex,\n"
+               "  DIR/table_budget.md and DIR/table_budget.tex (best setting of each codec at\n"
+               "  about 1, 2, 3, 4 bits per element), and draws every figure with gnuplot\n"
+               "  (scripts in plots/, found via FK_SRCDIR, next to the executable or in the\n"
+               "  current directory).\n"
                "  --out DIR      output directory (default RESULTS_DIR/figures)\n"
                "  --format F     png, pdf or svg; repeatable (default: png and pdf)\n"
                "  --cost-baseline CODEC  codec Table 4's costs are relative to (default: the\n"
@@ -210,6 +212,10 @@ int fk_cli_plot(int argc, char **argv)
            set.n_datasets, out);
     if (set.table_md[0])
         printf("Table 4: %s, %s\n", set.table_md, set.table_tex);
+    if (set.budget_md[0])
+        printf("Equal-budget table: %s, %s\n", set.budget_md, set.budget_tex);
+    else if (set.budget_note[0])
+        printf("  skip %-28s %s\n", "table_budget", set.budget_note);
     int have_gp = gnuplot_on_path();
     if (!have_gp)
         fprintf(stderr, "fadkv-bench plot: gnuplot not found on PATH (apt-get install "

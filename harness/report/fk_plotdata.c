@@ -12,6 +12,12 @@
  * unknown to this build in sweep order. Several datasets give one file per dataset (suffix
  * ".<dataset>").
  *
+ * Cross-family Pareto and equal-budget table. The Pareto figures (pareto_head_cos, _kl,
+ * _err) show every finished cell of a dataset at its bytes_tok_head, one series per codec
+ * styled by its family (fk_codec_family), each point labelled by the options that tell the
+ * codec's cells apart (label_cols); the equal-budget table picks each codec's best cell at
+ * about 1, 2, 3 and 4 bits per element (budget_best). Both read only cells.csv columns.
+ *
  * Aggregation. Per-sequence values come from summary.csv (one row per cell x trace x layer
  * x kind) or from cells/<id>.h5; a sequence's value is the mean over its layers (and kinds
  * where stated); the figure shows the mean over sequences with a 95% percentile bootstrap
@@ -103,6 +109,21 @@ static int buf_write(struct fk_sb *b, const char *path)
     free(b->s);
     memset(b, 0, sizeof *b);
     return bad ? fk_err(FK_EIO, "%s: write failed", path) : FK_OK;
+}
+
+/* Writes a table as out_dir/<stem>.md and out_dir/<stem>.tex, their paths into md_path and
+ * tex_path (cap bytes each); both buffers are freed on every path. */
+static int table_write(struct fk_sb *md, struct fk_sb *tex, const char *out_dir,
+                       const char *stem, char *md_path, char *tex_path, size_t cap)
+{
+    snprintf(md_path, cap, "%s/%s.md", out_dir, stem);
+    snprintf(tex_path, cap, "%s/%s.tex", out_dir, stem);
+    int rc = buf_write(md, md_path);
+    if (rc < 0) {
+        fk_sb_free(tex);
+        return rc;
+    }
+    return buf_write(tex, tex_path);
 }
 
 /* A number for a data file: gnuplot reads "NaN" as missing. */
@@ -213,31 +234,38 @@ static int count_nondefault(const struct store *st, const struct cell *c)
     return n;
 }
 
+/* The most common non-empty value of column j among the finished cells of dataset ds
+ * (first such value in sweep order on ties), NULL when every one is empty. */
+static const char *col_mode(const struct store *st, const char *ds, int j)
+{
+    const struct fk_csv *t = st->cells;
+    const char *mode = NULL;
+    int best = 0;
+    for (int a = 0; a < st->n; a++) {
+        const char *u = t->rows[st->c[a].row][j];
+        if (!u[0] || strcmp(st->c[a].dataset, ds))
+            continue;
+        int k = 0;
+        for (int b = 0; b < st->n; b++)
+            k += !strcmp(st->c[b].dataset, ds) && !strcmp(t->rows[st->c[b].row][j], u);
+        if (k > best) {
+            best = k;
+            mode = u;
+        }
+    }
+    return mode;
+}
+
 /* Options of a cell that differ from the most common value of that option among the
  * finished cells of its dataset (first such value in sweep order on ties). */
 static int count_offmode(const struct store *st, const struct cell *c)
 {
-    const struct fk_csv *t = st->cells;
     int n = 0;
     for (int j = st->col_first_opt; j < st->col_end_opt; j++) {
-        const char *v = t->rows[c->row][j];
+        const char *v = st->cells->rows[c->row][j];
         if (!v[0])
             continue;
-        const char *mode = NULL;
-        int best = 0;
-        for (int a = 0; a < st->n; a++) {
-            const char *u = t->rows[st->c[a].row][j];
-            if (!u[0] || strcmp(st->c[a].dataset, c->dataset))
-                continue;
-            int k = 0;
-            for (int b = 0; b < st->n; b++)
-                k += !strcmp(st->c[b].dataset, c->dataset) &&
-                     !strcmp(t->rows[st->c[b].row][j], u);
-            if (k > best) {
-                best = k;
-                mode = u;
-            }
-        }
+        const char *mode = col_mode(st, c->dataset, j);
         n += mode && strcmp(mode, v);
     }
     return n;
@@ -463,10 +491,14 @@ static void fig_skip(struct fk_plot_fig *f, const char *fmt, ...)
         snprintf(f->note, sizeof f->note, "no data");
 }
 
-static void data_path(const struct store *st, const struct fk_plot_fig *f, const char *ext,
-                      char *out, size_t cap)
+/* Writes b (freed) as the figure's data file, data/<name>.dat, and sets `data` to it. */
+static int fig_data(const struct store *st, struct fk_plot_fig *f, struct fk_sb *b)
 {
-    snprintf(out, cap, "%s/%s.%s", st->data_dir, f->name, ext);
+    char p[4400];
+    snprintf(p, sizeof p, "%s/%s.dat", st->data_dir, f->name);
+    FK_TRY(buf_write(b, p));
+    fig_var(f, "data", p);
+    return FK_OK;
 }
 
 /* ---- HDF5 cell files -------------------------------------------------------------------- */
@@ -581,10 +613,7 @@ static int fig1a(struct store *st, struct fk_plot_set *set, const char *ds, stru
             fig_skip(f, "no pool recall in cell %s (sweep recall = false?)", c->id);
         return rc;
     }
-    char p[4400];
-    data_path(st, f, "dat", p, sizeof p);
-    FK_TRY(buf_write(&b, p));
-    fig_var(f, "data", p);
+    FK_TRY(fig_data(st, f, &b));
     char t[512];
     if (N > 0)
         snprintf(t, sizeof t, "%s, %s, N = %ld, s = %s", ds, codec_display(st, c->codec), N,
@@ -669,10 +698,7 @@ static int fig1b(struct store *st, struct fk_plot_set *set, const char *ds, stru
         return fk_err(FK_ENOMEM, "out of memory");
     }
     free(col);
-    char p[4400];
-    data_path(st, f, "dat", p, sizeof p);
-    FK_TRY(buf_write(&b, p));
-    fig_var(f, "data", p);
+    FK_TRY(fig_data(st, f, &b));
     char t[512];
     snprintf(t, sizeof t, "%s, %s", ds, codec_display(st, c->codec));
     fig_text(f, "subtitle", t);
@@ -757,10 +783,7 @@ static int fig1c(struct store *st, struct fk_plot_set *set, const char *ds, stru
             fig_skip(f, "no inactive-atom counts in cell %s", c->id);
         return rc;
     }
-    char p[4400];
-    data_path(st, f, "dat", p, sizeof p);
-    FK_TRY(buf_write(&b, p));
-    fig_var(f, "data", p);
+    FK_TRY(fig_data(st, f, &b));
     char t[512];
     snprintf(t, sizeof t, "%s, %s", ds, codec_display(st, c->codec));
     fig_text(f, "subtitle", t);
@@ -798,10 +821,7 @@ static int fig1d(struct store *st, struct fk_plot_set *set, const char *ds)
                  "is longer than the buffer n_b, and a dictionary codec)", ds);
         return FK_OK;
     }
-    char p[4400];
-    data_path(st, f, "dat", p, sizeof p);
-    FK_TRY(buf_write(&b, p));
-    fig_var(f, "data", p);
+    FK_TRY(fig_data(st, f, &b));
     fig_text(f, "subtitle", ds);
     return FK_OK;
 }
@@ -958,10 +978,7 @@ static int fig3_series(struct store *st, struct fk_plot_set *set, const char *ds
             fig_skip(f, "no per-step series for a dictionary codec in dataset %s", ds);
         return rc;
     }
-    char p[4400];
-    data_path(st, f, "dat", p, sizeof p);
-    FK_TRY(buf_write(&b, p));
-    fig_var(f, "data", p);
+    FK_TRY(fig_data(st, f, &b));
     fig_var(f, "codecs", names);
     fig_text(f, "subtitle", ds);
     fig_num(f, "bin", bin);
@@ -1076,10 +1093,7 @@ static int heat_write(struct store *st, struct fk_plot_fig *f, const struct axis
         }
         fk_sb_printf(&b, "\n");
     }
-    char p[4400];
-    data_path(st, f, "dat", p, sizeof p);
-    FK_TRY(buf_write(&b, p));
-    fig_var(f, "data", p);
+    FK_TRY(fig_data(st, f, &b));
     fig_num(f, "nx", ax->n);
     fig_num(f, "ny", ay->n);
     return FK_OK;
@@ -1335,16 +1349,516 @@ static int pareto(struct store *st, struct fk_plot_set *set, const char *ds)
             fk_sb_printf(&b, " NaN front\n");
         }
     free(front);
-    char p[4400];
-    data_path(st, f, "dat", p, sizeof p);
-    FK_TRY(buf_write(&b, p));
-    fig_var(f, "data", p);
+    FK_TRY(fig_data(st, f, &b));
     fig_var(f, "codecs", names);
     char t[512];
     snprintf(t, sizeof t, "%s%s", ds, skipped ? " (cells with KL = 0, e.g. full, not shown)"
                                               : "");
     fig_text(f, "subtitle", t);
     return FK_OK;
+}
+
+/* ---- cross-family Pareto (bytes per token per KV head) ---------------------------------- */
+
+/* The family of a codec in the cross-family figure and table (fk_codec_family: the folder
+ * of its source; "-" when this build does not know the codec), with its style: colour = the
+ * family's position among the registry's families in registry order (1-based; 0 for an
+ * unknown codec: grey), marker = the codec's position among the registry codecs of its
+ * family (1-based). The same colour and marker in every results directory. */
+static const char *family_style(const char *codec, int *colour, int *marker)
+{
+    const struct fk_codec_ops *ops = fk_codec_find(codec);
+    const char *fam = ops ? fk_codec_family(ops) : "";
+    int idx = registry_index(codec), nf = 0;
+    *colour = 0;
+    *marker = 1;
+    if (!fam[0])
+        return "-";
+    for (int i = 0; fk_codecs[i]; i++) {
+        const char *f = fk_codec_family(fk_codecs[i]);
+        int seen = 0;
+        for (int j = 0; j < i && !seen; j++)
+            seen = !strcmp(fk_codec_family(fk_codecs[j]), f);
+        nf += !seen;
+        if (!strcmp(f, fam)) {
+            if (!seen)
+                *colour = nf;
+            if (i < idx)
+                (*marker)++;
+        }
+    }
+    return fam;
+}
+
+#define LABEL_COLS 32            /* option columns in one label, at most */
+#define LABEL_LEN 64             /* characters of a label */
+
+/* Short name of an option in a label: the first letter of each '_'-separated word ("bits"
+ * b, "s" s, "n_b" nb, "group_size" gs). */
+static void opt_abbrev(const char *name, char *out, size_t cap)
+{
+    size_t n = 0;
+    for (const char *p = name; *p && n + 1 < cap; p++)
+        if (p == name || p[-1] == '_')
+            if (*p != '_')
+                out[n++] = *p;
+    out[n] = 0;
+}
+
+/* The option columns that label the cells of `codec` in dataset ds, in cells.csv order:
+ * those the codec's finished cells of the dataset set to two or more values (swept), and
+ * those some of them set off both the codec's default and the dataset's most common value
+ * (col_mode). Options every cell of the codec shares with the dataset are left out. */
+static int label_cols(const struct store *st, const char *ds, const char *codec, int *cols,
+                      int *n_cols)
+{
+    const struct fk_codec_ops *ops = fk_codec_find(codec);
+    void *def = ops ? calloc(1, ops->opts_size) : NULL;
+    if (ops && !def)
+        return fk_err(FK_ENOMEM, "out of memory");
+    if (def)
+        fk_opts_defaults(ops, def);
+    *n_cols = 0;
+    for (int j = st->col_first_opt; j < st->col_end_opt && *n_cols < LABEL_COLS; j++) {
+        const struct fk_option *o = ops ? fk_codec_option(ops, st->cells->head[j]) : NULL;
+        char dv[64] = "";
+        if (o)
+            fk_opts_format(def, o, dv, sizeof dv);
+        const char *first = NULL, *mode = NULL;
+        int swept = 0, off = 0, mode_known = 0;
+        for (int i = 0; i < st->n && !swept && !off; i++) {
+            const struct cell *c = &st->c[i];
+            const char *v = st->cells->rows[c->row][j];
+            if (strcmp(c->dataset, ds) || strcmp(c->codec, codec) || !v[0])
+                continue;
+            if (!first)
+                first = v;
+            swept = strcmp(first, v) != 0;
+            if (!o || strcmp(v, dv)) {
+                if (!mode_known)
+                    mode = col_mode(st, ds, j);
+                mode_known = 1;
+                off = mode && strcmp(v, mode);
+            }
+        }
+        if (swept || off)
+            cols[(*n_cols)++] = j;
+    }
+    free(def);
+    return FK_OK;
+}
+
+/* The label of a cell from its label columns: abbreviation and value, joined by spaces,
+ * e.g. "b2 g32", "s8", "nb16"; a value that is not a number follows an '=' ("c=fp16"); two
+ * columns with the same abbreviation are written as name=value ("bits=2 block=16"). ""
+ * when the codec has no label column (its one setting on the dataset). */
+static void cell_label(const struct store *st, const struct cell *c, const int *cols, int n,
+                       char *out, size_t cap)
+{
+    size_t len = 0;
+    out[0] = 0;
+    for (int k = 0; k < n && len + 1 < cap; k++) {
+        const char *name = st->cells->head[cols[k]];
+        const char *v = st->cells->rows[c->row][cols[k]];
+        if (!v[0])
+            continue;
+        char ab[64], ab2[64];
+        opt_abbrev(name, ab, sizeof ab);
+        int clash = 0;
+        for (int q = 0; q < n && !clash; q++) {
+            opt_abbrev(st->cells->head[cols[q]], ab2, sizeof ab2);
+            clash = q != k && !strcmp(ab, ab2);
+        }
+        char *end;
+        strtod(v, &end);
+        int num = end != v && !*end;
+        len += (size_t)snprintf(out + len, cap - len, "%s%s%s%s", len ? " " : "",
+                                clash ? name : ab, num && !clash ? "" : "=", v);
+        if (len >= cap)
+            len = cap - 1;
+    }
+}
+
+/* The fp16 level of a dataset in bytes per token per KV head: 4 x head_dim (K and V, 2
+ * bytes per element), from the first cell with bytes_tok_head and bits_per_elem
+ * (head_dim = bytes_tok_head x 8 / (2 bits_per_elem)); NaN when none has both. */
+static double fp16_level(const struct store *st, const char *ds)
+{
+    for (int i = 0; i < st->n; i++) {
+        const struct cell *c = &st->c[i];
+        double x = cnum(st, c, "bytes_tok_head"), b = cnum(st, c, "bits_per_elem");
+        if (!strcmp(c->dataset, ds) && isfinite(x) && isfinite(b) && x > 0 && b > 0)
+            return 16 * x / b;
+    }
+    return NAN;
+}
+
+/* One fidelity metric of the cross-family Pareto figures. */
+struct pmetric {
+    const char *stem;            /* figure name (".<dataset>" appended when several) */
+    const char *col;             /* cells.csv column of y */
+    const char *key;             /* `metric` of plots/pareto_head.gp */
+    const char *what;            /* y in words */
+    const char *why;             /* likely reason when no cell has it */
+    int higher;                  /* 1: higher is better (else lower) */
+    int logy;                    /* log y: cells with y <= 0 are left out */
+};
+
+static const struct pmetric pmetrics[] = {
+    {"pareto_head_cos", "attn_cos", "cos", "attention-output cosine",
+     " (attention off, or traces without queries)", 1, 0},
+    {"pareto_head_kl", "attn_kl", "kl", "attention KL(P || P_hat)",
+     " (attention off, or traces without queries)", 0, 1},
+    {"pareto_head_err", "rel_err_mean", "err", "relative reconstruction error", "", 0, 1},
+};
+
+/* A point of a cross-family Pareto figure. */
+struct ppt {
+    const struct cell *c;        /* its cell */
+    int codec;                   /* index in the dataset's codec list */
+    int order;                   /* sweep position */
+    double x, y, bits;           /* bytes_tok_head, the metric, bits_per_elem */
+    char label[LABEL_LEN];       /* setting (cell_label) */
+};
+
+/* Blocks: codec, then bytes, then sweep order. */
+static int ppt_cmp_block(const void *a, const void *b)
+{
+    const struct ppt *p = a, *q = b;
+    if (p->codec != q->codec)
+        return p->codec - q->codec;
+    if (p->x != q->x)
+        return p->x < q->x ? -1 : 1;
+    return p->order - q->order;
+}
+
+/* Frontier candidates: bytes, then the better value first, then sweep order. */
+static int ppt_front(const struct ppt *p, const struct ppt *q, int higher)
+{
+    if (p->x != q->x)
+        return p->x < q->x ? -1 : 1;
+    if (p->y != q->y)
+        return (p->y > q->y) == higher ? -1 : 1;
+    return p->order - q->order;
+}
+static int ppt_cmp_front_hi(const void *a, const void *b) { return ppt_front(a, b, 1); }
+static int ppt_cmp_front_lo(const void *a, const void *b) { return ppt_front(a, b, 0); }
+
+static void bpoint(struct fk_sb *b, const struct ppt *p)
+{
+    bnum(b, p->x);
+    bnum(b, p->y);
+    bnum(b, p->bits);
+    fk_sb_printf(b, " \"%s\" %s %s\n", p->label, p->c->codec, p->c->id);
+}
+
+/* Appends name=value (a real number; 0 when not finite) to the figure's -e assignments. */
+static void fig_dbl(struct fk_plot_fig *f, const char *name, double value)
+{
+    size_t n = strlen(f->vars);
+    snprintf(f->vars + n, sizeof f->vars - n, "%s=%.9g; ", name, isfinite(value) ? value : 0);
+}
+
+/* The points of dataset ds for metric m (ppt_cmp_block order): *np points, *n_x cells with
+ * bytes, *n_y of them with the metric, *n_zero left out for y <= 0 on a log axis. */
+static int pareto_points(const struct store *st, const char *ds, const struct pmetric *m,
+                         const char *const *cod, int nc, struct ppt *pt, int *np, int *n_x,
+                         int *n_y, int *n_zero)
+{
+    *np = *n_x = *n_y = *n_zero = 0;
+    for (int i = 0; i < nc; i++) {
+        int cols[LABEL_COLS], ncol = 0;
+        FK_TRY(label_cols(st, ds, cod[i], cols, &ncol));
+        for (int j = 0; j < st->n; j++) {
+            const struct cell *c = &st->c[j];
+            if (strcmp(c->dataset, ds) || strcmp(c->codec, cod[i]))
+                continue;
+            double x = cnum(st, c, "bytes_tok_head"), y = cnum(st, c, m->col);
+            if (!isfinite(x))
+                continue;
+            (*n_x)++;
+            if (!isfinite(y))
+                continue;
+            (*n_y)++;
+            if (m->logy && y <= 0) {
+                (*n_zero)++;
+                continue;
+            }
+            struct ppt *p = &pt[(*np)++];
+            *p = (struct ppt){.c = c, .codec = i, .order = j, .x = x, .y = y,
+                              .bits = cnum(st, c, "bits_per_elem")};
+            cell_label(st, c, cols, ncol, p->label, sizeof p->label);
+        }
+    }
+    qsort(pt, (size_t)*np, sizeof *pt, ppt_cmp_block);
+    return FK_OK;
+}
+
+/* The cross-family Pareto figure of metric m on dataset ds: bytes per token per KV head
+ * (x) vs m (y) of every finished cell, one block per codec, then the frontier. */
+static int pareto_head(struct store *st, struct fk_plot_set *set, const char *ds,
+                       const struct pmetric *m)
+{
+    struct fk_plot_fig *f = fig_add(set, m->stem, ds, st->n_ds, "pareto_head");
+    if (!f)
+        return fk_err(FK_ENOMEM, "out of memory");
+    snprintf(f->script, sizeof f->script, "pareto_head.gp");    /* one script, three metrics */
+    if (fk_csv_col(st->cells, "bytes_tok_head") < 0) {
+        fig_skip(f, "cells.csv has no bytes_tok_head column (written by an older fadkv-bench: "
+                 "rerun the sweep)");
+        return FK_OK;
+    }
+    const char *cod[64];
+    int nc = codecs_in(st, ds, cod, 64), np, n_x, n_y, n_zero;
+    struct ppt *pt = malloc(sizeof *pt * (size_t)(st->n ? st->n : 1));
+    if (!pt)
+        return fk_err(FK_ENOMEM, "out of memory");
+    int rc = pareto_points(st, ds, m, cod, nc, pt, &np, &n_x, &n_y, &n_zero);
+    if (rc < 0 || !np) {
+        free(pt);
+        if (rc == FK_OK && !n_x)
+            fig_skip(f, "no cell with bytes_tok_head in dataset %s", ds);
+        else if (rc == FK_OK && !n_y)
+            fig_skip(f, "no cell with %s in dataset %s%s", m->col, ds, m->why);
+        else if (rc == FK_OK)
+            fig_skip(f, "every cell of dataset %s has %s = 0: nothing to draw on a log scale",
+                     ds, m->col);
+        return rc;
+    }
+    double fp16 = fp16_level(st, ds), xmax = fp16;
+    struct fk_sb b = {0};
+    fk_sb_printf(&b, "# Cross-family Pareto, dataset %s: bytes per token per KV head "
+                 "(bytes_tok_head: K and V together, mean over layers, end of the trace) vs %s "
+                 "(%s), every finished cell; one block per codec (order of `codecs`) by bytes, "
+                 "then the Pareto frontier\n# teacher-forced replay: recorded queries, "
+                 "per-layer error, no propagation across layers or decode steps\n",
+                 ds, m->what, m->col);
+    if (isfinite(fp16))
+        fk_sb_printf(&b, "# fp16 level: %.9g bytes (4 x head_dim, 16 bits per element)\n", fp16);
+    fk_sb_printf(&b, "# label: options swept within the codec's cells of the dataset or off "
+                 "both the codec's default and the dataset's common value\n"
+                 "# bytes_tok_head %s bits_per_elem label codec cell\n", m->col);
+    char names[1024] = "", fams[1024] = "", cfam[256] = "", cpt[256] = "";
+    int blocks = 0;
+    for (int i = 0; i < np; i++) {
+        if (i == 0 || pt[i].codec != pt[i - 1].codec) {
+            int colour, marker;
+            const char *fam = family_style(pt[i].c->codec, &colour, &marker);
+            fk_sb_printf(&b, "%s# codec %s (family %s)\n", blocks ? "\n\n" : "",
+                         pt[i].c->codec, fam);
+            const char *sep = blocks ? " " : "";
+            size_t n = strlen(names);
+            snprintf(names + n, sizeof names - n, "%s%s", sep, pt[i].c->codec);
+            n = strlen(fams);
+            snprintf(fams + n, sizeof fams - n, "%s%s", sep, fam);
+            n = strlen(cfam);
+            snprintf(cfam + n, sizeof cfam - n, "%s%d", sep, colour);
+            n = strlen(cpt);
+            snprintf(cpt + n, sizeof cpt - n, "%s%d", sep, marker);
+            blocks++;
+        }
+        bpoint(&b, &pt[i]);
+        if (!(xmax >= pt[i].x))
+            xmax = pt[i].x;
+    }
+    qsort(pt, (size_t)np, sizeof *pt, m->higher ? ppt_cmp_front_hi : ppt_cmp_front_lo);
+    fk_sb_printf(&b, "\n\n# Pareto frontier: no other cell has as few bytes and a %s %s\n",
+                 m->higher ? "higher" : "lower", m->col);
+    double best = NAN;
+    for (int i = 0; i < np; i++)
+        if (i == 0 || (m->higher ? pt[i].y > best : pt[i].y < best)) {
+            bpoint(&b, &pt[i]);
+            best = pt[i].y;
+        }
+    free(pt);
+    FK_TRY(fig_data(st, f, &b));
+    fig_var(f, "codecs", names);
+    fig_var(f, "cfamname", fams);
+    fig_var(f, "cfam", cfam);
+    fig_var(f, "cpt", cpt);
+    fig_var(f, "metric", m->key);
+    fig_num(f, "logy", m->logy);
+    fig_dbl(f, "fp16", fp16);
+    fig_dbl(f, "xmax", xmax * 1.08);
+    char t[512];
+    if (n_zero)
+        snprintf(t, sizeof t, "%s (%d cell(s) with %s = 0 not shown on the log scale)", ds,
+                 n_zero, m->col);
+    else
+        snprintf(t, sizeof t, "%s", ds);
+    fig_text(f, "subtitle", t);
+    return FK_OK;
+}
+
+/* ---- equal-budget table ------------------------------------------------------------------ */
+
+static const double budgets[] = {1, 2, 3, 4}; /* bits per element */
+#define BUDGET_SLACK 1.10        /* "about b bits": bits_per_elem <= b x BUDGET_SLACK */
+
+/* The best cell of codec in dataset ds within a budget of bits per element: among its
+ * finished cells with bits_per_elem <= budget x BUDGET_SLACK, the highest attn_cos (ties:
+ * fewer bits, then sweep order); when none of them has attn_cos, the lowest rel_err_mean
+ * (same ties); when none has either, the fewest bits. *by names the column ranked. NULL when
+ * no cell is within the budget. */
+static const struct cell *budget_best(const struct store *st, const char *ds,
+                                      const char *codec, double budget, const char **by)
+{
+    static const struct {
+        const char *col;
+        int higher;
+    } rank[] = {{"attn_cos", 1}, {"rel_err_mean", 0}, {"bits_per_elem", 0}};
+    for (size_t r = 0; r < sizeof rank / sizeof rank[0]; r++) {
+        const struct cell *best = NULL;
+        double bv = NAN, bb = NAN;
+        for (int i = 0; i < st->n; i++) {
+            const struct cell *c = &st->c[i];
+            if (strcmp(c->dataset, ds) || strcmp(c->codec, codec))
+                continue;
+            double bits = cnum(st, c, "bits_per_elem"), v = cnum(st, c, rank[r].col);
+            if (!(bits <= budget * BUDGET_SLACK) || !isfinite(v))
+                continue;
+            if (!best || (rank[r].higher ? v > bv : v < bv) || (v == bv && bits < bb)) {
+                best = c;
+                bv = v;
+                bb = bits;
+            }
+        }
+        if (best) {
+            *by = rank[r].col;
+            return best;
+        }
+    }
+    return NULL;
+}
+
+/* Text in a LaTeX table cell. */
+static void tex_text(struct fk_sb *b, const char *s)
+{
+    for (; *s; s++) {
+        if (strchr("&%$#_{}", *s))
+            fk_sb_printf(b, "\\%c", *s);
+        else if (*s == '~')
+            fk_sb_printf(b, "\\textasciitilde{}");
+        else if (*s == '^')
+            fk_sb_printf(b, "\\textasciicircum{}");
+        else if (*s == '\\')
+            fk_sb_printf(b, "\\textbackslash{}");
+        else
+            fk_sb_printf(b, "%c", *s);
+    }
+}
+
+/* One number of the equal-budget table ("—" / "---" when missing). */
+static void bt_num(struct fk_sb *md, struct fk_sb *tex, const char *fmt, double v)
+{
+    char a[64];
+    if (!isfinite(v)) {
+        fk_sb_printf(md, " — |");
+        fk_sb_printf(tex, " & ---");
+        return;
+    }
+    snprintf(a, sizeof a, fmt, v);
+    fk_sb_printf(md, " %s |", a);
+    fk_sb_printf(tex, " & $%s$", a);
+}
+
+/* One row of the equal-budget table: codec within budget on dataset ds. */
+static int budget_row(const struct store *st, const char *ds, const char *codec,
+                      double budget, struct fk_sb *md, struct fk_sb *tex)
+{
+    int colour, marker;
+    const char *fam = family_style(codec, &colour, &marker), *by = NULL;
+    const struct cell *c = budget_best(st, ds, codec, budget, &by);
+    fk_sb_printf(md, "| %g | %s | %s |", budget, codec_display(st, codec), fam);
+    fk_sb_printf(tex, "%g & ", budget);
+    tex_text(tex, codec_display(st, codec));
+    fk_sb_printf(tex, " & ");
+    tex_text(tex, fam);
+    if (!c) {
+        fk_sb_printf(md, " — | — | — | — | — | — | — |\n");
+        fk_sb_printf(tex, " & --- & --- & --- & --- & --- & --- \\\\\n");
+        return FK_OK;
+    }
+    int cols[LABEL_COLS], ncol = 0;
+    char label[LABEL_LEN];
+    FK_TRY(label_cols(st, ds, codec, cols, &ncol));
+    cell_label(st, c, cols, ncol, label, sizeof label);
+    if (!label[0])
+        snprintf(label, sizeof label, "(one setting)");
+    fk_sb_printf(md, " %s |", label);
+    fk_sb_printf(tex, " & ");
+    tex_text(tex, label);
+    bt_num(md, tex, "%.2f", cnum(st, c, "bits_per_elem"));
+    bt_num(md, tex, "%.5f", cnum(st, c, "attn_cos"));
+    bt_num(md, tex, "%.3g", cnum(st, c, "attn_kl"));
+    bt_num(md, tex, "%.4f", cnum(st, c, "rel_err_mean"));
+    fk_sb_printf(md, " %s | %s |\n", by, c->id);
+    fk_sb_printf(tex, " & ");
+    tex_text(tex, by);
+    fk_sb_printf(tex, " \\\\\n");
+    return FK_OK;
+}
+
+/* The equal-budget table of every dataset: out_dir/table_budget.md and .tex. */
+static int budget_table(struct store *st, struct fk_plot_set *set, const char *out_dir)
+{
+    struct fk_sb md = {0}, tex = {0};
+    int nb = (int)(sizeof budgets / sizeof budgets[0]), tables = 0, rc = FK_OK;
+    fk_sb_printf(&md, "<!-- Equal-budget table (best setting of each codec within a budget of "
+                 "bits per element); generated by `fadkv-bench plot` from %s -->\n", st->dir);
+    fk_sb_printf(&tex, "%% Equal-budget table (best setting of each codec within a budget of "
+                 "bits per element); generated by fadkv-bench plot\n");
+    for (int d = 0; d < st->n_ds && rc == FK_OK; d++) {
+        const char *ds = st->datasets[d];
+        int any = 0;
+        for (int i = 0; i < st->n && !any; i++)
+            any = !strcmp(st->c[i].dataset, ds) && isfinite(cnum(st, &st->c[i], "bits_per_elem"));
+        fk_sb_printf(&md, "\n### Dataset %s\n\n", ds);
+        if (!any) {
+            fk_sb_printf(&md, "No cell of this dataset has bits_per_elem (results written by "
+                         "an older fadkv-bench: rerun the sweep).\n");
+            fk_sb_printf(&tex, "\n%% dataset %s: no cell has bits_per_elem\n", ds);
+            continue;
+        }
+        tables++;
+        fk_sb_printf(&md, "| Budget (bits/elem) | Method | Family | Setting | Bits/elem | "
+                     "Attn cos | Attn KL | Rel. error | Chosen by | Cell |\n"
+                     "|---:|---|---|---|---:|---:|---:|---:|---|---|\n");
+        fk_sb_printf(&tex, "\n\\begin{tabular}{rlllrrrrl}\n\\hline\n\\multicolumn{9}{l}{Dataset ");
+        tex_text(&tex, ds);
+        fk_sb_printf(&tex, "} \\\\\n\\hline\nBudget & Method & Family & Setting & Bits/elem & "
+                     "Attn cos & Attn KL & Rel.\\ error & Chosen by \\\\\n\\hline\n");
+        const char *cod[64];
+        int nc = codecs_in(st, ds, cod, 64);
+        for (int k = 0; k < nb && rc == FK_OK; k++) {
+            for (int i = 0; i < nc && rc == FK_OK; i++)
+                rc = budget_row(st, ds, cod[i], budgets[k], &md, &tex);
+            fk_sb_printf(&tex, "\\hline\n");
+        }
+        fk_sb_printf(&tex, "\\end{tabular}\n");
+    }
+    fk_sb_printf(&md, "\nBudget b: a codec's finished cells of the dataset with bits_per_elem "
+                 "<= %.2f x b (\"about b bits\"; bits_per_elem = bytes_tok_head x 8 / (2 x "
+                 "head_dim) at the end of the trace, K and V: codes, per-group metadata, the "
+                 "fp16 buffer and appended atoms; model constants such as the universal "
+                 "dictionary, bytes_model, excluded; 16 = fp16). Best: the highest attn_cos, "
+                 "ties to fewer bits, then sweep order; a codec none of whose cells within the "
+                 "budget has attn_cos (attention off) is ranked by the lowest rel_err_mean "
+                 "(\"Chosen by\"). —: no setting of the codec within the budget. Setting: the "
+                 "options swept among the codec's cells of the dataset, or set off both the "
+                 "codec's default and the dataset's common value. Teacher-forced replay: "
+                 "recorded queries, per-layer error, no propagation across layers or decode "
+                 "steps.\n", BUDGET_SLACK);
+    if (rc < 0 || !tables) {
+        free(md.s);
+        free(tex.s);
+        if (rc == FK_OK)
+            snprintf(set->budget_note, sizeof set->budget_note, "no cell has bits_per_elem "
+                     "(results written by an older fadkv-bench: rerun the sweep)");
+        return rc;
+    }
+    return table_write(&md, &tex, out_dir, "table_budget", set->budget_md, set->budget_tex,
+                       sizeof set->budget_md);
 }
 
 /* ---- Table 4 ------------------------------------------------------------------------------ */
@@ -1502,14 +2016,8 @@ static int table4(struct store *st, struct fk_plot_set *set, const char *out_dir
         free(tex.s);
         return rc;
     }
-    snprintf(set->table_md, sizeof set->table_md, "%s/table4.md", out_dir);
-    snprintf(set->table_tex, sizeof set->table_tex, "%s/table4.tex", out_dir);
-    rc = buf_write(&md, set->table_md);
-    if (rc < 0) {
-        free(tex.s);
-        return rc;
-    }
-    return buf_write(&tex, set->table_tex);
+    return table_write(&md, &tex, out_dir, "table4", set->table_md, set->table_tex,
+                       sizeof set->table_md);
 }
 
 /* ---- entry ------------------------------------------------------------------------------- */
@@ -1584,8 +2092,13 @@ int fk_plotdata_export(const char *results_dir, const char *out_dir,
         set->n_figs = k3d;
     for (int d = 0; d < st.n_ds && rc == FK_OK; d++)
         rc = pareto(&st, set, st.datasets[d]);
+    for (int d = 0; d < st.n_ds && rc == FK_OK; d++)
+        for (size_t k = 0; k < sizeof pmetrics / sizeof pmetrics[0] && rc == FK_OK; k++)
+            rc = pareto_head(&st, set, st.datasets[d], &pmetrics[k]);
     if (rc == FK_OK)
         rc = table4(&st, set, out_dir);
+    if (rc == FK_OK)
+        rc = budget_table(&st, set, out_dir);
     store_free(&st);
     free(data_dir);
     if (rc < 0)

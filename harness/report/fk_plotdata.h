@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: MIT
  * Figure data export: reads a results directory through the store (cells.csv,
  * summary.csv, cells/<id>.h5; see store/fk_results.h) and writes the plain whitespace-separated data files that
- * the gnuplot scripts in plots/ draw, plus Table 4 as Markdown and LaTeX. Nothing here
+ * the gnuplot scripts in plots/ draw, plus Table 4 and the equal-budget table (best setting
+ * of each codec at about 1, 2, 3 and 4 bits per element) as Markdown and LaTeX. Nothing here
  * recomputes a metric: it selects cells, averages per-sequence values over sequences and
  * adds 95% bootstrap intervals over sequences. plots/README.md lists every figure.
  *
@@ -42,6 +43,9 @@ struct fk_plot_set {
     int cap;                     /* allocated entries */
     char table_md[4200];         /* path of Table 4 as Markdown ("" if not written) */
     char table_tex[4200];        /* path of Table 4 as LaTeX ("" if not written) */
+    char budget_md[4200];        /* path of the equal-budget table as Markdown ("" if not) */
+    char budget_tex[4200];       /* path of the equal-budget table as LaTeX ("" if not) */
+    char budget_note[512];       /* why the equal-budget table is not written ("" if it is) */
     int n_cells;                 /* finished (status ok) cells read */
     int n_datasets;              /* datasets seen */
 };
@@ -67,9 +71,10 @@ struct fk_plot_opts {
     const char *default_cost_baseline; /* when the tables show none (no baseline cell) */
 };
 
-/* Writes every figure's data file into out_dir/data (created if needed) and Table 4 into
- * out_dir/table4.md and out_dir/table4.tex, and fills set with the figures to draw and the
- * ones skipped (with a note). opts may be NULL. */
+/* Writes every figure's data file into out_dir/data (created if needed), Table 4 into
+ * out_dir/table4.md and out_dir/table4.tex and the equal-budget table into
+ * out_dir/table_budget.md and out_dir/table_budget.tex, and fills set with the figures to
+ * draw and the ones skipped (with a note). opts may be NULL. */
 int fk_plotdata_export(const char *results_dir, const char *out_dir,
                        const struct fk_plot_opts *opts, struct fk_plot_set *set);
 void fk_plotdata_free(struct fk_plot_set *set);

@@ -1,0 +1,47 @@
+# SPDX-License-Identifier: MIT
+# Cross-family Pareto: bytes per token per KV head (K and V together, mean over layers, end
+# of the trace; top axis: bits per element) vs one fidelity metric of every finished cell of
+# a dataset, one series per codec (colour: its family, marker: the codec within its family),
+# each point labelled with its setting; the Pareto frontier (dashed steps) and the fp16
+# level (dotted). data: one block per codec (order of `codecs`), then the frontier; columns:
+# bytes_tok_head y bits_per_elem "label" codec cell.
+# Variables: metric (cos | kl | err), logy, fp16 (bytes; 0 = unknown), xmax, codecs, cfam
+# (colour index of each block: the family's registry position, 0 = unknown), cpt (marker
+# index), cfamname (family of each block).
+load plotdir.'/common.gp'
+if (!exists("metric")) metric = 'cos'
+if (!exists("logy")) logy = 0
+if (!exists("fp16")) fp16 = 0
+if (!exists("xmax")) xmax = 0
+# Family colours (Okabe-Ito, registry order of the families), grey for unknown codecs;
+# markers of the codecs within a family.
+fcolors = '#000000 #0072B2 #E69F00 #009E73 #D55E00 #CC79A7 #56B4E9 #F0E442'
+fc(i) = i < 1 ? '#777777' : word(fcolors, (i - 1) % words(fcolors) + 1)
+fmarks = '7 5 9 11 13 15 3 1 2'
+fp(i) = int(word(fmarks, (i - 1) % words(fmarks) + 1))
+ylab = metric eq 'kl' ? 'attention KL(P || P_{comp}) (nats, log scale)' : \
+       metric eq 'err' ? 'relative reconstruction error (log scale)' : \
+       'attention-output cosine'
+what = metric eq 'kl' ? 'attention KL' : metric eq 'err' ? 'reconstruction error' : \
+       'attention-output cosine'
+set title ttl('KV memory per token per head vs '.what.', all codecs')
+set xlabel 'bytes per token per KV head (K + V: codes, metadata, fp16 buffer)'
+set ylabel ylab
+if (logy) { set logscale y; set format y '%g' }
+if (xmax > 0) { set xrange [0:xmax] }
+if (fp16 > 0) {
+    set link x2 via x * 16.0 / fp16 inverse x * fp16 / 16.0
+    set x2tics nomirror out (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
+    set x2label 'bits per element (16 = fp16)'
+    set arrow 1 from fp16, graph 0 to fp16, graph 1 nohead dt 3 lw 1.5 lc rgb '#000000' back
+    set label 1 'fp16' at fp16, graph 0.04 right offset -0.5, 0 font ',10'
+}
+set bmargin 6
+set label 2 'teacher-forced replay: recorded queries, per-layer error, no propagation across layers or decode steps' \
+    at screen 0.01, screen 0.02 left font ',9' noenhanced tc rgb '#555555'
+nc = words(codecs)
+plot for [i=1:nc] data index (i-1) u 1:2 w points pt fp(int(word(cpt,i))) ps 1.5 \
+         lc rgb fc(int(word(cfam,i))) title ctitle(word(codecs,i)).' ['.word(cfamname,i).']', \
+     for [i=1:nc] data index (i-1) u 1:2:4 w labels left offset char 0.7, char 0.45 \
+         font ',9' tc rgb fc(int(word(cfam,i))) noenhanced notitle, \
+     data index nc u 1:2 w steps dt 2 lw 1.5 lc rgb '#555555' title 'Pareto frontier'
