@@ -436,6 +436,87 @@ END_TEST
 
 /* ---- export ---------------------------------------------------------------------------------- */
 
+/* summary.csv of cell aaaaaaaaaaaaaaa1 (lexico) with attn_cos and bytes beside the errors:
+ * row 0 gets (cos, bytes), the other rows fixed values. */
+static void summary_cos_bytes(double cos0, double bytes0)
+{
+    char s[2048];
+    int n = snprintf(s, sizeof s, "cell_id,codec,trace,layer,kind,rel_err_mean,attn_kl,"
+                                  "attn_cos,bytes\n");
+    for (int l = 0; l < 2; l++)
+        for (int k = 0; k < 2; k++)
+            n += snprintf(s + n, sizeof s - (size_t)n, "aaaaaaaaaaaaaaa1,lexico,t0.h5,%d,%c,"
+                          "0.1,0.2,%.9g,%.9g\n", l, k ? 'V' : 'K',
+                          l + k ? 0.9 : cos0, l + k ? 100.0 : bytes0);
+    put("res/summary.csv", s);
+}
+
+/* check --metrics chooses what a baseline records and what is gated; --worse-only lets a
+ * change for the better pass (lower bytes, higher cosine) and still fails one for the
+ * worse; metrics the baseline lacks or that cannot be gated are refused by name. */
+START_TEST(check_metrics_worse_only)
+{
+    make_dir();
+    char p[512];
+    snprintf(p, sizeof p, "%s/res", g_dir);
+    ck_assert_int_eq(mkdir(p, 0755), 0);
+    put("res/cells.csv", "cell_id,codec,dataset,status,n_b,s,n,n_traces,traces,dictionary,"
+                         "seed,attn_stride,rel_err_mean\n"
+                         "aaaaaaaaaaaaaaa1,lexico,ds,ok,128,8,,1,t0.h5,d.h5,1,16,0.1\n");
+    seal_cell("res", "aaaaaaaaaaaaaaa1");
+    summary_cos_bytes(0.9, 100);
+    char base[512], res[512];
+    snprintf(base, sizeof base, "%s/baseline.csv", g_dir);
+    snprintf(res, sizeof res, "%s/res", g_dir);
+    const char *pick[] = {"attn_cos", "bytes"};
+    struct fk_check_opts o = {.baseline = base, .results = res, .rtol = RTOL, .atol = ATOL,
+                              .update = 1, .metrics = pick, .n_metrics = 2};
+    struct fk_check_result r;
+    ck_assert_int_eq(fk_check_run(&o, &r), FK_OK);
+    ck_assert_int_eq(r.written, 4);
+    fk_check_result_free(&r);
+    struct fk_csv b;
+    ck_assert_int_eq(fk_csv_load(base, &b), FK_OK);
+    ck_assert_int_eq(b.n_cols, 9);
+    ck_assert_str_eq(b.head[7], "attn_cos");
+    ck_assert_str_eq(b.head[8], "bytes");
+    fk_csv_free(&b);
+    o.update = 0;
+    o.metrics = NULL; /* gate what the baseline holds */
+    o.n_metrics = 0;
+    ck_assert_int_eq(fk_check_run(&o, &r), FK_OK);
+    ck_assert(!r.fail && r.matched == 4 && r.n_metrics == 2);
+    fk_check_result_free(&r);
+    /* better on both: a regression two-sided, a pass with --worse-only */
+    summary_cos_bytes(0.95, 90);
+    ck_assert_int_eq(fk_check_run(&o, &r), FK_OK);
+    ck_assert(r.fail && r.drift == 2);
+    fk_check_result_free(&r);
+    o.worse_only = 1;
+    ck_assert_int_eq(fk_check_run(&o, &r), FK_OK);
+    ck_assert(!r.fail && r.drift == 0 && r.improved == 2);
+    ck_assert(has_diff(&r, FK_CHECK_IMPROVED, "lexico,ds,default,0,t0.h5,0,K", 0));
+    ck_assert_str_eq(r.metric[0], "attn_cos");
+    fk_check_result_free(&r);
+    /* worse cosine, better bytes: fails on the cosine only */
+    summary_cos_bytes(0.8, 90);
+    ck_assert_int_eq(fk_check_run(&o, &r), FK_OK);
+    ck_assert(r.fail && r.drift == 1 && r.improved == 1);
+    ck_assert(has_diff(&r, FK_CHECK_DRIFT, "lexico,ds,default,0,t0.h5,0,K", 0));
+    fk_check_result_free(&r);
+    /* asked metric absent from the baseline; not a gateable metric */
+    const char *absent[] = {"attn_kl"}, *bogus[] = {"cpu_s"};
+    o.metrics = absent;
+    o.n_metrics = 1;
+    ck_assert_int_eq(fk_check_run(&o, &r), FK_EINVAL);
+    ck_assert_ptr_nonnull(strstr(fk_errmsg(), "the baseline has no column attn_kl"));
+    o.metrics = bogus;
+    ck_assert_int_eq(fk_check_run(&o, &r), FK_EINVAL);
+    ck_assert_ptr_nonnull(strstr(fk_errmsg(), "cpu_s is not a gateable metric"));
+    rm_dir();
+}
+END_TEST
+
 START_TEST(export_skips_absent)
 {
     /* A store with only a full cell and a lexico cell whose .h5 is missing: no figure can be
@@ -741,6 +822,7 @@ static Suite *plot_suite(void)
     tcase_add_test(tc, boot_exact_small);
     tcase_add_test(tc, boot_normal_theory);
     tcase_add_test(tc, check_gate);
+    tcase_add_test(tc, check_metrics_worse_only);
     tcase_add_test(tc, json_round_trip);
     tcase_add_test(tc, provenance_round_trip);
     tcase_add_test(tc, export_skips_absent);

@@ -14,11 +14,35 @@
 #include "store/fk_results.h"
 
 const char *const fk_check_metrics[FK_CHECK_N_METRICS] = {"rel_err_mean", "attn_kl"};
-#define N_METRICS FK_CHECK_N_METRICS
+
+/* The numeric per-row columns of summary.csv (store/fk_results.c), cpu_s aside. */
+const struct fk_check_metric fk_check_gateable[] = {
+    {"rel_err_mean", -1}, {"rel_err_enc_mean", -1}, {"rel_err_final_mean", -1},
+    {"energy_ratio", -1}, {"nnz_mean", 0}, {"attn_cos", 1}, {"attn_kl", -1},
+    {"top1_overlap", 1}, {"top8_overlap", 1}, {"top32_overlap", 1}, {"attn_relerr", -1},
+    {"attn_mass", 0}, {"dict_size_norm_final", 0}, {"inactive_after_prefill", 0},
+    {"gini", 0}, {"adapted_share", 0}, {"pool_recall_256", 1}, {"support_agree", 1},
+    {"err_ratio", -1}, {"bytes", -1}, {"bytes_full", 0}, {"appends", 0},
+    {"replacements", 0}, {"adapt_failed", -1}, {"macs", -1}, {NULL, 0},
+};
+
+static const struct fk_check_metric *gateable(const char *name)
+{
+    for (int i = 0; fk_check_gateable[i].name; i++)
+        if (!strcmp(fk_check_gateable[i].name, name))
+            return &fk_check_gateable[i];
+    return NULL;
+}
+
+/* The metrics of a run (names point into the options, the baseline or the defaults). */
+struct mset {
+    const char *name[FK_CHECK_MAX_METRICS];
+    int n;
+};
 
 struct crow {
     char *key;                   /* codec,dataset,options,occurrence,trace,layer,kind (CSV) */
-    double v[N_METRICS];         /* rel_err_mean, attn_kl */
+    double v[FK_CHECK_MAX_METRICS]; /* the mset's metrics, in its order */
 };
 
 struct ctab {
@@ -27,7 +51,7 @@ struct ctab {
     int cap;                     /* allocated rows */
 };
 
-/* What fk_check_result.owned holds. */
+/* The row tables of a run. */
 struct tabs {
     struct ctab res, base;
 };
@@ -145,18 +169,18 @@ static int cell_prefixes(const struct fk_store *st, char **prefix)
 }
 
 /* Rows of a results directory, keyed (see fk_check.h), sorted. */
-static int load_results(const char *dir, struct ctab *t)
+static int load_results(const char *dir, const struct mset *ms, struct ctab *t)
 {
     struct fk_store *st;
     FK_TRY(fk_store_open(dir, &st));
     const struct fk_csv *sum = &st->summary;
-    int sl = fk_csv_col(sum, "layer"), sm[N_METRICS], rc = FK_OK;
-    for (int m = 0; m < N_METRICS; m++)
-        sm[m] = fk_csv_col(sum, fk_check_metrics[m]);
-    if (sl < 0 || sm[0] < 0)
-        rc = fk_err(FK_ECORRUPT, "%s: cells.csv / summary.csv lack the expected columns "
-                    "(cell_id, codec, dataset, status; cell_id, trace, layer, kind, "
-                    "rel_err_mean)", dir);
+    int sl = fk_csv_col(sum, "layer"), sm[FK_CHECK_MAX_METRICS], rc = FK_OK;
+    if (sl < 0)
+        rc = fk_err(FK_ECORRUPT, "%s: summary.csv lacks the column layer", dir);
+    for (int m = 0; m < ms->n && rc == FK_OK; m++)
+        if ((sm[m] = fk_csv_col(sum, ms->name[m])) < 0)
+            rc = fk_err(FK_ECORRUPT, "%s: summary.csv has no column %s (written by an older "
+                        "fadkv-bench?)", dir, ms->name[m]);
     char **prefix = rc == FK_OK ? calloc((size_t)st->cells.n_rows + 1, sizeof(char *)) : NULL;
     if (rc == FK_OK && !prefix)
         rc = fk_err(FK_ENOMEM, "out of memory");
@@ -173,8 +197,8 @@ static int load_results(const char *dir, struct ctab *t)
         csv_field(&key, sum->rows[r][st->s_trace], 0);
         csv_field(&key, sum->rows[r][sl], 0);
         csv_field(&key, sum->rows[r][st->s_kind], 0);
-        double v[N_METRICS];
-        for (int m = 0; m < N_METRICS; m++)
+        double v[FK_CHECK_MAX_METRICS] = {0};
+        for (int m = 0; m < ms->n; m++)
             v[m] = fk_csv_num(sum, r, sm[m]);
         rc = key.oom ? fk_err(FK_ENOMEM, "out of memory") : ctab_add(t, key.s, v);
         fk_sb_free(&key);
@@ -191,36 +215,77 @@ static int load_results(const char *dir, struct ctab *t)
     return rc;
 }
 
-static const char baseline_head[] =
-    "codec,dataset,options,occurrence,trace,layer,kind,rel_err_mean,attn_kl";
+static const char baseline_keys[] = "codec,dataset,options,occurrence,trace,layer,kind";
 
-static int load_baseline(const char *path, struct ctab *t)
-{
-    struct fk_csv b;
-    FK_TRY(fk_csv_load(path, &b));
-    static const char *const cols[] = {"codec", "dataset", "options", "occurrence", "trace",
+static const char *const key_cols[] = {"codec", "dataset", "options", "occurrence", "trace",
                                        "layer", "kind", NULL};
-    int idx[8], rc = FK_OK;
-    for (int k = 0; cols[k]; k++) {
-        idx[k] = fk_csv_col(&b, cols[k]);
-        if (idx[k] < 0)
-            rc = fk_err(FK_ECORRUPT, "%s:1: expected column '%s' (header: %s)", path, cols[k],
-                        baseline_head);
+
+static int is_key_column(const char *h)
+{
+    for (int k = 0; key_cols[k]; k++)
+        if (!strcmp(key_cols[k], h))
+            return 1;
+    return 0;
+}
+
+/* The metrics to gate: the asked ones (each a column of the baseline b), else every column
+ * of b after the key columns; each must be gateable. */
+static int baseline_metrics(const char *path, const struct fk_csv *b,
+                            const struct fk_check_opts *o, struct mset *ms)
+{
+    ms->n = 0;
+    if (o->metrics) {
+        for (int m = 0; m < o->n_metrics; m++) {
+            if (fk_csv_col(b, o->metrics[m]) < 0)
+                return fk_err(FK_EINVAL, "%s: the baseline has no column %s (record it with "
+                              "check --update --metrics ...)", path, o->metrics[m]);
+            ms->name[ms->n++] = o->metrics[m];
+        }
+        return FK_OK;
     }
-    int im[N_METRICS];
-    for (int m = 0; m < N_METRICS; m++)
-        im[m] = fk_csv_col(&b, fk_check_metrics[m]);
-    for (int r = 0; rc == FK_OK && r < b.n_rows; r++) {
+    for (int c = 0; c < b->n_cols; c++) {
+        const char *h = b->head[c];
+        if (is_key_column(h))
+            continue;
+        if (!gateable(h))
+            return fk_err(FK_ECORRUPT, "%s:1: column %s is not a gateable metric", path, h);
+        if (ms->n == FK_CHECK_MAX_METRICS)
+            return fk_err(FK_ECORRUPT, "%s: more than %d metric columns", path,
+                          FK_CHECK_MAX_METRICS);
+        ms->name[ms->n++] = h;
+    }
+    if (!ms->n)
+        return fk_err(FK_ECORRUPT, "%s:1: no metric column after %s", path, baseline_keys);
+    return FK_OK;
+}
+
+static int load_baseline(const char *path, const struct fk_check_opts *o, struct fk_csv *b,
+                         struct mset *ms, struct ctab *t)
+{
+    FK_TRY(fk_csv_load(path, b));
+    const char *const *cols = key_cols;
+    int idx[8], rc = FK_OK;
+    for (int k = 0; cols[k] && rc == FK_OK; k++) {
+        idx[k] = fk_csv_col(b, cols[k]);
+        if (idx[k] < 0)
+            rc = fk_err(FK_ECORRUPT, "%s:1: expected column '%s' (header: %s,METRIC...)",
+                        path, cols[k], baseline_keys);
+    }
+    if (rc == FK_OK)
+        rc = baseline_metrics(path, b, o, ms);
+    int im[FK_CHECK_MAX_METRICS];
+    for (int m = 0; rc == FK_OK && m < ms->n; m++)
+        im[m] = fk_csv_col(b, ms->name[m]);
+    for (int r = 0; rc == FK_OK && r < b->n_rows; r++) {
         struct fk_sb key = {0};
         for (int k = 0; cols[k]; k++)
-            csv_field(&key, b.rows[r][idx[k]], k == 0);
-        double v[N_METRICS];
-        for (int m = 0; m < N_METRICS; m++)
-            v[m] = fk_csv_num(&b, r, im[m]);
+            csv_field(&key, b->rows[r][idx[k]], k == 0);
+        double v[FK_CHECK_MAX_METRICS] = {0};
+        for (int m = 0; m < ms->n; m++)
+            v[m] = fk_csv_num(b, r, im[m]);
         rc = key.oom ? fk_err(FK_ENOMEM, "out of memory") : ctab_add(t, key.s, v);
         fk_sb_free(&key);
     }
-    fk_csv_free(&b);
     if (rc == FK_OK)
         qsort(t->r, (size_t)t->n, sizeof *t->r, cmp_row);
     for (int i = 1; rc == FK_OK && i < t->n; i++)
@@ -229,13 +294,16 @@ static int load_baseline(const char *path, struct ctab *t)
     return rc;
 }
 
-static int write_baseline(const char *path, const struct ctab *t)
+static int write_baseline(const char *path, const struct mset *ms, const struct ctab *t)
 {
     struct fk_sb s = {0};
-    fk_sb_printf(&s, "%s\n", baseline_head);
+    fk_sb_printf(&s, "%s", baseline_keys);
+    for (int m = 0; m < ms->n; m++)
+        fk_sb_printf(&s, ",%s", ms->name[m]);
+    fk_sb_printf(&s, "\n");
     for (int i = 0; i < t->n; i++) {
         fk_sb_printf(&s, "%s", t->r[i].key);
-        for (int m = 0; m < N_METRICS; m++) {
+        for (int m = 0; m < ms->n; m++) {
             if (isnan(t->r[i].v[m]))
                 fk_sb_printf(&s, ",nan");
             else
@@ -263,9 +331,10 @@ static int add_diff(struct fk_check_result *r, int *cap, struct fk_check_diff d)
 }
 
 /* Walks both sorted tables in key order, recording every finding. */
-static int compare(const struct ctab *b, const struct ctab *res, double rtol, double atol,
-                   struct fk_check_result *r)
+static int compare(const struct ctab *b, const struct ctab *res, const struct mset *ms,
+                   const struct fk_check_opts *o, struct fk_check_result *r)
 {
+    double rtol = o->rtol, atol = o->atol;
     int i = 0, j = 0, cap = 0, rc = FK_OK;
     while ((i < b->n || j < res->n) && rc == FK_OK) {
         int c = i >= b->n ? 1 : j >= res->n ? -1 : strcmp(b->r[i].key, res->r[j].key);
@@ -282,14 +351,18 @@ static int compare(const struct ctab *b, const struct ctab *res, double rtol, do
             continue;
         }
         r->matched++;
-        for (int m = 0; m < N_METRICS && rc == FK_OK; m++) {
+        for (int m = 0; m < ms->n && rc == FK_OK; m++) {
             double x = b->r[i].v[m], y = res->r[j].v[m];
             int bad = isnan(x) != isnan(y) ||
                       (!isnan(x) && fabs(y - x) > atol + rtol * fabs(x));
             if (!bad)
                 continue;
-            r->drift++;
-            rc = add_diff(r, &cap, (struct fk_check_diff){FK_CHECK_DRIFT, b->r[i].key, m, x, y});
+            /* worse_only: a finite change in the metric's better direction passes */
+            int better = gateable(ms->name[m])->better;
+            int up = !isnan(x) && !isnan(y) && better && (y - x) * better > 0;
+            enum fk_check_kind k = o->worse_only && up ? FK_CHECK_IMPROVED : FK_CHECK_DRIFT;
+            *(k == FK_CHECK_DRIFT ? &r->drift : &r->improved) += 1;
+            rc = add_diff(r, &cap, (struct fk_check_diff){k, b->r[i].key, m, x, y});
         }
         i++;
         j++;
@@ -298,25 +371,49 @@ static int compare(const struct ctab *b, const struct ctab *res, double rtol, do
     return rc;
 }
 
+/* What fk_check_result.owned holds besides the tables: the baseline CSV (metric names point
+ * into its header). */
+struct owned {
+    struct tabs t;
+    struct fk_csv base_csv;
+};
+
 int fk_check_run(const struct fk_check_opts *o, struct fk_check_result *r)
 {
     memset(r, 0, sizeof *r);
     if (!o->baseline || !o->results || !(o->rtol >= 0) || !(o->atol >= 0))
         return fk_err(FK_EINVAL, "check: a baseline, a results directory and tolerances >= 0 "
                       "needed");
-    struct tabs *t = calloc(1, sizeof *t);
-    if (!t)
+    if (o->n_metrics > FK_CHECK_MAX_METRICS)
+        return fk_err(FK_EINVAL, "check: at most %d metrics", FK_CHECK_MAX_METRICS);
+    for (int m = 0; o->metrics && m < o->n_metrics; m++)
+        if (!gateable(o->metrics[m]))
+            return fk_err(FK_EINVAL, "check: %s is not a gateable metric (the per-row columns "
+                          "of summary.csv but cpu_s: see fadkv-bench check --help)",
+                          o->metrics[m]);
+    struct owned *w = calloc(1, sizeof *w);
+    if (!w)
         return fk_err(FK_ENOMEM, "out of memory");
-    r->owned = t;
-    int rc = load_results(o->results, &t->res);
-    if (rc == FK_OK && o->update) {
-        rc = write_baseline(o->baseline, &t->res);
-        r->written = rc == FK_OK ? t->res.n : 0;
-    } else if (rc == FK_OK) {
-        rc = load_baseline(o->baseline, &t->base);
+    r->owned = w;
+    struct mset ms = {.n = 0};
+    int rc = FK_OK;
+    if (o->update) {
+        for (int m = 0; m < (o->metrics ? o->n_metrics : FK_CHECK_N_METRICS); m++)
+            ms.name[ms.n++] = o->metrics ? o->metrics[m] : fk_check_metrics[m];
+        rc = load_results(o->results, &ms, &w->t.res);
         if (rc == FK_OK)
-            rc = compare(&t->base, &t->res, o->rtol, o->atol, r);
+            rc = write_baseline(o->baseline, &ms, &w->t.res);
+        r->written = rc == FK_OK ? w->t.res.n : 0;
+    } else {
+        rc = load_baseline(o->baseline, o, &w->base_csv, &ms, &w->t.base);
+        if (rc == FK_OK)
+            rc = load_results(o->results, &ms, &w->t.res);
+        if (rc == FK_OK)
+            rc = compare(&w->t.base, &w->t.res, &ms, o, r);
     }
+    for (int m = 0; m < ms.n; m++)
+        r->metric[m] = ms.name[m];
+    r->n_metrics = ms.n;
     if (rc < 0)
         fk_check_result_free(r);
     return rc;
@@ -324,11 +421,12 @@ int fk_check_run(const struct fk_check_opts *o, struct fk_check_result *r)
 
 void fk_check_result_free(struct fk_check_result *r)
 {
-    struct tabs *t = r->owned;
-    if (t) {
-        ctab_free(&t->res);
-        ctab_free(&t->base);
-        free(t);
+    struct owned *w = r->owned;
+    if (w) {
+        ctab_free(&w->t.res);
+        ctab_free(&w->t.base);
+        fk_csv_free(&w->base_csv);
+        free(w);
     }
     free(r->diffs);
     memset(r, 0, sizeof *r);
