@@ -859,6 +859,21 @@ for part in h5 summary.csv meta-sums; do
     end
 done
 
+# ---- the progress line on a narrow terminal ----------------------------------------------------
+begin "progress on a 60-column terminal: the line rewritten in place never wraps"
+if command -v script >/dev/null && command -v stty >/dev/null; then
+    script -q -c "stty cols 60; '$BIN' --config '$W/long.toml' --set 'sweep.output=\"$W/tty\"'" \
+        "$W/tty.log" >/dev/null 2>&1
+    # the segments between carriage returns that hold a progress line (not a cell's last line)
+    widest=$(tr '\r' '\n' <"$W/tty.log" | sed 's/\x1b\[K//g' | grep 'layers' | grep -v rel_err |
+             awk '{ if (length($0) > m) m = length($0) } END { print m + 0 }')
+    chk "progress lines were drawn" - test "$widest" -gt 0
+    chk "the widest progress line has $widest <= 59 columns" - test "$widest" -le 59
+else
+    skip "progress on a narrow terminal" "needs script and stty (util-linux)"
+fi
+end
+
 # ---- a changed sweep in the same directory: no result hides ---------------------------------
 begin "a changed sweep: the earlier cells are listed with their sweep, and prune removes them"
 E=$W/earlier

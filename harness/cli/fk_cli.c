@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -512,6 +513,49 @@ static void show_cell_start(void *ctx, const struct fk_sweep *s, const struct fk
     fprintf(stderr, "\n");
 }
 
+/* Columns of the terminal on stderr (COLUMNS, else 80, when the ioctl cannot tell). */
+static int term_cols(void)
+{
+    struct winsize w;
+    if (ioctl(STDERR_FILENO, TIOCGWINSZ, &w) == 0 && w.ws_col > 0)
+        return w.ws_col;
+    const char *c = getenv("COLUMNS");
+    int n = c ? atoi(c) : 0;
+    return n > 0 ? n : 80;
+}
+
+/* The terminal's progress line, rewritten in place: it never wraps (a wrapped line cannot be
+ * erased by \r and leaves stale lines), so the bar shrinks, then the speed goes, then the
+ * line is cut to the width. */
+static void progress_line(const struct display *d, const struct fk_runner_progress *p,
+                          const char *eta)
+{
+    char head[160], tail[96], speed[40], line[512], bar[64];
+    int cols = term_cols() - 1; /* the last column would wrap on some terminals */
+    snprintf(head, sizeof head, "[%d/%d] %s %s ", p->index, p->todo, p->cell->ops->name,
+             d->s->datasets[p->cell->dataset].name);
+    snprintf(speed, sizeof speed, ", %.0f vec/s", p->vec_per_s);
+    for (int drop_speed = 0; drop_speed < 2; drop_speed++) {
+        snprintf(tail, sizeof tail, " %d/%d layers%s, ETA %s", p->units_done, p->units_total,
+                 drop_speed ? "" : speed, eta);
+        int room = cols - (int)strlen(head) - (int)strlen(tail) - 2;
+        if (room >= 5 || drop_speed) {
+            int w = room > 20 ? 20 : room < 0 ? 0 : room;
+            int fill = p->units_total ? w * p->units_done / p->units_total : w;
+            for (int i = 0; i < w; i++)
+                bar[i] = i < fill ? '#' : '.';
+            bar[w] = 0;
+            snprintf(line, sizeof line, "%s%s%s%s%s", head, w ? "[" : "", bar, w ? "]" : "",
+                     tail);
+            break;
+        }
+    }
+    if ((int)strlen(line) > cols && cols > 0)
+        line[cols] = 0;
+    fprintf(stderr, "\r\033[K%s", line);
+    fflush(stderr);
+}
+
 static void show_progress(void *ctx, const struct fk_runner_progress *p)
 {
     struct display *d = ctx;
@@ -521,15 +565,7 @@ static void show_progress(void *ctx, const struct fk_runner_progress *p)
     fmt_eta(p->eta_s, eta, sizeof eta);
     double now = fk_wall_s();
     if (d->tty) {
-        char bar[21];
-        int fill = p->units_total ? 20 * p->units_done / p->units_total : 20;
-        for (int i = 0; i < 20; i++)
-            bar[i] = i < fill ? '#' : '.';
-        bar[20] = 0;
-        fprintf(stderr, "\r\033[K[%d/%d] %s %s [%s] %d/%d layers, %.0f vec/s, ETA %s", p->index,
-                p->todo, p->cell->ops->name, d->s->datasets[p->cell->dataset].name, bar, p->units_done, p->units_total,
-                p->vec_per_s, eta);
-        fflush(stderr);
+        progress_line(d, p, eta);
     } else if (now - d->last >= 5) {
         fprintf(stderr, "    ... %d/%d layers, %.0f vec/s, ETA %s\n", p->units_done,
                 p->units_total, p->vec_per_s, eta);
