@@ -14,6 +14,7 @@
 set -uo pipefail
 BIN=$(realpath "$1")
 SRC=${FK_SRCDIR:?FK_SRCDIR must name the source tree}
+PATH=$PATH:/usr/sbin:/sbin      # munged, slurmctld and slurmd live there
 for b in munged munge unmunge slurmctld slurmd sbatch squeue scontrol sinfo scancel parallel; do
     command -v "$b" >/dev/null || {
         echo "SKIP: $b not found (apt-get install slurm-wlm munge parallel)"; exit 77; }
