@@ -16,34 +16,9 @@ ok() { echo "PASS  $1"; }
 bad() { echo "FAIL  $1"; fails=$((fails + 1)); }
 check() { local what=$1; shift; if "$@"; then ok "$what"; else bad "$what"; fi; }
 
-EMB=$SRC/datasets/embedded
-cat >"$W/sweep.toml" <<EOF
-[sweep]
-name = "concurrent"
-traces = ["$EMB/babyllama-tok105-*.h5"]
-dictionary = "$SRC/datasets/dicts/babyllama-tok105.h5"
-output = "$W/shared"
-jobs = 1
-attention = true
-attn_stride = 4
-
-[[codec]]
-name = "lexico"
-n_b = 16
-grid = { s = [2, 3, 4, 5, 6, 7, 8] }
-
-[[codec]]
-name = "fadkv"
-n_b = 16
-n = 32
-grid = { s = [2, 4, 8] }
-
-[[codec]]
-name = "uniform"
-n_b = 16
-grid = { bits = [2, 4, 8] }
-EOF
-N=13
+. "$(dirname "$0")"/embedded_sweep.sh
+embedded_sweep_toml "$SRC" concurrent "$W/shared" 4 >"$W/sweep.toml"
+N=$EMBEDDED_SWEEP_CELLS
 
 # the reference: one run alone
 "$BIN" --config "$W/sweep.toml" --set "sweep.output=\"$W/single\"" --quiet >"$W/single.out" 2>&1
