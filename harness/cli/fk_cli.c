@@ -450,9 +450,9 @@ static int print_dry_run(const struct fk_sweep *s, int sh_i, int sh_n)
         total += macs;
         n++;
         print_cell_label(s, &s->cells[c], stdout);
-        printf("  %.1f GMAC\n", macs / 1e9);
+        printf("  %.3g GMAC\n", macs / 1e9);
     }
-    printf("%d cell(s)%s, about %.0f GMAC of coding in total (about %.0f s at 10 GMAC/s)\n",
+    printf("%d cell(s)%s, about %.3g GMAC of coding in total (about %.3g s at 10 GMAC/s)\n",
            n, sh_n > 1 ? " in this shard" : "", total / 1e9, total / 1e10);
     free(shard);
     return 0;
