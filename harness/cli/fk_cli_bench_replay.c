@@ -68,6 +68,8 @@ static int parse(int argc, char **argv, struct fk_bench_replay_cfg *c)
 struct printer {
     const char *config;
     int stride;
+    double first_wall;           /* wall seconds of the config's first cell (the x first
+                                  * column: the cost of each cell against it, one run) */
     char ov_lines[4096];
     size_t ov_len;
 };
@@ -81,18 +83,21 @@ static void on_info(void *ctx, const struct fk_bench_replay_info *in)
            p->config, in->n_traces, in->n_layers, in->n_q_heads, in->n_kv_heads, in->head_dim,
            in->n_tokens, in->prompt_len, in->n_atoms, in->jobs, in->attention ? "on" : "off",
            in->attn_stride, in->kernels);
-    printf("\n%-11s %8s %9s %7s | %6s %6s %6s %6s %6s %6s %6s %6s  (CPU s, summed over threads)\n",
-           "codec", "wall s", "vectors", "vec/s", "io", "gram", "corr", "code", "adapt", "attn",
-           "metric", "write");
+    printf("\n%-11s %8s %7s %9s %7s | %6s %6s %6s %6s %6s %6s %6s %6s  (CPU s, summed over "
+           "threads; x first: wall against the first cell)\n", "codec", "wall s", "x first",
+           "vectors", "vec/s", "io", "gram", "corr", "code", "adapt", "attn", "metric",
+           "write");
 }
 
 static void on_cell(void *ctx, const struct fk_bench_cell_row *r)
 {
     struct printer *p = ctx;
     const struct fk_bench_timing *t = &r->t;
-    printf("%-11s %8.1f %9ld %7.0f | %6.1f %6.1f %6.1f %6.1f %6.1f %6.1f %6.1f %6.2f\n", r->codec,
-           t->wall, t->vectors, t->vectors / t->wall, t->io, t->gram, t->corr, t->code, t->adapt,
-           t->attn, t->metrics, t->write);
+    if (p->first_wall <= 0)
+        p->first_wall = t->wall;
+    printf("%-11s %8.1f %7.2f %9ld %7.0f | %6.1f %6.1f %6.1f %6.1f %6.1f %6.1f %6.1f %6.2f\n",
+           r->codec, t->wall, t->wall / p->first_wall, t->vectors, t->vectors / t->wall, t->io,
+           t->gram, t->corr, t->code, t->adapt, t->attn, t->metrics, t->write);
     fflush(stdout);
     if (r->without_s > 0 && p->ov_len < sizeof p->ov_lines)
         p->ov_len += (size_t)snprintf(p->ov_lines + p->ov_len, sizeof p->ov_lines - p->ov_len,
