@@ -90,13 +90,16 @@ static int refine(struct dc *d, const struct fk_dict_view *v, const float *x, st
 static int gm_encode(struct dc *d, const struct fk_dict_view *v, int nx, const float *x,
                      const float *a, struct fk_code *out)
 {
+    const struct dc_code_opts *o = &d->o.code;
+    double gss[FK_SMAX * FK_SMAX]; /* G_SS of the pool OMP, reused by the refinement */
     for (int i = 0; i < nx; i++) {
         const float *xi = x + (size_t)i * d->m, *ai = a + (size_t)i * d->Nt;
         struct fk_code *c = &out[i];
         int np = fk_topn(ai, d->dead, d->Nt, d->o.code.n, 0, d->pool, d->work);
-        FK_TRY(fk_omp_naive(v, xi, ai, d->pool, np, d->o.code.s, 0, d->work, c));
+        FK_TRY(fk_omp_pool(v, xi, ai, d->pool, np, d->o.code.s, d->work, c, gss));
         d->st.macs += cost_gm(d->m, d->Nt, np, c->iters > c->k ? c->iters : c->k, c->k);
-        FK_TRY(refine(d, v, xi, c));
+        if (c->k > 0 && !(c->flags & FK_CODE_ZERO))
+            FK_TRY(fk_refine_gss(v, xi, o->lambda0, o->rho, o->refine_iters, c, gss));
     }
     return FK_OK;
 }

@@ -2,11 +2,14 @@
  * The double-precision inner products of the codecs, defined once. fk_dot_fd: exact float
  * products summed in FK_DL double lanes, then the lanes in a fixed pairwise order;
  * fk_dot_seq: the same products summed one after the other (coordinate order). Nothing is
- * reassociated or contracted, so every FK_CLONES clone and every caller gets the same bits.
+ * reassociated, and the one fused multiply-add is exact-product (see fk_dot_fd), so every
+ * clone and every caller gets the same bits.
  * (The attention's dot product in harness/engine uses another lane order on purpose.)
  */
 #ifndef FK_DOT_H
 #define FK_DOT_H
+
+#include <math.h>
 
 #include "kernels/fk_simd.h"
 
@@ -21,17 +24,19 @@ static inline double fk_lanes_sum(double *acc)
     return acc[0];
 }
 
-/* sum_i a_i b_i in double: coordinate i goes to lane i % FK_DL (vectorises). */
-FK_CLONES static inline double fk_dot_fd(const float *restrict a, const float *restrict b,
-                                         int m)
+/* sum_i a_i b_i in double: coordinate i goes to lane i % FK_DL (vectorises). The product
+ * of two floats is exact in double, so fma(a, b, acc) rounds exactly as acc + a * b does:
+ * the x86-64-v3 clone fuses them in hardware and every clone gives the same bits. */
+FK_FMA_CLONES static inline double fk_dot_fd(const float *restrict a, const float *restrict b,
+                                             int m)
 {
     double acc[FK_DL] = {0};
     int i = 0;
     for (; i + FK_DL <= m; i += FK_DL)
         for (int l = 0; l < FK_DL; l++)
-            acc[l] += (double)a[i + l] * b[i + l];
+            acc[l] = fma((double)a[i + l], (double)b[i + l], acc[l]);
     for (int l = 0; i + l < m; l++)
-        acc[l] += (double)a[i + l] * b[i + l];
+        acc[l] = fma((double)a[i + l], (double)b[i + l], acc[l]);
     return fk_lanes_sum(acc);
 }
 

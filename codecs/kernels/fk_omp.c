@@ -911,9 +911,12 @@ static int argmax_fast(const float *c, const int32_t *cand, int nc, const uint8_
     return bp;
 }
 
-int fk_omp_naive(const struct fk_dict_view *d, const float *x, const float *a,
-                 const int32_t *cand, int nc, int s, double tol_rel, float *work,
-                 struct fk_code *out)
+/* Naive OMP; gss non-NULL (the pool coder): the Gram entries fk_dot_fd(d_p, d_q) of the
+ * accepted atoms go to gss (row-major, stride FK_SMAX, both triangles) as they are computed,
+ * and a code with k > 0 ends without its coefficients and residual (the caller refines). */
+static int omp_naive(const struct fk_dict_view *d, const float *x, const float *a,
+                     const int32_t *cand, int nc, int s, double tol_rel, float *work,
+                     struct fk_code *out, double *gss)
 {
     FK_TRY(check_args(d, x, s, "fk_omp_naive"));
     if (!work || !out)
@@ -938,6 +941,7 @@ int fk_omp_naive(const struct fk_dict_view *d, const float *x, const float *a,
     const int ld = clamp_s(s, m);
     memset(ws.mask, 0, (size_t)n);
     const float *r = x;
+    double gss_w[FK_SMAX]; /* G_{S,j} before the forward solve overwrites it */
     /* pool copy for the candidates' rows (64-byte aligned) when it fits in scratch .. dm */
     float *pool = NULL;
     int pool_ready = 0;
@@ -974,6 +978,8 @@ int fk_omp_naive(const struct fk_dict_view *d, const float *x, const float *a,
             double gjj = fk_dot_fd(dj, dj, m);
             for (int l = 0; l < k; l++)
                 ws.w[l] = fk_dot_fd(d->atoms + (size_t)out->idx[l] * m, dj, m);
+            if (gss)
+                memcpy(gss_w, ws.w, sizeof(double) * (size_t)k);
             double ww = fwd_solve(ws.L, ld, k, ws.w, ws.w);
             double delta2 = gjj - ww;
             ws.mask[j] = 1;
@@ -985,6 +991,14 @@ int fk_omp_naive(const struct fk_dict_view *d, const float *x, const float *a,
             for (int l = 0; l < k; l++)
                 ws.L[k * ld + l] = ws.w[l];
             ws.L[k * ld + k] = lkk;
+            if (gss) {
+                double *row = gss + (size_t)k * FK_SMAX;
+                for (int l = 0; l < k; l++) {
+                    row[l] = gss_w[l];
+                    gss[(size_t)l * FK_SMAX + k] = gss_w[l];
+                }
+                row[k] = gjj;
+            }
             double aj;
             if (a)
                 aj = a[j];
@@ -1012,10 +1026,28 @@ int fk_omp_naive(const struct fk_dict_view *d, const float *x, const float *a,
         r = ws.r;
     }
 done:
+    if (gss && out->k > 0)
+        return FK_OK; /* coefficients and err2 come from the caller's refinement */
     back_solve(ws.L, ld, out->k, ws.z, ws.gamma);
     for (int l = 0; l < out->k; l++)
         out->coef[l] = ws.gamma[l];
     resid_naive(d->atoms, m, x, out->idx, ws.gamma, out->k, ws.rx, ws.r);
     out->err2 = energy_naive(ws.rx, m);
     return FK_OK;
+}
+
+int fk_omp_naive(const struct fk_dict_view *d, const float *x, const float *a,
+                 const int32_t *cand, int nc, int s, double tol_rel, float *work,
+                 struct fk_code *out)
+{
+    return omp_naive(d, x, a, cand, nc, s, tol_rel, work, out, NULL);
+}
+
+int fk_omp_pool(const struct fk_dict_view *d, const float *x, const float *a,
+                const int32_t *cand, int nc, int s, float *work, struct fk_code *out,
+                double *gss)
+{
+    if (!gss)
+        return fk_err(FK_EINVAL, "fk_omp_pool: expected gss");
+    return omp_naive(d, x, a, cand, nc, s, 0, work, out, gss);
 }

@@ -5,9 +5,11 @@
  * Top-n selects under the total order "larger |a| first, then smaller index", so the result
  * is unique. |a_j| is ranked by an integer key built from its bit pattern (for non-negative
  * floats the order of the bits is the numeric order): dead atoms 0, NaN 1, else bits + 2.
- *   - small n (PL: n = s): one pass keeping the n best in a sorted list; a block of keys
- *     whose largest key cannot enter the list is skipped after one vectorised max.
- *   - larger n (GM: the pool), O(n_atoms): one vectorised pass computes every key; the
+ *   - small n (PL: n = s; n <= TOPN_SMALL and n_atoms >= TOPN_SHARE n): one pass keeping the
+ *     n best in a sorted list; a block of keys whose largest key cannot enter the list is
+ *     skipped after one vectorised max. (A pool of N/4, GM at N = 128, would enter the list
+ *     at nearly every key, each a mispredicted branch and a shift.)
+ *   - otherwise (GM: the pool), O(n_atoms): one vectorised pass computes every key; the
  *     threshold t0 of a conservative rank among SAMPLE evenly spaced keys; one branch-free
  *     pass collects the atoms with key >= t0 (a few more than n, ascending); the exact n-th
  *     largest key among them comes from a radix select (bits 30..20, 19..9, 8..0), ties go
@@ -28,6 +30,7 @@
 
 #define TOPN_SMALL 32 /* n up to this: the sorted-list pass */
 #define TOPN_BLK 32   /* keys per block of the sorted-list pass */
+#define TOPN_SHARE 16 /* ... and n_atoms at least this many times n */
 #define CHUNK 1024    /* atoms per call of the key pass */
 #define SAMPLE 256    /* keys sampled for the threshold estimate */
 #define CAND_SORT 64  /* candidates up to this: resolved by insertion sort */
@@ -328,7 +331,8 @@ int fk_topn(const float *a, const uint8_t *dead, int n_atoms, int n, int sort, i
 {
     if (n <= 0 || n_atoms <= 0)
         return 0;
-    if (n <= TOPN_SMALL)
+    /* the sorted list pays off while few keys enter it: n a small share of the atoms */
+    if (n <= TOPN_SMALL && (long)n * TOPN_SHARE <= n_atoms)
         return topn_small(a, dead, n_atoms, n, sort, out);
     int32_t *key = (int32_t *)(void *)work, *cand = key + n_atoms;
     int n_eff = topn_large(a, dead, n_atoms, n, out, key, cand);
@@ -364,8 +368,25 @@ FK_CLONES static double resid_refine(const float *restrict atoms, const int32_t 
     return fk_lanes_sum(acc);
 }
 
+static int refine(const struct fk_dict_view *d, const float *x, double lambda0, double rho,
+                  int iters, struct fk_code *code, const double *gss);
+
 int fk_refine(const struct fk_dict_view *d, const float *x, double lambda0, double rho,
               int iters, struct fk_code *code)
+{
+    return refine(d, x, lambda0, rho, iters, code, NULL);
+}
+
+int fk_refine_gss(const struct fk_dict_view *d, const float *x, double lambda0, double rho,
+                  int iters, struct fk_code *code, const double *gss)
+{
+    if (!gss)
+        return fk_err(FK_EINVAL, "fk_refine_gss: expected gss");
+    return refine(d, x, lambda0, rho, iters, code, gss);
+}
+
+static int refine(const struct fk_dict_view *d, const float *x, double lambda0, double rho,
+                  int iters, struct fk_code *code, const double *gss)
 {
     if (!d || !x || !code || !d->atoms || d->m <= 0)
         return fk_err(FK_EINVAL, "fk_refine: expected a dictionary view, x and a code");
@@ -392,7 +413,8 @@ int fk_refine(const struct fk_dict_view *d, const float *x, double lambda0, doub
         const float *dp = d->atoms + (size_t)code->idx[p] * m;
         as[p] = fk_dot_fd(dp, x, m);
         for (int q = 0; q <= p; q++) {
-            double v = fk_dot_fd(dp, d->atoms + (size_t)code->idx[q] * m, m);
+            double v = gss ? gss[(size_t)p * FK_SMAX + q]
+                           : fk_dot_fd(dp, d->atoms + (size_t)code->idx[q] * m, m);
             g[p * k + q] = v;
             g[q * k + p] = v;
         }

@@ -104,6 +104,15 @@ int fk_omp_naive(const struct fk_dict_view *d, const float *x, const float *a,
                  const int32_t *cand, int nc, int s, double tol_rel, float *work,
                  struct fk_code *out);
 
+/* fk_omp_naive on the candidates cand (tol 0) for a caller that refines the code next (the
+ * GM coder): also writes the Gram entries G_pq = fk_dot_fd(d_p, d_q) of the accepted atoms
+ * (support order) to gss [FK_SMAX][FK_SMAX] (row-major), and a code with k > 0 ends without
+ * its coefficients and err2, which fk_refine_gss computes. Same support, flags and iters as
+ * fk_omp_naive. */
+int fk_omp_pool(const struct fk_dict_view *d, const float *x, const float *a,
+                const int32_t *cand, int nc, int s, float *work, struct fk_code *out,
+                double *gss);
+
 /* Top-n screening: the n_eff = min(n, live atoms) atoms with the largest |a_j|, ties to the
  * smaller index, O(n_atoms). With sort != 0 the output is ordered by |a| descending (ties:
  * smaller index first); otherwise ascending by index. work: 2*n_atoms floats.
@@ -116,6 +125,12 @@ int fk_topn(const float *a, const uint8_t *dead, int n_atoms, int n, int sort,
  * recomputes code->err2 (code->idx, k, xx must be set). */
 int fk_refine(const struct fk_dict_view *d, const float *x, double lambda0, double rho,
               int iters, struct fk_code *code);
+
+/* fk_refine with G_SS given (gss as written by fk_omp_pool for code->idx): the same bits as
+ * fk_refine, whose G_SS entries are the same fk_dot_fd products (exact in double, summed in
+ * the same lanes whichever operand comes first). */
+int fk_refine_gss(const struct fk_dict_view *d, const float *x, double lambda0, double rho,
+                  int iters, struct fk_code *code, const double *gss);
 
 /* FP8 E4M3FN (spec 3.7). encode: round to nearest even, saturate to +-448 (|f| >= 464
  * counts as saturation: *saturated is incremented when non-NULL). NaN -> 0x7F. */

@@ -9,6 +9,7 @@
 #include "bench/fk_bench.h"
 
 #include "common/fk_err.h"
+#include "kernels/fk_dot.h"
 
 #include <gsl/gsl_randist.h>
 #include <gsl/gsl_rng.h>
@@ -588,5 +589,137 @@ int fk_bench_omp_codes_write(const char *path, const struct fk_code *codes, int 
     free(k);
     free(e2);
     free(xx);
+    return rc;
+}
+
+/* ---- screening coders next to Batch-OMP (fk_bench_screen_run) -------------------------- */
+
+enum { SC_OMP, SC_GM, SC_PL, SC_GM_OLD };
+
+static int screen_pass(int which, const struct fk_dict_view *v, const struct fk_bench_omp_data *d,
+                       int s, int pool, int B, float *abuf, float *work, int32_t *cand,
+                       struct fk_code *codes, double *sec)
+{
+    int n = d->n_signals, m = d->dim, N = d->n_atoms;
+    double gss[FK_SMAX * FK_SMAX];
+    double t0 = fk_thread_cpu_s();
+    for (int b0 = 0; b0 < n; b0 += B) {
+        int nb = n - b0 < B ? n - b0 : B;
+        const float *xb = d->signals + (size_t)b0 * m;
+        fk_correlate(v, xb, nb, abuf);
+        if (which == SC_OMP) {
+            FK_TRY(fk_omp_gram_batch(v, nb, xb, abuf, (size_t)N, s, 0.0, work, codes + b0));
+            continue;
+        }
+        for (int i = 0; i < nb; i++) {
+            const float *xi = xb + (size_t)i * m, *ai = abuf + (size_t)i * N;
+            struct fk_code *c = &codes[b0 + i];
+            if (which == SC_PL) {
+                memset(c, 0, sizeof *c);
+                c->xx = fk_dot_seq(xi, xi, m);
+                if (c->xx <= 1e-30) {
+                    c->flags = FK_CODE_ZERO;
+                    continue;
+                }
+                c->k = fk_topn(ai, NULL, N, s, 1, c->idx, work);
+                FK_TRY(fk_refine(v, xi, 1e-4, 0.20, 1, c));
+                continue;
+            }
+            int np = fk_topn(ai, NULL, N, pool, 0, cand, work);
+            if (which == SC_GM)
+                FK_TRY(fk_omp_pool(v, xi, ai, cand, np, s, work, c, gss));
+            else
+                FK_TRY(fk_omp_naive(v, xi, ai, cand, np, s, 0, work, c));
+            if (c->k > 0 && !(c->flags & FK_CODE_ZERO))
+                FK_TRY(which == SC_GM ? fk_refine_gss(v, xi, 1e-4, 0.20, 1, c, gss)
+                                      : fk_refine(v, xi, 1e-4, 0.20, 1, c));
+        }
+    }
+    *sec = fk_thread_cpu_s() - t0;
+    return FK_OK;
+}
+
+static int same_code(const struct fk_code *a, const struct fk_code *b)
+{
+    if (a->k != b->k || a->flags != b->flags || a->iters != b->iters ||
+        memcmp(&a->err2, &b->err2, sizeof a->err2) || memcmp(&a->xx, &b->xx, sizeof a->xx))
+        return 0;
+    for (int l = 0; l < a->k; l++)
+        if (a->idx[l] != b->idx[l] || memcmp(&a->coef[l], &b->coef[l], sizeof a->coef[l]))
+            return 0;
+    return 1;
+}
+
+int fk_bench_screen_run(const struct fk_bench_omp_cfg *cfg, const struct fk_bench_omp_data *data,
+                        int pool, struct fk_bench_screen_result *res)
+{
+    int N = data->n_atoms, m = data->dim, n = data->n_signals, s = cfg->sparsity;
+    int B = cfg->block < n ? cfg->block : n, R = cfg->repeats;
+    memset(res, 0, sizeof *res);
+    if (pool < s || pool > N || s < 1 || s > FK_SMAX || B < 1 || R < 1)
+        return fk_err(FK_EINVAL, "bench omp --pool: expected s <= n <= N (s %d, n %d, N %d)",
+                      s, pool, N);
+    res->pool = pool;
+    size_t wsz = fk_omp_batch_work_floats(N, m, s);
+    size_t w2 = fk_omp_work_floats(N, m, s) + 2 * (size_t)N + 64;
+    wsz = wsz > w2 ? wsz : w2;
+    float *gram = fk_gram_alloc((size_t)N * N);
+    float *abuf = malloc((size_t)B * N * sizeof(float));
+    float *work = malloc(wsz * sizeof(float));
+    int32_t *cand = malloc((size_t)N * sizeof(int32_t));
+    struct fk_code *codes = malloc((size_t)n * sizeof *codes);
+    struct fk_code *codes2 = malloc((size_t)n * sizeof *codes2);
+    double *t = malloc((size_t)3 * R * sizeof(double));
+    double *rel = malloc((size_t)2 * R * sizeof(double));
+    int rc = gram && abuf && work && cand && codes && codes2 && t && rel
+                 ? FK_OK
+                 : fk_err(FK_ENOMEM, "bench omp --pool: cannot allocate buffers");
+    int saved = fk_blas_threads_get();
+    if (rc == FK_OK)
+        rc = fk_gram_compute(data->atoms, N, m, gram);
+    fk_blas_threads_set(1);
+    struct gram_store gs = {gram, (size_t)N};
+    struct fk_dict_view v = {.m = m, .n_atoms = N, .atoms = data->atoms, .dead = NULL,
+                             .gram_row = gram_row_stored, .gram_ctx = &gs};
+    double dt;
+    for (int w = SC_OMP; rc == FK_OK && w <= SC_PL; w++) /* warm-up */
+        rc = screen_pass(w, &v, data, s, pool, B, abuf, work, cand, codes, &dt);
+    for (int r = 0; rc == FK_OK && r < R; r++)
+        for (int w = SC_OMP; rc == FK_OK && w <= SC_PL; w++)
+            rc = screen_pass(w, &v, data, s, pool, B, abuf, work, cand, codes,
+                             &t[(size_t)w * R + r]);
+    if (rc == FK_OK) {
+        rc = screen_pass(SC_GM, &v, data, s, pool, B, abuf, work, cand, codes, &dt);
+        if (rc == FK_OK)
+            rc = screen_pass(SC_GM_OLD, &v, data, s, pool, B, abuf, work, cand, codes2, &dt);
+        res->gm_same = 1;
+        for (int i = 0; rc == FK_OK && i < n; i++)
+            res->gm_same &= same_code(&codes[i], &codes2[i]);
+    }
+    if (rc == FK_OK) {
+        for (int r = 0; r < R; r++) {
+            rel[r] = t[R + r] / t[r];
+            rel[R + r] = t[2 * R + r] / t[r];
+            if (r < 8) {
+                res->gm_rel_r[r] = rel[r];
+                res->pl_rel_r[r] = rel[R + r];
+            }
+        }
+        res->rounds = R;
+        res->omp_vps = n / fk_bench_median_sort(t, R);
+        res->gm_vps = n / fk_bench_median_sort(t + R, R);
+        res->pl_vps = n / fk_bench_median_sort(t + 2 * R, R);
+        res->gm_rel = fk_bench_median_sort(rel, R);
+        res->pl_rel = fk_bench_median_sort(rel + R, R);
+    }
+    fk_blas_threads_set(saved);
+    free(gram);
+    free(abuf);
+    free(work);
+    free(cand);
+    free(codes);
+    free(codes2);
+    free(t);
+    free(rel);
     return rc;
 }

@@ -87,6 +87,27 @@ int fk_bench_omp_run(const struct fk_bench_omp_cfg *cfg, const struct fk_bench_o
 int fk_bench_omp_codes_write(const char *path, const struct fk_code *codes, int n, int s,
                              const struct fk_bench_omp_result *res, int threads);
 
+/* The screening coders next to Batch-OMP on the same data (`bench omp --pool n`): one
+ * thread, blocks of cfg->block vectors, each block one correlation SGEMM followed by
+ *   omp  fk_omp_gram_batch (lexico's coder),
+ *   gm   Top-n pool, greedy OMP in the pool, ridge refinement (fk_omp_pool + fk_refine_gss),
+ *   pl   Top-s support, ridge refinement,
+ * with the codecs' default ridge (lambda0 1e-4, rho 0.2, one step). The three are timed in
+ * turn within each of cfg->repeats rounds; each ratio is taken within a round and its median
+ * reported. gm_same: gm's codes are bit-identical to fk_omp_naive + fk_refine (the coder's
+ * path before G_SS was shared). */
+struct fk_bench_screen_result {
+    int pool;                      /* n */
+    double omp_vps, gm_vps, pl_vps; /* vectors per second, median of rounds */
+    double gm_rel, pl_rel;          /* time per vector relative to omp, median of rounds */
+    double gm_rel_r[8], pl_rel_r[8]; /* per round (first 8) */
+    int rounds;
+    int gm_same;
+};
+
+int fk_bench_screen_run(const struct fk_bench_omp_cfg *cfg, const struct fk_bench_omp_data *data,
+                        int pool, struct fk_bench_screen_result *res);
+
 /* CLI layer (harness/cli/fk_cli_bench_omp.c): `bench omp` with argv[0] = "omp"; parses its own
  * options, prints a table. Returns the process exit status (0, 1 on failure, 2 on usage). */
 int fk_cli_bench_omp(int argc, char **argv);

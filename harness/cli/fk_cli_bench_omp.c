@@ -18,10 +18,14 @@ static void usage(FILE *f)
             "usage: fadkv-bench bench omp [--atoms N] [--dim m] [--sparsity s] [--signals n]\n"
             "       [--threads t] [--repeats r] [--block b] [--naive n] [--noise sigma]\n"
             "       [--seed x] [--dump FILE.h5] [--input FILE.h5] [--codes-out FILE.h5]\n"
+            "       [--pool n]\n"
             "  Times Batch-OMP (Gram mode, progressive update) end to end (block SGEMM +\n"
             "  greedy loops) against the correlation SGEMM alone, median of repeats.\n"
             "  --dump writes the synthetic dictionary and signals and stops; --input codes\n"
-            "  the /dict and /signals of a file; --codes-out writes the codes.\n");
+            "  the /dict and /signals of a file; --codes-out writes the codes.\n"
+            "  --pool n (default N/16; 0 = skip): then times the screening coders gm (Top-n\n"
+            "  pool, greedy OMP in it, ridge) and pl (Top-s, ridge) next to Batch-OMP on the\n"
+            "  same data, one thread, each block one SGEMM; ratios taken within each round.\n");
 }
 
 static int parse_long(const char *opt, const char *s, long lo, long hi, long *out)
@@ -40,6 +44,7 @@ static int parse_long(const char *opt, const char *s, long lo, long hi, long *ou
 
 struct omp_args {
     struct fk_bench_omp_cfg cfg;
+    int pool; /* -1: N / 16 */
     const char *dump, *input, *codes_out;
 };
 
@@ -54,7 +59,7 @@ static int parse_one(struct omp_args *a, const char *o, const char *v)
         {"--signals", 1, 1 << 26, &c->n_signals, NULL},
         {"--threads", 1, FK_BENCH_MAX_THREADS, &c->threads, NULL},
         {"--repeats", 1, 1000, &c->repeats, NULL}, {"--block", 1, 1 << 20, &c->block, NULL},
-        {"--naive", 0, 1 << 26, &c->naive_signals, NULL},
+        {"--naive", 0, 1 << 26, &c->naive_signals, NULL}, {"--pool", 0, 1 << 20, &a->pool, NULL},
         {"--seed", 0, 0x7FFFFFFF, NULL, &seed}, {NULL, 0, 0, NULL, NULL}};
     for (int k = 0; ints[k].name; k++) {
         if (strcmp(o, ints[k].name))
@@ -95,6 +100,7 @@ static int parse_one(struct omp_args *a, const char *o, const char *v)
 static int parse(int argc, char **argv, struct omp_args *a)
 {
     *a = (struct omp_args){0};
+    a->pool = -1;
     fk_bench_omp_defaults(&a->cfg);
     for (int i = 1; i < argc; i++) {
         const char *o = argv[i];
@@ -192,7 +198,29 @@ int fk_cli_bench_omp(int argc, char **argv)
                                       a.cfg.threads);
     if (rc == FK_OK)
         print_result(&a, &data, &res);
-    else
+    int pool = a.pool < 0 ? data.n_atoms / 16 : a.pool;
+    if (pool > 0 && pool < a.cfg.sparsity)
+        pool = a.cfg.sparsity;
+    struct fk_bench_screen_result sr;
+    if (rc == FK_OK && pool > 0)
+        rc = fk_bench_screen_run(&a.cfg, &data, pool, &sr);
+    if (rc == FK_OK && pool > 0) {
+        printf("screening coders next to Batch-OMP: n=%d (pool), s=%d, 1 thread, block %d, "
+               "ridge lambda0 1e-4 rho 0.2\n", sr.pool, a.cfg.sparsity,
+               a.cfg.block < data.n_signals ? a.cfg.block : data.n_signals);
+        printf("  %-34s %12s %12s\n", "coder (SGEMM + coder)", "vectors/s", "time / omp");
+        printf("  %-34s %12.0f %12.3f\n", "omp (Batch-OMP, lexico)", sr.omp_vps, 1.0);
+        printf("  %-34s %12.0f %12.3f  (rounds", "gm (Top-n, OMP in pool, ridge)", sr.gm_vps,
+               sr.gm_rel);
+        for (int r = 0; r < sr.rounds && r < 8; r++)
+            printf(" %.3f", sr.gm_rel_r[r]);
+        printf(")\n  %-34s %12.0f %12.3f  (rounds", "pl (Top-s, ridge)", sr.pl_vps, sr.pl_rel);
+        for (int r = 0; r < sr.rounds && r < 8; r++)
+            printf(" %.3f", sr.pl_rel_r[r]);
+        printf(")\n  gm codes %s the unshared path (fk_omp_naive + fk_refine)\n",
+               sr.gm_same ? "bit-identical to" : "DIFFER from");
+    }
+    if (rc != FK_OK)
         fprintf(stderr, "fadkv-bench bench omp: %s\n", fk_errmsg());
     free(codes);
     fk_bench_omp_data_clear(&data);
