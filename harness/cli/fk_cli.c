@@ -183,6 +183,15 @@ static int info_one(const char *path)
     printf("  tokens %d (prefill %d, decode %d), keys_post_rope %d, rope_theta %g\n",
            in->n_tokens, in->prompt_len, in->n_tokens - in->prompt_len, in->keys_post_rope,
            in->rope_theta);
+    if (!in->has_rope)
+        printf("  rope: not described (no rope_layout attribute)\n");
+    else if (in->rope.type == FK_ROPE_LLAMA3)
+        printf("  rope: layout %s, type llama3 (factor %g, low %g, high %g, original max "
+               "position %g)\n", fk_rope_layout_names[in->rope.layout], in->rope.factor,
+               in->rope.low_freq_factor, in->rope.high_freq_factor,
+               in->rope.original_max_position);
+    else
+        printf("  rope: layout %s, type default\n", fk_rope_layout_names[in->rope.layout]);
     printf("  queries: %s", in->has_queries ? "yes" : "no");
     if (in->has_queries)
         printf(" (%d rows per head)", in->n_queries);
