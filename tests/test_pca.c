@@ -19,9 +19,11 @@
 
 #include "fk_check_main.h"
 #include "common/fk_err.h"
+#include "formats/fk_basis.h"
 #include "formats/fk_h5.h"
 #include "formats/fk_trace.h"
 #include "kernels/fk_rope.h"
+#include "train/fk_train_basis.h"
 
 static char g_dir[64];
 
@@ -298,6 +300,220 @@ START_TEST(trace_rope_attributes)
 }
 END_TEST
 
+/* ---- the basis file and train-basis --------------------------------------------------- */
+
+static int train(const char *out, char **traces, int n, int group, int max_rank)
+{
+    struct fk_train_basis_cfg c = {.out = out, .traces = traces, .n_traces = n,
+                                   .group = group, .max_rank = max_rank};
+    return fk_train_basis_run(&c, NULL);
+}
+
+/* The data matrix of (layer, kind, group gi) over the traces: rows = tokens, columns = the
+ * group's heads concatenated; pre: keys un-rotated by the naive llama2.c rotation at -p. */
+static double *data_matrix(char **traces, int n, int layer, int kind, int g, int gi, int pre,
+                           int *rows, int *dim)
+{
+    double *X = NULL;
+    int N = 0;
+    for (int i = 0; i < n; i++) {
+        struct fk_trace *t;
+        ck_assert_int_eq(fk_trace_open(traces[i], &t), FK_OK);
+        const struct fk_trace_info *in = fk_trace_get_info(t);
+        int d = in->head_dim, T = in->n_tokens;
+        *dim = g * d;
+        float *kv = malloc(sizeof(float) * (size_t)in->n_kv_heads * T * d);
+        X = realloc(X, sizeof(double) * (size_t)(N + T) * *dim);
+        ck_assert(kv && X);
+        ck_assert_int_eq(fk_trace_read(t, layer, (enum fk_kind)kind, kv), FK_OK);
+        for (int tk = 0; tk < T; tk++, N++)
+            for (int j = 0; j < g; j++) {
+                double *row = X + (size_t)N * *dim + (size_t)j * d;
+                for (int c = 0; c < d; c++)
+                    row[c] = kv[((size_t)(gi * g + j) * T + tk) * d + c];
+                if (pre)
+                    naive_llama2c(row, d, in->rope_theta, -fk_trace_positions(t)[tk]);
+            }
+        free(kv);
+        fk_trace_close(&t);
+    }
+    *rows = N;
+    return X;
+}
+
+/* The basis of one (layer, variant, group) against GSL's SVD of the (centered) data matrix:
+ * the right singular vectors span the same lines as the eigenvectors (|cos| = 1: the
+ * eigenvalues of Gaussian data are distinct), and s_j^2 / N are the eigenvalues. */
+static void compare_with_svd(struct fk_basis_file *b, double *X, int N, int dim, int layer,
+                             int variant, int gi)
+{
+    int k = b->sh.n_comp;
+    const float *mean = fk_basis_mean(b, layer, variant) + (size_t)gi * dim;
+    double mu[64];
+    for (int c = 0; c < dim; c++) {
+        mu[c] = 0;
+        for (int r = 0; r < N; r++)
+            mu[c] += X[(size_t)r * dim + c] / N;
+        ck_assert_msg(fabs(mu[c] - mean[c]) <= 1e-6 * (1 + fabs(mu[c])), "mean %d: %g vs %g", c,
+                      (double)mean[c], mu[c]);
+    }
+    for (int center = 0; center < 2; center++) {
+        gsl_matrix *A = gsl_matrix_alloc((size_t)N, (size_t)dim);
+        gsl_matrix *V = gsl_matrix_alloc((size_t)dim, (size_t)dim);
+        gsl_vector *S = gsl_vector_alloc((size_t)dim), *work = gsl_vector_alloc((size_t)dim);
+        for (int r = 0; r < N; r++)
+            for (int c = 0; c < dim; c++)
+                gsl_matrix_set(A, (size_t)r, (size_t)c,
+                               X[(size_t)r * dim + c] - (center == FK_BASIS_CENTERED ? mu[c] : 0));
+        ck_assert_int_eq(gsl_linalg_SV_decomp(A, V, S, work), 0);
+        const float *U = fk_basis_vec(b, layer, variant, center) + (size_t)gi * k * dim;
+        const double *E = fk_basis_eig(b, layer, variant, center) + (size_t)gi * k;
+        for (int j = 0; j < k; j++) {
+            double s = gsl_vector_get(S, (size_t)j), cosv = 0;
+            for (int c = 0; c < dim; c++)
+                cosv += U[(size_t)j * dim + c] * gsl_matrix_get(V, (size_t)c, (size_t)j);
+            ck_assert_msg(fabs(E[j] - s * s / N) <= 1e-9 * (1 + E[0]),
+                          "variant %d center %d component %d: eigenvalue %.12g, SVD %.12g",
+                          variant, center, j, E[j], s * s / N);
+            ck_assert_msg(fabs(fabs(cosv) - 1) <= 1e-5, "variant %d center %d component %d: "
+                          "|cos| with the SVD's vector = %.9f", variant, center, j, fabs(cosv));
+        }
+        gsl_matrix_free(A);
+        gsl_matrix_free(V);
+        gsl_vector_free(S);
+        gsl_vector_free(work);
+    }
+}
+
+START_TEST(basis_matches_svd)
+{
+    char p[2][128], out[128];
+    char *tr[2] = {p[0], p[1]};
+    struct fk_rope rope = {.theta = 10000, .layout = FK_ROPE_INTERLEAVED};
+    for (int i = 0; i < 2; i++) {
+        snprintf(p[i], sizeof p[i], "%s/cal-%d.h5", g_dir, i);
+        write_trace(p[i], &rope, 4, 8, 40 + 7 * i, 10 + i);
+    }
+    pth(out, sizeof out, "basis.h5");
+    for (int g = 1; g <= 2; g++) {
+        ck_assert_msg(train(out, tr, 2, g, g == 2 ? 12 : 0) == FK_OK, "%s", fk_errmsg());
+        struct fk_basis_file *b;
+        ck_assert_msg(fk_basis_load(out, &b) == FK_OK, "%s", fk_errmsg());
+        ck_assert_int_eq(b->sh.group, g);
+        ck_assert_int_eq(b->sh.n_groups, 4 / g);
+        ck_assert_int_eq(b->sh.n_comp, g == 2 ? 12 : 8);
+        ck_assert_int_eq(b->sh.has_pre_rope, 1);
+        ck_assert_int_eq((int)b->sh.n_vectors, 40 + 47);
+        for (int l = 0; l < 2; l++)
+            for (int v = 0; v < FK_BV_N; v++)
+                for (int gi = 0; gi < 4 / g; gi++) {
+                    int N, dim;
+                    double *X = data_matrix(tr, 2, l, v == FK_BV_VALUES, g, gi,
+                                            v == FK_BV_KEYS_PRE, &N, &dim);
+                    compare_with_svd(b, X, N, dim, l, v, gi);
+                    free(X);
+                }
+        /* the codec's view: keys carry their pre-RoPE variant, values none */
+        const struct fk_basis *bk = fk_basis_get(b, 1, FK_KIND_K);
+        ck_assert_ptr_nonnull(bk->pre_rope);
+        ck_assert_ptr_eq(bk->pre_rope->mean, fk_basis_mean(b, 1, FK_BV_KEYS_PRE));
+        ck_assert_ptr_null(fk_basis_get(b, 1, FK_KIND_V)->pre_rope);
+        fk_basis_free(&b);
+    }
+}
+END_TEST
+
+/* Delete (want_shape = NULL) or replace a dataset by a float32 one of another shape. */
+static void damage_dataset(const char *path, const char *name, const hsize_t *shape, int rank)
+{
+    hid_t f = H5Fopen(path, H5F_ACC_RDWR, H5P_DEFAULT);
+    ck_assert(f >= 0);
+    ck_assert(H5Ldelete(f, name, H5P_DEFAULT) >= 0);
+    if (shape) {
+        float zero[4096] = {0};
+        ck_assert_int_eq(fk_h5_write(f, name, H5T_IEEE_F32LE, H5T_NATIVE_FLOAT, rank, shape, 0,
+                                     0, zero), FK_OK);
+    }
+    H5Fclose(f);
+}
+
+static void assert_basis_refused(const char *path, const char *const *want)
+{
+    struct fk_basis_file *b = NULL;
+    fk_err_clear();
+    ck_assert_int_lt(fk_basis_load(path, &b), 0);
+    ck_assert_ptr_null(b);
+    for (int i = 0; want[i]; i++)
+        ck_assert_msg(strstr(fk_errmsg(), want[i]), "message '%s' lacks '%s'", fk_errmsg(),
+                      want[i]);
+}
+
+START_TEST(basis_file_refusals)
+{
+    char tp[2][128], out[128], cp[160];
+    char *tr[2] = {tp[0], tp[1]};
+    pth(tp[0], sizeof tp[0], "a.h5");
+    pth(tp[1], sizeof tp[1], "b.h5");
+    write_trace(tp[0], NULL, 2, 8, 12, 1);
+    write_trace(tp[1], NULL, 2, 8, 12, 2);
+    pth(out, sizeof out, "basis.h5");
+    ck_assert_int_eq(train(out, tr, 2, 1, 0), FK_OK);
+    struct fk_basis_file *b;
+    ck_assert_int_eq(fk_basis_load(out, &b), FK_OK);
+    ck_assert_int_eq(b->sh.has_pre_rope, 0); /* no rope_layout: no pre-RoPE keys */
+    ck_assert_ptr_null(fk_basis_get(b, 0, FK_KIND_K)->pre_rope);
+    fk_basis_free(&b);
+    char cmd[512];
+#define FRESH()                                                                           \
+    do {                                                                                  \
+        snprintf(cp, sizeof cp, "%s/copy.h5", g_dir);                                     \
+        snprintf(cmd, sizeof cmd, "cp '%s' '%s'", out, cp);                               \
+        ck_assert_int_eq(system(cmd), 0);                                                 \
+    } while (0)
+    FRESH();
+    set_attr_str(cp, "schema", "fadkv-dict");
+    assert_basis_refused(cp, (const char *[]){cp, "schema", "fadkv-basis", NULL});
+    FRESH();
+    damage_dataset(cp, "/layers/L01/values/uncentered_basis", NULL, 0);
+    assert_basis_refused(cp, (const char *[]){cp, "missing dataset",
+                                              "/layers/L01/values/uncentered_basis", NULL});
+    FRESH();
+    damage_dataset(cp, "/layers/L00/keys/mean", (const hsize_t[]){2, 7}, 2);
+    assert_basis_refused(cp, (const char *[]){cp, "/layers/L00/keys/mean", "[2, 7]",
+                                              "expected [2, 8]", NULL});
+    FRESH();
+    damage_dataset(cp, "/layers/L00/keys/centered_basis", (const hsize_t[]){2, 8, 8}, 3);
+    assert_basis_refused(cp, (const char *[]){cp, "/layers/L00/keys/centered_basis", "norm",
+                                              NULL});
+    FRESH();
+    set_attr_str(cp, "group", NULL);
+    assert_basis_refused(cp, (const char *[]){cp, "group", NULL});
+    assert_basis_refused("/nonexistent/basis.h5",
+                         (const char *[]){"/nonexistent/basis.h5", "no such file", NULL});
+#undef FRESH
+
+    /* train-basis refuses traces of different shapes, a group that does not divide H_kv and
+     * a rank above g x head_dim, and then leaves no file behind */
+    char other[128], out2[128];
+    pth(other, sizeof other, "c.h5");
+    write_trace(other, NULL, 4, 8, 12, 3);
+    pth(out2, sizeof out2, "never.h5");
+    char *mixed[2] = {tp[0], other};
+    fk_err_clear();
+    ck_assert_int_lt(train(out2, mixed, 2, 1, 0), 0);
+    ck_assert_msg(strstr(fk_errmsg(), other) && strstr(fk_errmsg(), tp[0]) &&
+                      strstr(fk_errmsg(), "4 KV heads"), "message '%s'", fk_errmsg());
+    ck_assert_int_lt(train(out2, tr, 2, 3, 0), 0);
+    ck_assert_ptr_nonnull(strstr(fk_errmsg(), "--group 3 does not divide"));
+    ck_assert_int_lt(train(out2, tr, 2, 1, 9), 0);
+    ck_assert_ptr_nonnull(strstr(fk_errmsg(), "--max-rank 9"));
+    ck_assert_int_ne(access(out2, F_OK), 0);
+    char tmp[160];
+    snprintf(tmp, sizeof tmp, "%s.tmp", out2);
+    ck_assert_int_ne(access(tmp, F_OK), 0);
+}
+END_TEST
+
 /* ---- the suite ---------------------------------------------------------------------------- */
 
 int main(void)
@@ -310,6 +526,12 @@ int main(void)
     tcase_add_test(tc, rope_matches_naive_and_inverts);
     tcase_add_test(tc, rope_llama3_frequencies);
     tcase_add_test(tc, trace_rope_attributes);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("basis");
+    tcase_add_checked_fixture(tc, setup, teardown);
+    tcase_set_timeout(tc, 120);
+    tcase_add_test(tc, basis_matches_svd);
+    tcase_add_test(tc, basis_file_refusals);
     suite_add_tcase(s, tc);
     return fk_suite_run(s);
 }

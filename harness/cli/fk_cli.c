@@ -18,6 +18,7 @@
 #include "common/fk_err.h"
 #include "core/fk_codec.h"
 #include "engine/fk_sweep.h"
+#include "formats/fk_basis.h"
 #include "formats/fk_dict.h"
 #include "formats/fk_h5.h"
 #include "formats/fk_trace.h"
@@ -50,6 +51,8 @@ static const struct command commands[] = {
     {"trace", "--model M --tokenizer T --prompt TEXT --steps N --out DIR",
      "decode with a llama2.c model and write its trace", fk_cli_trace},
     {"train-dict", "[...]", "train per-layer dictionaries (--help)", fk_cli_train_dict},
+    {"train-basis", "--out BASIS.h5 [--group g] [--max-rank k] TRACES...",
+     "per-layer PCA bases for the low-rank codecs (--help)", fk_cli_train_basis},
     {"bench", "omp|replay [...]", "OMP kernel benchmark; replay benchmark vs reference (--help)",
      cmd_bench},
     {"plot", "RESULTS_DIR [--out DIR] [--format png|pdf|svg]", "figures of a results directory",
@@ -147,19 +150,37 @@ static int info_results(const char *path, int *rc)
     return 1;
 }
 
+static int info_basis(const char *path)
+{
+    struct fk_basis_file *b;
+    if (fk_basis_load(path, &b) < 0)
+        return fail(path);
+    const struct fk_basis_shape *sh = &b->sh;
+    printf("%s: basis v%d, model '%s', %d layers x {K, V%s}, %d KV heads in groups of %d "
+           "(dim %d), head_dim %d, %d components per group, %ld calibration tokens\n", path,
+           FK_BASIS_VERSION, b->model_id, sh->n_layers, sh->has_pre_rope ? ", K pre-RoPE" : "",
+           sh->n_kv_heads, sh->group, sh->dim, sh->head_dim, sh->n_comp, sh->n_vectors);
+    fk_basis_free(&b);
+    return 0;
+}
+
 static int info_one(const char *path)
 {
     int rc;
     if (info_results(path, &rc))
         return rc;
     hid_t fh = H5Fis_hdf5(path) > 0 ? H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT) : -1;
-    int is_dict = 0;
+    int is_dict = 0, is_basis = 0;
     if (fh >= 0) {
         char buf[64] = "";
-        if (fk_h5_has_attr(fh, "schema") && fk_h5_attr_str(fh, path, "schema", buf, sizeof buf) == 0)
+        if (fk_h5_has_attr(fh, "schema") && fk_h5_attr_str(fh, path, "schema", buf, sizeof buf) == 0) {
             is_dict = !strcmp(buf, FK_DICT_SCHEMA);
+            is_basis = !strcmp(buf, FK_BASIS_SCHEMA);
+        }
         H5Fclose(fh);
     }
+    if (is_basis)
+        return info_basis(path);
     if (is_dict) {
         struct fk_dict *d;
         if (fk_dict_load(path, &d) < 0)
