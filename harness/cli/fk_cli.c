@@ -368,8 +368,9 @@ static void print_config(const struct fk_sweep *s)
     printf("# %s resolved: %d cell(s), config hash %s\n%s", s->path, s->n_cells,
            s->config_hash, s->resolved);
     for (int d = 0; d < s->n_datasets; d++) {
-        printf("# dataset %s: dictionary %s\n", s->datasets[d].name,
-               s->datasets[d].dict ? s->datasets[d].dict : "(none)");
+        printf("# dataset %s: dictionary %s, basis %s\n", s->datasets[d].name,
+               s->datasets[d].dict ? s->datasets[d].dict : "(none)",
+               s->datasets[d].basis ? s->datasets[d].basis : "(none)");
         for (int i = 0; i < s->datasets[d].n_traces; i++)
             printf("#   %s\n", s->datasets[d].traces[i]);
     }
