@@ -630,6 +630,17 @@ def test_main(tmp):
             sys.modules.pop(k, None)
 
 
+def run_sweep(tmp, name, body):
+    """Runs a sweep `name` (one job, attention at every step) whose datasets and codecs are
+    `body`, in tmp; returns its results directory and the process result."""
+    cfg = os.path.join(tmp, name + ".toml")
+    res = os.path.join(tmp, name + "-results")
+    with open(cfg, "w") as f:
+        f.write('[sweep]\nname = "%s"\noutput = "%s"\njobs = 1\nattention = true\n'
+                'attn_stride = 1\n\n%s' % (name, res, body))
+    return res, subprocess.run([BIN, "--config", cfg], capture_output=True, text=True, cwd=tmp)
+
+
 def test_rope_attrs():
     """dump_hf.rope_attrs: Hugging Face's llama3 rope_scaling becomes the trace's llama3
     numbers; a scaling the format cannot describe, or a partial rotary dimension, writes no
@@ -666,14 +677,9 @@ def test_pca_pre_rope(calib, trace, tmp):
                        text=True)
     check(r.returncode == 0 and "pre-RoPE keys: yes" in r.stderr,
           "train-basis on a dumped trace trains pre-RoPE keys (%s)" % r.stderr.strip()[:120])
-    cfg = os.path.join(tmp, "pca.toml")
-    res = os.path.join(tmp, "pca-results")
-    with open(cfg, "w") as f:
-        f.write('[sweep]\nname = "pca"\noutput = "%s"\njobs = 1\nattention = true\n'
-                'attn_stride = 1\n[[dataset]]\nname = "hf"\ntraces = ["%s"]\nbasis = "%s"\n'
-                '[defaults]\nn_b = 0\ncoef = "fp32"\n[[codec]]\nname = "pca"\n'
-                'grid = { rank = [16, 4], pre_rope = [false, true] }\n' % (res, trace, basis))
-    r = subprocess.run([BIN, "--config", cfg, "--quiet"], capture_output=True, text=True)
+    res, r = run_sweep(tmp, "pca", '[[dataset]]\nname = "hf"\ntraces = ["%s"]\nbasis = "%s"\n'
+                       '[defaults]\nn_b = 0\ncoef = "fp32"\n[[codec]]\nname = "pca"\n'
+                       'grid = { rank = [16, 4], pre_rope = [false, true] }\n' % (trace, basis))
     if not check(r.returncode == 0, "pca sweep with pre_rope on a dumped trace: exit 0"):
         print(r.stdout + r.stderr)
         return
@@ -694,15 +700,11 @@ def test_sweep(traces, dictionary, tmp):
     and `lexico` (OMP, s = 4 of 40 atoms) has a nonzero error below 1."""
     if BIN is None:
         return
-    cfg = os.path.join(tmp, "sweep.toml")
-    res = os.path.join(tmp, "results")
-    with open(cfg, "w") as f:
-        f.write('[sweep]\nname = "python-tools"\noutput = "%s"\njobs = 1\nattention = true\n'
-                'attn_stride = 1\n\n[[dataset]]\nname = "tiny"\ntraces = [%s]\n'
-                'dictionary = "%s"\ndefaults = { s = 4, n = 8, n_b = 4 }\n\n'
-                '[[codec]]\nname = "full"\n\n[[codec]]\nname = "lexico"\n'
-                % (res, ", ".join('"%s"' % t for t in traces), dictionary))
-    r = subprocess.run([BIN, "--config", cfg], capture_output=True, text=True, cwd=tmp)
+    res, r = run_sweep(tmp, "python-tools",
+                       '[[dataset]]\nname = "tiny"\ntraces = [%s]\n'
+                       'dictionary = "%s"\ndefaults = { s = 4, n = 8, n_b = 4 }\n\n'
+                       '[[codec]]\nname = "full"\n\n[[codec]]\nname = "lexico"\n'
+                       % (", ".join('"%s"' % t for t in traces), dictionary))
     if not check(r.returncode == 0, "sweep over the dumped traces with the imported "
                  "dictionary: exit 0"):
         print(r.stdout + r.stderr)
