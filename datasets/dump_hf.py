@@ -294,6 +294,35 @@ def model_shape(config):
     return L, hq, hkv, d, float(theta) if theta is not None else 0.0, layer_attrs
 
 
+def rope_attrs(config):
+    """The trace format's RoPE attributes (datasets/README.md) from a transformers config.
+
+    Hugging Face's Llama-family attention rotates with rotate_half: pairs (i, i + d/2), so
+    rope_layout = "half". rope_type comes from rope_scaling (rope_parameters in newer
+    transformers): "default" or "llama3" with its four numbers. Any other scaling (linear,
+    dynamic, yarn, ...) or a partial rotary dimension cannot be described: then no
+    rope_layout is written (pre-RoPE codecs refuse the trace) and the raw config is kept in
+    rope_unsupported for provenance."""
+    cfg = config.get_text_config() if hasattr(config, "get_text_config") else config
+    rp = getattr(cfg, "rope_scaling", None) or getattr(cfg, "rope_parameters", None) or {}
+    if not isinstance(rp, dict):
+        rp = {}
+    rtype = rp.get("rope_type", rp.get("type")) or "default"
+    partial = float(getattr(cfg, "partial_rotary_factor", 1.0) or 1.0)
+    if rtype not in ("default", "llama3") or partial != 1.0:
+        return {"rope_unsupported": json.dumps({"rope_scaling": rp,
+                                                 "partial_rotary_factor": partial},
+                                                sort_keys=True, default=str)}
+    out = {"rope_layout": "half", "rope_type": rtype}
+    if rtype == "llama3":
+        out.update({"rope_factor": float(rp["factor"]),
+                    "rope_low_freq_factor": float(rp["low_freq_factor"]),
+                    "rope_high_freq_factor": float(rp["high_freq_factor"]),
+                    "rope_original_max_position":
+                        float(rp["original_max_position_embeddings"])})
+    return out
+
+
 def hf_forward(model, cache, device, extra):
     """forward(input_ids) for decode_and_record: runs `model` on the new tokens with
     `cache` and returns the logits of the last position."""
@@ -441,6 +470,7 @@ def main(argv=None):
             "attn_implementation": "%s(%s)" % (CAPTURE_NAME, args.attn_base),
             "device": args.device, "gqa_group": hq // hkv,
         }
+        attrs.update(rope_attrs(model.config))
         if not sampler.greedy:
             attrs["seed"] = args.seed
         sampler.reset()

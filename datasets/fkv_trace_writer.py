@@ -31,6 +31,9 @@ ENCODINGS = ("float32", "float16", "bfloat16")
 _STORE_DTYPE = {"float32": np.float32, "float16": np.float16, "bfloat16": np.uint16}
 _REQUIRED_INT = ("num_layers", "num_q_heads", "num_kv_heads", "head_dim", "keys_post_rope",
                  "prompt_len")
+# Root attributes stored as float64 (the reader also accepts numbers written as strings).
+_FLOAT = ("rope_theta", "rope_factor", "rope_low_freq_factor", "rope_high_freq_factor",
+          "rope_original_max_position")
 
 
 def layer_group(layer):
@@ -144,7 +147,7 @@ class TraceWriter:
         for k, v in attrs.items():
             if k in _REQUIRED_INT:
                 f.attrs[k] = np.int64(int(v))
-            elif k == "rope_theta":
+            elif k in _FLOAT:
                 f.attrs[k] = np.float64(v)
             else:
                 f.attrs[k] = str(v)
@@ -177,7 +180,7 @@ class TraceWriter:
         """Set (or replace) a root provenance attribute, stored as a string."""
         if name in _REQUIRED_INT or name in ("schema", "schema_version"):
             raise ValueError("attribute %r is fixed at creation" % name)
-        if name == "rope_theta":
+        if name in _FLOAT:
             self.f.attrs[name] = np.float64(value)
         else:
             self.f.attrs[name] = str(value)

@@ -5,6 +5,9 @@
 #                          8 KV heads, head_dim 128), 4 layers, 256 prefill + 512 decode
 #   datasets/synth/calib/  2 calibration sequences of the same model (other sequence seeds)
 #   datasets/synth/dict-n1024-s8.h5   dictionary trained on calib/ only (N = 1024, s = 8)
+#   datasets/synth/basis-g1.h5        PCA bases per KV head (train-basis) on calib/ only, with
+#                          pre-RoPE keys (traces made before the traces' RoPE attributes
+#                          existed give none: remove datasets/synth and run this again)
 # With --paper, also the dictionaries of the paper configs (Table 4/5 at N = 4096, and the
 # N x s grid of Fig. 3d): dict-n{512,2048,4096}-s8.h5, trained the same way on 8 more
 # calibration sequences (calib-paper/).
@@ -21,6 +24,9 @@ if [ ! -f "$out/dict-n1024-s8.h5" ]; then
     "$bin" train-dict --quiet --out "$out.tmp/dict-n1024-s8.h5" --atoms 1024 --sparsity 8 \
         --epochs 4 --jobs 2 --max-train 8192 "$out.tmp"/calib/*.h5
     rm -rf "$out" && mv "$out.tmp" "$out"
+fi
+if [ ! -f "$out/basis-g1.h5" ]; then  # also for data made before train-basis existed
+    "$bin" train-basis --quiet --out "$out/basis-g1.h5" "$out"/calib/*.h5 >/dev/null
 fi
 if [ "$paper" = --paper ]; then
     if [ ! -d "$out/calib-paper" ]; then  # 8 calibration sequences (other seeds)

@@ -7,7 +7,8 @@
 # results an earlier run left in the same output directory are untouched (sha256 of every
 # file before and after). Failures found before any cell runs (config, unreadable data, bad
 # output directory) must leave the directory byte-identical; a cell that fails (NaN in a
-# trace, s > n, n > N, dictionary shape mismatch) is recorded as failed, and every earlier
+# trace, s > n, n > N, dictionary shape mismatch) is recorded as failed (a low-rank codec's
+# basis, its shape, rank and RoPE needs are checked before any cell), and every earlier
 # cell's files stay byte-identical. Then: a full disk (small tmpfs, or RLIMIT_FSIZE), SIGKILL
 # and SIGINT in the middle of a sweep followed by a rerun, compared with an uninterrupted
 # run (timing columns excluded).
@@ -304,6 +305,26 @@ name = "fadkv"
 s = 4
 n = 500
 n_b = 16' "pool size n = 500 exceeds the dictionary's N = 128 atoms" "codec 'fadkv' on dataset"
+
+# The low-rank codec's basis: refused before any cell, naming the dataset, codec and file.
+BASIS=$DICTS/aidreams-260k-basis.h5  # 4 layers, 4 KV heads, head_dim 16, group 1: 16 components
+cfg_case pca-no-basis '[[codec]]
+name = "pca"' "dataset 'default'" "codec pca" "needs a basis"
+cfg_case pca-rank-above-basis "basis = \"$BASIS\"
+[[codec]]
+name = \"pca\"" "dataset 'default'" "rank = 32" "16 components" "aidreams-260k-basis.h5"
+cfg_case pca-pre-rope-no-rope-attrs "basis = \"$BASIS\"
+[[codec]]
+name = \"pca\"
+rank = 8
+pre_rope = true" "dataset 'default'" "aidreams-260k-00.h5" "rope_layout"
+cfg_case pca-basis-missing "basis = \"$W/missing-basis.h5\"
+[[codec]]
+name = \"pca\"" "missing-basis.h5"
+cfg_case pca-basis-is-a-dictionary "basis = \"$DICT\"
+[[codec]]
+name = \"pca\"
+rank = 8" "aidreams-260k.h5" "fadkv-basis"
 
 begin "config: traces glob matches nothing"
 cfg "$W/noglob.toml" "$R" "$W/nothing-*.h5" "$DICT"

@@ -6,6 +6,7 @@
  * oracle (log-ratio KL, sorted top-k).
  */
 #include "fk_check_main.h"
+#include "fk_test_basis.h"
 #include "engine/fk_attn.h"
 #include "core/fk_codec.h"
 #include "formats/fk_dict.h"
@@ -28,6 +29,7 @@ struct fix {
     float *atoms[2];              /* [N][m] unit norm, per kind */
     float *gram[2];               /* [N][N] */
     struct fk_base_dict base[2];
+    struct fk_test_basis basis;   /* FK_CAP_BASIS codecs: a random basis (fk_test_basis.h) */
     void *st[2];                  /* codec states of K and V */
     int done;                     /* rows encoded per head */
     int step;                     /* decode events so far */
@@ -42,6 +44,8 @@ static void set_opt(struct fix *f, const char *name, double v)
 
 static void fix_open(struct fix *f)
 {
+    if ((f->ops->caps & FK_CAP_BASIS) && !f->basis.vec)
+        fk_test_basis_init(&f->basis, f->n_kv, f->m, f->T, 77);
     for (int kind = 0; kind < 2; kind++) {
         if (f->ops->caps & FK_CAP_DICT) {
             ck_assert_int_eq(fk_gram_build(f->atoms[kind], f->N, f->m, &f->gram[kind]), FK_OK);
@@ -53,6 +57,7 @@ static void fix_open(struct fix *f)
                                     .n_heads = f->n_kv, .n_tokens = f->T,
                                     .base = (f->ops->caps & FK_CAP_DICT) ? &f->base[kind]
                                                                          : NULL};
+        fk_test_basis_env(&f->basis, f->ops, &env);
         if (f->ops->check)
             ck_assert_msg(f->ops->check(f->opts, f->m, f->N) == FK_OK, "%s", fk_errmsg());
         ck_assert_msg(f->ops->open(f->opts, &env, &f->st[kind]) == FK_OK, "%s: %s",
@@ -72,6 +77,7 @@ static void fix_random(struct fix *f, const struct fk_codec_ops *ops, int m, int
     fk_opts_defaults(ops, f->opts);
     set_opt(f, "s", 4);
     set_opt(f, "n", N / 2);
+    set_opt(f, "rank", 8); /* a basis codec: 8 of its basis's n_kv * m components, lossy */
     gsl_rng *rng = gsl_rng_alloc(gsl_rng_mt19937);
     gsl_rng_set(rng, seed);
     for (int kind = 0; kind < 2; kind++) {
@@ -163,6 +169,8 @@ static void fix_free(struct fix *f)
         free(f->atoms[kind]);
         free(f->gram[kind]);
     }
+    if (f->basis.vec)
+        fk_test_basis_free(&f->basis);
     free(f->opts);
     free(f->k);
     free(f->v);

@@ -11,6 +11,7 @@
  * This file includes GSL and never <cblas.h>.
  */
 #include "fk_check_main.h"
+#include "fk_test_basis.h"
 #include "core/fk_codec.h"
 #include "formats/fk_dict.h"
 #include "common/fk_err.h"
@@ -259,6 +260,29 @@ static const struct fk_codec_ops *codec(const char *name)
 
 /* ---- the replay driver ---------------------------------------------------------------- */
 
+/* FK_CAP_BASIS codecs: a seeded random orthonormal basis of one group of all H heads (kept
+ * until a stream of another shape asks; fk_test_basis.h). */
+static struct fk_test_basis g_tbasis;
+static int g_tb_H, g_tb_m, g_tb_T;
+
+static const struct fk_test_basis *tbasis(int H, int m, int T)
+{
+    if (H != g_tb_H || m != g_tb_m || T > g_tb_T) {
+        if (g_tb_H)
+            fk_test_basis_free(&g_tbasis);
+        fk_test_basis_init(&g_tbasis, H, m, T, 1000u + (unsigned)(H * 4096 + m));
+        g_tb_H = H, g_tb_m = m, g_tb_T = T;
+    }
+    return &g_tbasis;
+}
+
+/* env's basis, positions and RoPE for a FK_CAP_BASIS codec; other codecs' env untouched. */
+static void tenv(const struct fk_codec_ops *ops, struct fk_stream_env *env)
+{
+    if (ops->caps & FK_CAP_BASIS)
+        fk_test_basis_env(tbasis(env->n_heads, env->head_dim, env->n_tokens), ops, env);
+}
+
 struct trun {
     const struct fk_codec_ops *ops;
     void *st;                    /* codec state */
@@ -287,6 +311,7 @@ static void trun_open(struct trun *r, const struct fk_codec_ops *ops, const void
                       ops->name, fk_errmsg());
     struct fk_stream_env env = {.layer = 0, .kind = kind, .head_dim = d->m, .n_heads = H,
                                 .n_tokens = T, .base = base};
+    tenv(ops, &env);
     REQUIRE(ops->open(opts, &env, &r->st) == FK_OK, "%s: open: %s", ops->name,
                   fk_errmsg());
     r->out = calloc((size_t)T * H, sizeof *r->out);
@@ -635,7 +660,7 @@ static void lint_caps(const struct fk_codec_ops *ops)
 {
     unsigned caps = ops->caps;
     unsigned known = FK_CAP_DICT | FK_CAP_GRAM | FK_CAP_SPARSE | FK_CAP_GROWS |
-                     FK_CAP_ADAPTS | FK_CAP_STATIC | FK_CAP_EXACT | FK_CAP_GRID;
+                     FK_CAP_ADAPTS | FK_CAP_STATIC | FK_CAP_EXACT | FK_CAP_GRID | FK_CAP_BASIS;
     REQUIRE(!(caps & ~known), "%s: unknown capability bits 0x%x", ops->name, caps & ~known);
     REQUIRE(!(caps & FK_CAP_GRAM) || (caps & FK_CAP_DICT), "%s: FK_CAP_GRAM (the base "
             "dictionary's Gram) without FK_CAP_DICT", ops->name);
@@ -792,9 +817,10 @@ static void check_stream_outcome(const struct trun *r, const struct tstream *s, 
                         o->err_enc == 0,
                     "%s: row %d is not stored exactly (the codec declares FK_CAP_EXACT)",
                     ops->name, i);
-        if (!sparse) { /* dense: every coordinate is stored */
-            REQUIRE(xx == 0 || o->nnz == m, "%s: dense row %d reports nnz %d, not head_dim %d",
-                    ops->name, i, o->nnz, m);
+        if (!sparse) { /* dense: every coordinate is stored; a basis codec: its share */
+            int basis = (ops->caps & FK_CAP_BASIS) != 0;
+            REQUIRE(xx == 0 || o->nnz == m || (basis && o->nnz > 0 && o->nnz <= m),
+                    "%s: dense row %d reports nnz %d, not head_dim %d", ops->name, i, o->nnz, m);
             continue;
         }
         int nnz = -1;
@@ -1932,7 +1958,9 @@ START_TEST(check_accepts_only_what_runs)
     int rejected = 0;
     for (int ci = 0; fk_codecs[ci]; ci++) {
         const struct fk_codec_ops *ops = fk_codecs[ci];
-        int n_atoms = (ops->caps & FK_CAP_DICT) ? d.N : 0;
+        int n_atoms = (ops->caps & FK_CAP_DICT)    ? d.N
+                      : (ops->caps & FK_CAP_BASIS) ? tbasis(s.H, d.m, s.T)->b.n_comp
+                                                   : 0;
         for (const struct fk_option *opt = ops->options; opt->name; opt++)
             for (int end = 0; end < 2; end++) {
                 void *o = opts_new(ops);
@@ -1953,6 +1981,7 @@ START_TEST(check_accepts_only_what_runs)
                     base = (ops->caps & FK_CAP_GRAM) ? &d.with : &d.without;
                 struct fk_stream_env env = {.head_dim = d.m, .n_heads = s.H,
                                             .n_tokens = s.T, .base = base};
+                tenv(ops, &env);
                 struct trun r = {.ops = ops, .H = s.H, .m = d.m};
                 REQUIRE(ops->open(o, &env, &r.st) == FK_OK, "%s: check() accepts %s = %g, "
                         "but open() fails: %s", ops->name, opt->name, v, fk_errmsg());
@@ -2036,6 +2065,7 @@ START_TEST(close_half_opened)
         }
         struct fk_stream_env big = {.head_dim = 128, .n_heads = 4, .n_tokens = 1 << 22,
                                     .base = dict ? (gram ? &d128.with : &d128.without) : NULL};
+        tenv(ops, &big); /* before the address space is capped */
         void *st = NULL;
         struct rlimit old;
         fk_err_clear();

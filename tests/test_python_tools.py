@@ -592,12 +592,17 @@ def test_main(tmp):
                       a["stop_reason"] == "max_new_tokens" and int(a["prompt_len"]) == len(ids)
                       and a["attn_implementation"] == "fadkv_capture(sdpa)",
                       "main(): provenance attributes of trace %d" % i)
+                check(a["rope_layout"] == "half" and a["rope_type"] == "default" and
+                      "rope_factor" not in a and "rope_unsupported" not in a,
+                      "main(): trace %d says rope_layout half (rotate_half), type default" % i)
                 truth = model.attn[0].truth[i * per_prompt:(i + 1) * per_prompt]
                 k = torch.cat([x[2] for x in truth if x[0] == 1], dim=1)
                 q = torch.cat([x[1] for x in truth if x[0] == 1], dim=1)
                 check(np.array_equal(bits(f["layers/L01/keys"][...]), bits(k)) and
                       np.array_equal(bits(f["layers/L01/queries"][...]), bits(q)),
                       "main(): trace %d layer 1 keys/queries equal the model's bf16 bits" % i)
+        test_pca_pre_rope(os.path.join(out, "trace-00000.h5"),
+                          os.path.join(out, "trace-00001.h5"), tmp)
         before = os.stat(os.path.join(out, "trace-00000.h5")).st_mtime_ns
         rc = dump_hf.main(["--model", "fake/tiny", "--prompts", ptxt, "--out", out,
                            "--device", "cpu", "--resume"])
@@ -625,21 +630,81 @@ def test_main(tmp):
             sys.modules.pop(k, None)
 
 
+def run_sweep(tmp, name, body):
+    """Runs a sweep `name` (one job, attention at every step) whose datasets and codecs are
+    `body`, in tmp; returns its results directory and the process result."""
+    cfg = os.path.join(tmp, name + ".toml")
+    res = os.path.join(tmp, name + "-results")
+    with open(cfg, "w") as f:
+        f.write('[sweep]\nname = "%s"\noutput = "%s"\njobs = 1\nattention = true\n'
+                'attn_stride = 1\n\n%s' % (name, res, body))
+    return res, subprocess.run([BIN, "--config", cfg], capture_output=True, text=True, cwd=tmp)
+
+
+def test_rope_attrs():
+    """dump_hf.rope_attrs: Hugging Face's llama3 rope_scaling becomes the trace's llama3
+    numbers; a scaling the format cannot describe, or a partial rotary dimension, writes no
+    rope_layout (pre-RoPE codecs then refuse the trace) and keeps the config."""
+    import types
+    l3 = types.SimpleNamespace(rope_scaling={"rope_type": "llama3", "factor": 32.0,
+                                             "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                             "original_max_position_embeddings": 8192})
+    a = dump_hf.rope_attrs(l3)
+    check(a == {"rope_layout": "half", "rope_type": "llama3", "rope_factor": 32.0,
+                "rope_low_freq_factor": 1.0, "rope_high_freq_factor": 4.0,
+                "rope_original_max_position": 8192.0}, "rope_attrs: llama3 scaling (%r)" % a)
+    new = types.SimpleNamespace(rope_parameters={"rope_type": "default", "rope_theta": 1e6})
+    check(dump_hf.rope_attrs(new) == {"rope_layout": "half", "rope_type": "default"},
+          "rope_attrs: rope_parameters of newer transformers, default type")
+    for cfg in (types.SimpleNamespace(rope_scaling={"type": "yarn", "factor": 4.0}),
+                types.SimpleNamespace(partial_rotary_factor=0.5)):
+        a = dump_hf.rope_attrs(cfg)
+        check("rope_layout" not in a and "rope_unsupported" in a,
+              "rope_attrs: no rope_layout for %r" % a)
+
+
+def test_pca_pre_rope(calib, trace, tmp):
+    """The dumped traces carry their RoPE: train-basis un-rotates the calibration trace's
+    keys, pca with pre_rope = 1 replays the other trace at full rank to rounding (un-rotate,
+    project, rotate back), and at rank 4 the pre-RoPE basis fits the stand-in model's keys
+    better than the post-RoPE one (about 0.58 vs 0.73 here, deterministic): un-rotating
+    with the trace's rotate_half pairs recovers k = W_k h, whose directions do not turn
+    with the position."""
+    if BIN is None:
+        return
+    basis = os.path.join(tmp, "basis.h5")
+    r = subprocess.run([BIN, "train-basis", "--out", basis, calib], capture_output=True,
+                       text=True)
+    check(r.returncode == 0 and "pre-RoPE keys: yes" in r.stderr,
+          "train-basis on a dumped trace trains pre-RoPE keys (%s)" % r.stderr.strip()[:120])
+    res, r = run_sweep(tmp, "pca", '[[dataset]]\nname = "hf"\ntraces = ["%s"]\nbasis = "%s"\n'
+                       '[defaults]\nn_b = 0\ncoef = "fp32"\n[[codec]]\nname = "pca"\n'
+                       'grid = { rank = [16, 4], pre_rope = [false, true] }\n' % (trace, basis))
+    if not check(r.returncode == 0, "pca sweep with pre_rope on a dumped trace: exit 0"):
+        print(r.stdout + r.stderr)
+        return
+    import csv
+    rows = list(csv.DictReader(open(os.path.join(res, "cells.csv"))))
+    err = {(int(x["rank"]), x["pre_rope"]): float(x["rel_err_k"]) for x in rows}
+    check(err[(16, "true")] < 1e-4 and err[(16, "false")] < 1e-4,
+          "pca at full rank 16: keys back to rounding, pre- and post-RoPE (%g, %g)"
+          % (err[(16, "true")], err[(16, "false")]))
+    check(err[(4, "true")] < err[(4, "false")] - 0.05,
+          "pca at rank 4: pre-RoPE keys fit better than post-RoPE (%.3f vs %.3f)"
+          % (err[(4, "true")], err[(4, "false")]))
+
+
 def test_sweep(traces, dictionary, tmp):
     """The dumped traces replay through a sweep with the imported Lexico dictionary: the C
     reader decodes every layer (bf16 and fp16 widening, finiteness check), `full` is exact
     and `lexico` (OMP, s = 4 of 40 atoms) has a nonzero error below 1."""
     if BIN is None:
         return
-    cfg = os.path.join(tmp, "sweep.toml")
-    res = os.path.join(tmp, "results")
-    with open(cfg, "w") as f:
-        f.write('[sweep]\nname = "python-tools"\noutput = "%s"\njobs = 1\nattention = true\n'
-                'attn_stride = 1\n\n[[dataset]]\nname = "tiny"\ntraces = [%s]\n'
-                'dictionary = "%s"\ndefaults = { s = 4, n = 8, n_b = 4 }\n\n'
-                '[[codec]]\nname = "full"\n\n[[codec]]\nname = "lexico"\n'
-                % (res, ", ".join('"%s"' % t for t in traces), dictionary))
-    r = subprocess.run([BIN, "--config", cfg], capture_output=True, text=True, cwd=tmp)
+    res, r = run_sweep(tmp, "python-tools",
+                       '[[dataset]]\nname = "tiny"\ntraces = [%s]\n'
+                       'dictionary = "%s"\ndefaults = { s = 4, n = 8, n_b = 4 }\n\n'
+                       '[[codec]]\nname = "full"\n\n[[codec]]\nname = "lexico"\n'
+                       % (", ".join('"%s"' % t for t in traces), dictionary))
     if not check(r.returncode == 0, "sweep over the dumped traces with the imported "
                  "dictionary: exit 0"):
         print(r.stdout + r.stderr)
@@ -677,6 +742,7 @@ def main():
         traces = [test_dump(dumps, enc) for enc in ("bfloat16", "float16", "float32")]
         test_dump(dumps, "bfloat16", queries=False)  # (kept out of the sweep: no queries)
         test_sampling()
+        test_rope_attrs()
         guards = os.path.join(tmp, "guards")
         os.mkdir(guards)
         test_writer_guards(guards)

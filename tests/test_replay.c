@@ -19,6 +19,7 @@
 #include "engine/fk_schedule.h"
 #include "store/fk_results.h"
 #include "formats/fk_trace.h"
+#include "train/fk_train_basis.h"
 
 static char tmpdir[256];
 
@@ -241,6 +242,25 @@ static void run_cell(const char *codec, struct fk_trace **tr, int n_tr, const st
     run_cell_pool(codec, tr, n_tr, dict, jobs, attention, NULL, res);
 }
 
+/* The basis FK_CAP_BASIS codecs replay with (train_test_basis), or NULL. */
+static struct fk_basis_file *g_basis;
+
+/* A basis of one group of all KV heads trained on the traces (pca's default rank 32 fits
+ * 2 heads of head_dim 16). */
+static void train_test_basis(char **paths, int n)
+{
+    char out[600];
+    snprintf(out, sizeof out, "%s.basis.h5", paths[0]);
+    struct fk_trace *t;
+    ck_assert_int_eq(fk_trace_open(paths[0], &t), FK_OK);
+    struct fk_train_basis_cfg c = {.out = out, .traces = paths, .n_traces = n,
+                                   .group = fk_trace_get_info(t)->n_kv_heads};
+    fk_trace_close(&t);
+    ck_assert_msg(fk_train_basis_run(&c, NULL) == FK_OK, "%s", fk_errmsg());
+    fk_basis_free(&g_basis);
+    ck_assert_int_eq(fk_basis_load(out, &g_basis), FK_OK);
+}
+
 static void run_cell_pool(const char *codec, struct fk_trace **tr, int n_tr,
                           const struct fk_dict *dict, int jobs, int attention,
                           struct fk_replay_pool *pool, struct fk_cell_result *res)
@@ -262,7 +282,8 @@ static void run_cell_pool(const char *codec, struct fk_trace **tr, int n_tr,
     if ((opt = fk_codec_option(ops, "tau_c")))
         ck_assert_int_eq(fk_opts_set(ops, o, opt, 1), FK_OK);
     struct fk_cell_input in = {.ops = ops, .opts = o, .traces = tr, .n_traces = n_tr,
-                               .dict = dict};
+                               .dict = dict,
+                               .basis = (ops->caps & FK_CAP_BASIS) ? g_basis : NULL};
     struct fk_replay_opts ro = {.jobs = jobs, .attention = attention, .attn_stride = 3,
                                 .recall = 1, .recall_every = 4, .pool = pool};
     int rc = fk_replay_cell(&in, &ro, res);
@@ -335,6 +356,7 @@ START_TEST(test_jobs_determinism)
     ck_assert_int_eq(fk_trace_open(p2, &tr[1]), FK_OK);
     struct fk_dict *d;
     ck_assert_int_eq(fk_dict_load(pd, &d), FK_OK);
+    train_test_basis((char *[]){p1, p2}, 2);
     for (int c = 0; fk_codecs[c]; c++) {
         struct fk_cell_result r1, r2;
         const struct fk_dict *dd = (fk_codecs[c]->caps & FK_CAP_DICT) ? d : NULL;
@@ -372,6 +394,7 @@ START_TEST(test_stored_16bit)
         ck_assert_int_eq(fk_trace_open(p32, &t32), FK_OK);
         ck_assert_int_eq(fk_trace_open(p16, &t16), FK_OK);
         enum fk_encoding got;
+        train_test_basis((char *[]){p32}, 1);
         ck_assert_int_eq(fk_trace_encoding(t16, 1, FK_KIND_V, &got), FK_OK);
         ck_assert_int_eq(got, encs[e]);
         for (int c = 0; fk_codecs[c]; c++) {

@@ -86,6 +86,17 @@ enum fk_cap {
     FK_CAP_EXACT = 1u << 6,   /* reconstruct() returns every stored row bit-exactly (err 0) */
     FK_CAP_GRID = 1u << 7,    /* rows rounded to a per-row grid of 2^bits levels (option
                                * `bits`) from min to max, origin and step in fp16 */
+    FK_CAP_BASIS = 1u << 8,   /* needs a basis file (dataset key `basis`): rows are coded on
+                               * a projection basis per head group (struct fk_basis); a row's
+                               * nnz is its share of the group's stored coefficients */
+};
+
+/* What a codec needs from the data under given options, beyond its capability flags
+ * (fk_codec_ops.needs): the harness refuses a cell whose data lack it before any cell. */
+enum fk_need {
+    FK_NEED_ROPE = 1u << 0,   /* the traces' RoPE (rope_layout, ...; env.rope) with
+                               * post-RoPE keys, and with FK_CAP_BASIS the basis's pre-RoPE
+                               * keys (struct fk_basis.pre_rope) */
 };
 /* Codec classes, by declaration (the conformance suite picks its checks from them):
  * exact (FK_CAP_EXACT), lossy dense (neither EXACT nor SPARSE; FK_CAP_GRID for a per-row
@@ -101,6 +112,27 @@ struct fk_base_dict {
     const float *gram;           /* [N][N] or NULL when the codec did not ask for it */
 };
 
+/* A shared, read-only projection basis of one (layer, kind), trained on calibration traces
+ * (datasets/BASIS.md). The KV heads are taken in groups of `group` consecutive heads; the
+ * vector of a group at one token is its heads' rows concatenated (dim = group * head_dim).
+ * For each group: the mean of the calibration vectors and the eigenvectors of their
+ * covariance (centered, about the mean) and of their second moment (uncentered), rows
+ * orthonormal, in descending eigenvalue order. */
+enum fk_basis_center { FK_BASIS_CENTERED = 0, FK_BASIS_UNCENTERED = 1 };
+struct fk_basis {
+    int group;                   /* g: KV heads per group (divides the stream's n_heads) */
+    int n_groups;                /* n_heads / g */
+    int dim;                     /* g * head_dim */
+    int n_comp;                  /* k: components kept per group (<= dim) */
+    const float *mean;           /* [n_groups][dim] */
+    const float *vec[2];         /* [enum fk_basis_center][n_groups][n_comp][dim] */
+    const double *eig[2];        /* [enum fk_basis_center][n_groups][n_comp] */
+    const struct fk_basis *pre_rope; /* keys: the same for the un-rotated (pre-RoPE) keys,
+                                  * or NULL when the basis has none; values: NULL */
+};
+
+struct fk_rope; /* kernels/fk_rope.h: a trace's RoPE parameters */
+
 /* What the harness tells a codec when it opens a stream group. */
 struct fk_stream_env {
     int layer;
@@ -109,6 +141,10 @@ struct fk_stream_env {
     int n_heads;                 /* KV heads sharing this state */
     int n_tokens;                /* T: upper bound of stored rows per head */
     const struct fk_base_dict *base; /* NULL unless FK_CAP_DICT */
+    const struct fk_basis *basis; /* this (layer, kind)'s basis; NULL unless FK_CAP_BASIS */
+    const int32_t *positions;    /* [n_tokens] position ids of the trace's tokens, or NULL */
+    const struct fk_rope *rope;  /* the trace's RoPE, NULL when the trace does not describe
+                                  * it (no rope_layout) or its keys are not post-RoPE */
     int reference;               /* 1: the straightforward algorithms (naive OMP recomputing
                                   * D^T r, no Gram, one vector at a time): the benchmark's
                                   * reference mode; same supports in exact arithmetic */
@@ -177,8 +213,12 @@ struct fk_codec_ops {
      * not list n_b and a_len; the engine reads only what this returns). */
     void (*buffer)(const void *opts, int kind, struct fk_buffer *b);
     /* (optional) Cross-option checks after every value is in range (e.g. s <= n). Sets an
-     * fk_err message naming the options. n_atoms = 0 when no dictionary is known yet. */
+     * fk_err message naming the options. n_atoms: the dictionary's N (FK_CAP_DICT) or the
+     * basis's components per group (FK_CAP_BASIS), 0 when not known yet; head_dim = 0 when
+     * not known yet. */
     int (*check)(const void *opts, int head_dim, int n_atoms);
+    /* (optional) enum fk_need bits under these options (NULL: none). */
+    unsigned (*needs)(const void *opts);
     int (*open)(const void *opts, const struct fk_stream_env *env, void **state);
     /* Encodes and commits every vector of ev; out[i] describes vector i. */
     int (*encode)(void *state, const struct fk_event *ev, struct fk_vec_out *out);

@@ -125,16 +125,7 @@ static int load(struct fk_dict *d, hid_t f)
 /* Opens a dictionary file read-only, naming what is wrong with it when it cannot. */
 static int open_file(const char *path, hid_t *f)
 {
-    FILE *fp = fopen(path, "rb");
-    if (!fp)
-        return fk_err(FK_EIO, "%s: cannot open dictionary (no such file or not readable)", path);
-    fclose(fp);
-    if (H5Fis_hdf5(path) <= 0)
-        return fk_err(FK_ECORRUPT, "%s: not an HDF5 file (or truncated)", path);
-    *f = H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT);
-    if (*f < 0)
-        return fk_err(FK_ECORRUPT, "%s: HDF5 cannot open it (truncated?)", path);
-    return FK_OK;
+    return fk_h5_open_ro(path, "dictionary", f);
 }
 
 int fk_dict_load(const char *path, struct fk_dict **out)

@@ -4,12 +4,27 @@
 #include "formats/fk_h5.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "common/fk_err.h"
 
 int fk_h5_has_attr(hid_t obj, const char *name) { return H5Aexists(obj, name) > 0; }
+
+int fk_h5_open_ro(const char *path, const char *what, hid_t *f)
+{
+    FILE *fp = fopen(path, "rb");
+    if (!fp)
+        return fk_err(FK_EIO, "%s: cannot open %s (no such file or not readable)", path, what);
+    fclose(fp);
+    if (H5Fis_hdf5(path) <= 0)
+        return fk_err(FK_ECORRUPT, "%s: not an HDF5 file (or truncated)", path);
+    *f = H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT);
+    if (*f < 0)
+        return fk_err(FK_ECORRUPT, "%s: HDF5 cannot open it (truncated?)", path);
+    return FK_OK;
+}
 
 int fk_h5_attr_str(hid_t obj, const char *file, const char *name, char *buf, size_t cap)
 {

@@ -18,6 +18,10 @@ int fk_h5_attr_i64(hid_t obj, const char *file, const char *name, int64_t *out);
 int fk_h5_attr_f64(hid_t obj, const char *file, const char *name, double *out);
 int fk_h5_has_attr(hid_t obj, const char *name);
 
+/* Opens an HDF5 file read-only, naming what is wrong when it cannot: missing or unreadable
+ * ("PATH: cannot open WHAT (no such file or not readable)"), not HDF5, damaged. */
+int fk_h5_open_ro(const char *path, const char *what, hid_t *f);
+
 int fk_h5_put_str(hid_t obj, const char *name, const char *value);
 int fk_h5_put_i64(hid_t obj, const char *name, int64_t value);
 int fk_h5_put_f64(hid_t obj, const char *name, double value);

@@ -278,6 +278,78 @@ static int check_array(struct fk_trace *t, enum fk_kind kind, int layer, long *w
     return FK_OK;
 }
 
+/* A root attribute naming one of choices (NULL-terminated): its index. */
+static int attr_choice(struct fk_trace *t, const char *name, const char *const *choices,
+                       int *out)
+{
+    char buf[64];
+    FK_TRY(fk_h5_attr_str(t->file, t->path, name, buf, sizeof buf));
+    for (int i = 0; choices[i]; i++)
+        if (!strcmp(buf, choices[i])) {
+            *out = i;
+            return FK_OK;
+        }
+    return fk_err(FK_ECORRUPT, "%s: attribute %s = \"%s\", expected \"%s\" or \"%s\"", t->path,
+                  name, buf, choices[0], choices[1]);
+}
+
+/* A numeric root attribute, stored as a number or as a string holding one (the Python
+ * writer stores unknown attributes as strings). */
+static int attr_number(struct fk_trace *t, const char *name, double *out)
+{
+    if (!fk_h5_has_attr(t->file, name))
+        return fk_err(FK_ECORRUPT, "%s: rope_type = \"llama3\" needs the attribute %s", t->path,
+                      name);
+    char buf[64];
+    if (fk_h5_attr_str(t->file, t->path, name, buf, sizeof buf) == FK_OK) {
+        char *end;
+        *out = strtod(buf, &end);
+        if (end == buf || *end)
+            return fk_err(FK_ECORRUPT, "%s: attribute %s = \"%s\", expected a number", t->path,
+                          name, buf);
+        return FK_OK;
+    }
+    return fk_h5_attr_f64(t->file, t->path, name, out);
+}
+
+/* The optional RoPE description (datasets/README.md): rope_layout, rope_type and, for
+ * llama3, its four numbers. Absent rope_layout: has_rope = 0 (nothing else may be set). */
+static int parse_rope(struct fk_trace *t)
+{
+    struct fk_trace_info *in = &t->info;
+    struct fk_rope *r = &in->rope;
+    memset(r, 0, sizeof *r);
+    in->has_rope = 0;
+    static const char *const extra[] = {"rope_type", "rope_factor", "rope_low_freq_factor",
+                                        "rope_high_freq_factor", "rope_original_max_position",
+                                        NULL};
+    if (!fk_h5_has_attr(t->file, "rope_layout")) {
+        for (int i = 0; extra[i]; i++)
+            if (fk_h5_has_attr(t->file, extra[i]))
+                return fk_err(FK_ECORRUPT, "%s: attribute %s is set but rope_layout is not "
+                              "(expected \"interleaved\" or \"half\")", t->path, extra[i]);
+        return FK_OK;
+    }
+    FK_TRY(attr_choice(t, "rope_layout", fk_rope_layout_names, &r->layout));
+    r->type = FK_ROPE_DEFAULT;
+    if (fk_h5_has_attr(t->file, "rope_type"))
+        FK_TRY(attr_choice(t, "rope_type", fk_rope_type_names, &r->type));
+    if (r->type == FK_ROPE_LLAMA3) {
+        FK_TRY(attr_number(t, "rope_factor", &r->factor));
+        FK_TRY(attr_number(t, "rope_low_freq_factor", &r->low_freq_factor));
+        FK_TRY(attr_number(t, "rope_high_freq_factor", &r->high_freq_factor));
+        FK_TRY(attr_number(t, "rope_original_max_position", &r->original_max_position));
+    }
+    r->theta = in->rope_theta;
+    if (fk_rope_check(r, in->head_dim) < 0) {
+        char msg[512];
+        snprintf(msg, sizeof msg, "%s", fk_errmsg());
+        return fk_err(FK_ECORRUPT, "%s: RoPE attributes: %s", t->path, msg);
+    }
+    in->has_rope = 1;
+    return FK_OK;
+}
+
 /* The root attributes: schema, version, shape, RoPE. */
 static int validate_attrs(struct fk_trace *t)
 {
@@ -305,6 +377,7 @@ static int validate_attrs(struct fk_trace *t)
     in->rope_theta = 0;
     if (fk_h5_has_attr(t->file, "rope_theta"))
         FK_TRY(fk_h5_attr_f64(t->file, t->path, "rope_theta", &in->rope_theta));
+    FK_TRY(parse_rope(t));
     if (in->n_q_heads % in->n_kv_heads)
         return fk_err(FK_ECORRUPT,
                       "%s: num_q_heads = %d is not a multiple of num_kv_heads = %d (GQA needs "
@@ -737,6 +810,24 @@ int fk_trace_read_query_idx(struct fk_trace *t, int layer, int32_t *dst)
 
 /* ---- writer ------------------------------------------------------------------------- */
 
+/* The RoPE attributes of a trace whose info says has_rope (rope_theta, which is also the
+ * base of info->rope, is written apart). */
+static int put_rope(hid_t f, const struct fk_trace_info *info)
+{
+    struct fk_rope rr = info->rope;
+    const struct fk_rope *r = &rr;
+    rr.theta = info->rope_theta;
+    FK_TRY(fk_rope_check(r, info->head_dim));
+    FK_TRY(fk_h5_put_str(f, "rope_layout", fk_rope_layout_names[r->layout]));
+    FK_TRY(fk_h5_put_str(f, "rope_type", fk_rope_type_names[r->type]));
+    if (r->type != FK_ROPE_LLAMA3)
+        return FK_OK;
+    FK_TRY(fk_h5_put_f64(f, "rope_factor", r->factor));
+    FK_TRY(fk_h5_put_f64(f, "rope_low_freq_factor", r->low_freq_factor));
+    FK_TRY(fk_h5_put_f64(f, "rope_high_freq_factor", r->high_freq_factor));
+    return fk_h5_put_f64(f, "rope_original_max_position", r->original_max_position);
+}
+
 int fk_trace_create(const char *path, const struct fk_trace_info *info, enum fk_encoding enc,
                     struct fk_trace_writer **out)
 {
@@ -777,6 +868,8 @@ int fk_trace_create(const char *path, const struct fk_trace_info *info, enum fk_
     if (!rc) rc = fk_h5_put_i64(f, "keys_post_rope", info->keys_post_rope);
     if (!rc) rc = fk_h5_put_f64(f, "rope_theta", info->rope_theta);
     if (!rc) rc = fk_h5_put_str(f, "source", info->source);
+    if (!rc && info->has_rope)
+        rc = put_rope(f, info);
     if (!rc) rc = fk_h5_put_i64(f, "prompt_len", info->prompt_len);
     if (!rc) {
         hid_t g = H5Gcreate2(f, "tokens", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);

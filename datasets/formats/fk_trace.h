@@ -14,6 +14,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "kernels/fk_rope.h"
+
 enum fk_kind { FK_KIND_K = 0, FK_KIND_V = 1, FK_KIND_Q = 2 };
 enum fk_encoding { FK_ENC_F32 = 0, FK_ENC_F16 = 1, FK_ENC_BF16 = 2 };
 
@@ -32,6 +34,9 @@ struct fk_trace_info {
     int prompt_len;         /* P: prefill tokens (phase 0) */
     int keys_post_rope;     /* 0/1 */
     double rope_theta;
+    int has_rope;           /* 1: the root attributes rope_layout (and rope_type, ...) describe
+                             * the RoPE of the keys and queries: rope is valid */
+    struct fk_rope rope;    /* theta = rope_theta, layout, type, llama3 numbers */
     int has_queries;        /* 1 when every layer has queries and query_token_idx */
     int n_queries;          /* Tq: query rows per head (same for every layer) */
 };

@@ -817,6 +817,10 @@ int fk_llama2c_write_trace(const struct fk_llama2c_run *r, const struct fk_llama
     info.prompt_len = g->prompt_len;
     info.keys_post_rope = 1;
     info.rope_theta = ROPE_THETA;
+    /* rope(): pairs (2i, 2i+1), f_i = theta^(-2i/d), no scaling */
+    info.has_rope = 1;
+    info.rope = (struct fk_rope){.theta = ROPE_THETA, .layout = FK_ROPE_INTERLEAVED,
+                                 .type = FK_ROPE_DEFAULT};
     info.has_queries = 1;
     info.n_queries = T;
     size_t per = (size_t)T * (size_t)c->dim; /* largest layer array: queries */

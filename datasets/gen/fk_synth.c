@@ -292,6 +292,11 @@ void fk_synth_info(const struct fk_synth_opts *o, struct fk_trace_info *in)
     in->prompt_len = o->prefill;
     in->keys_post_rope = o->rope;
     in->rope_theta = o->rope_theta;
+    /* rope_apply(): pairs by rope_half, f_i = theta^(-2i/d), position = token index */
+    in->has_rope = o->rope;
+    in->rope = (struct fk_rope){.theta = o->rope_theta,
+                                .layout = o->rope_half ? FK_ROPE_HALF : FK_ROPE_INTERLEAVED,
+                                .type = FK_ROPE_DEFAULT};
     in->n_queries = fk_synth_n_queries(o);
     in->has_queries = in->n_queries > 0;
 }

@@ -19,6 +19,7 @@
 #include "common/fk_err.h"
 #include "core/fk_codec.h"
 #include "engine/fk_sweep.h"
+#include "formats/fk_basis.h"
 #include "formats/fk_dict.h"
 #include "formats/fk_h5.h"
 #include "formats/fk_trace.h"
@@ -51,6 +52,8 @@ static const struct command commands[] = {
     {"trace", "--model M --tokenizer T --prompt TEXT --steps N --out DIR",
      "decode with a llama2.c model and write its trace", fk_cli_trace},
     {"train-dict", "[...]", "train per-layer dictionaries (--help)", fk_cli_train_dict},
+    {"train-basis", "--out BASIS.h5 [--group g] [--max-rank k] TRACES...",
+     "per-layer PCA bases for the low-rank codecs (--help)", fk_cli_train_basis},
     {"bench", "omp|replay [...]", "OMP kernel benchmark; replay benchmark vs reference (--help)",
      cmd_bench},
     {"plot", "RESULTS_DIR [--out DIR] [--format png|pdf|svg]", "figures of a results directory",
@@ -236,19 +239,37 @@ int fk_cli_prune(int argc, char **argv)
     return 0;
 }
 
+static int info_basis(const char *path)
+{
+    struct fk_basis_file *b;
+    if (fk_basis_load(path, &b) < 0)
+        return fail(path);
+    const struct fk_basis_shape *sh = &b->sh;
+    printf("%s: basis v%d, model '%s', %d layers x {K, V%s}, %d KV heads in groups of %d "
+           "(dim %d), head_dim %d, %d components per group, %ld calibration tokens\n", path,
+           FK_BASIS_VERSION, b->model_id, sh->n_layers, sh->has_pre_rope ? ", K pre-RoPE" : "",
+           sh->n_kv_heads, sh->group, sh->dim, sh->head_dim, sh->n_comp, sh->n_vectors);
+    fk_basis_free(&b);
+    return 0;
+}
+
 static int info_one(const char *path)
 {
     int rc;
     if (info_results(path, &rc))
         return rc;
     hid_t fh = H5Fis_hdf5(path) > 0 ? H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT) : -1;
-    int is_dict = 0;
+    int is_dict = 0, is_basis = 0;
     if (fh >= 0) {
         char buf[64] = "";
-        if (fk_h5_has_attr(fh, "schema") && fk_h5_attr_str(fh, path, "schema", buf, sizeof buf) == 0)
+        if (fk_h5_has_attr(fh, "schema") && fk_h5_attr_str(fh, path, "schema", buf, sizeof buf) == 0) {
             is_dict = !strcmp(buf, FK_DICT_SCHEMA);
+            is_basis = !strcmp(buf, FK_BASIS_SCHEMA);
+        }
         H5Fclose(fh);
     }
+    if (is_basis)
+        return info_basis(path);
     if (is_dict) {
         struct fk_dict *d;
         if (fk_dict_load(path, &d) < 0)
@@ -272,6 +293,15 @@ static int info_one(const char *path)
     printf("  tokens %d (prefill %d, decode %d), keys_post_rope %d, rope_theta %g\n",
            in->n_tokens, in->prompt_len, in->n_tokens - in->prompt_len, in->keys_post_rope,
            in->rope_theta);
+    if (!in->has_rope)
+        printf("  rope: not described (no rope_layout attribute)\n");
+    else if (in->rope.type == FK_ROPE_LLAMA3)
+        printf("  rope: layout %s, type llama3 (factor %g, low %g, high %g, original max "
+               "position %g)\n", fk_rope_layout_names[in->rope.layout], in->rope.factor,
+               in->rope.low_freq_factor, in->rope.high_freq_factor,
+               in->rope.original_max_position);
+    else
+        printf("  rope: layout %s, type default\n", fk_rope_layout_names[in->rope.layout]);
     printf("  queries: %s", in->has_queries ? "yes" : "no");
     if (in->has_queries)
         printf(" (%d rows per head)", in->n_queries);
@@ -427,8 +457,9 @@ static void print_config(const struct fk_sweep *s)
     printf("# %s resolved: %d cell(s), config hash %s\n%s", s->path, s->n_cells,
            s->config_hash, s->resolved);
     for (int d = 0; d < s->n_datasets; d++) {
-        printf("# dataset %s: dictionary %s\n", s->datasets[d].name,
-               s->datasets[d].dict ? s->datasets[d].dict : "(none)");
+        printf("# dataset %s: dictionary %s, basis %s\n", s->datasets[d].name,
+               s->datasets[d].dict ? s->datasets[d].dict : "(none)",
+               s->datasets[d].basis ? s->datasets[d].basis : "(none)");
         for (int i = 0; i < s->datasets[d].n_traces; i++)
             printf("#   %s\n", s->datasets[d].traces[i]);
     }

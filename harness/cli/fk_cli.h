@@ -20,6 +20,7 @@ int fk_cli_info(int argc, char **argv);
 int fk_cli_synth(int argc, char **argv);
 int fk_cli_trace(int argc, char **argv);
 int fk_cli_train_dict(int argc, char **argv);
+int fk_cli_train_basis(int argc, char **argv);
 int fk_cli_bench_omp(int argc, char **argv);
 int fk_cli_bench_replay(int argc, char **argv);
 int fk_cli_plot(int argc, char **argv);

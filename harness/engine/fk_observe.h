@@ -40,6 +40,9 @@ struct fk_unit {
     const void *kv[2];                /* [H][T][m] exact K and V as stored (kv_enc words) */
     enum fk_encoding kv_enc[2];
     const struct fk_base_dict *bases; /* [2] the K and V bases (FK_CAP_DICT), or NULL */
+    const struct fk_basis *basis[2];  /* the K and V projection bases (FK_CAP_BASIS), or NULL */
+    const int32_t *positions;         /* [T] the trace's position ids */
+    const struct fk_rope *rope;       /* the trace's RoPE with post-RoPE keys, or NULL */
     int attention;                    /* evaluate attention on this layer */
     const float *q;                   /* [H_q][n_qsel][m] query rows of the attention steps */
     int n_qsel;

@@ -220,7 +220,11 @@ static int replay_layer(struct worker *w, int ti, int layer, const struct fk_bas
                         .path = fk_trace_path(tr), .layer = layer,
                         .n_kv_heads = info->n_kv_heads, .n_q_heads = info->n_q_heads,
                         .n_tokens = info->n_tokens, .prompt_len = info->prompt_len,
-                        .head_dim = info->head_dim, .bases = bases, .times = &w->times};
+                        .head_dim = info->head_dim, .bases = bases, .times = &w->times,
+                        .positions = fk_trace_positions(tr),
+                        .rope = info->has_rope && info->keys_post_rope ? &info->rope : NULL};
+    for (int k = 0; k < 2 && w->in->basis; k++)
+        u.basis[k] = fk_basis_get(w->in->basis, layer, k);
     u.attention = ro->attention && (!ro->attn_layers || ro->attn_layers[layer]);
     size_t nkv = (size_t)u.n_kv_heads * u.n_tokens * u.head_dim;
     double t0 = fk_clock_s(CLOCK_MONOTONIC);
@@ -375,8 +379,54 @@ static int check_cell(const struct fk_cell_input *in, const struct fk_replay_opt
     if ((in->ops->caps & FK_CAP_DICT) && !in->dict)
         return fk_err(FK_ECONFIG, "codec %s needs a dictionary (set dictionary = \"...\")",
                       in->ops->name);
+    if (in->ops->caps & FK_CAP_BASIS)
+        return fk_replay_check_basis(in);
     if (in->ops->check)
         FK_TRY(in->ops->check(in->opts, i0->head_dim, in->dict ? in->dict->n_atoms : 0));
+    return FK_OK;
+}
+
+/* FK_NEED_ROPE: every trace's RoPE with post-RoPE keys, and the basis's pre-RoPE keys. */
+static int check_rope_need(const struct fk_cell_input *in)
+{
+    for (int t = 0; t < in->n_traces; t++) {
+        const struct fk_trace_info *it = fk_trace_get_info(in->traces[t]);
+        if (!it->has_rope)
+            return fk_err(FK_ECONFIG, "trace %s does not describe its RoPE (no rope_layout "
+                          "attribute; datasets/README.md says how to stamp it), which codec "
+                          "%s needs for pre_rope = 1", fk_trace_path(in->traces[t]),
+                          in->ops->name);
+        if (!it->keys_post_rope)
+            return fk_err(FK_ECONFIG, "trace %s stores pre-RoPE keys (keys_post_rope = 0): "
+                          "codec %s un-rotates post-RoPE keys (set pre_rope = 0)",
+                          fk_trace_path(in->traces[t]), in->ops->name);
+    }
+    if (!in->basis->sh.has_pre_rope)
+        return fk_err(FK_ECONFIG, "basis %s has no pre-RoPE keys (train-basis makes them only "
+                      "from calibration traces that all have rope_layout), which codec %s "
+                      "needs for pre_rope = 1", in->basis->path, in->ops->name);
+    return FK_OK;
+}
+
+int fk_replay_check_basis(const struct fk_cell_input *in)
+{
+    const struct fk_codec_ops *ops = in->ops;
+    if (!(ops->caps & FK_CAP_BASIS))
+        return FK_OK;
+    if (!in->basis)
+        return fk_err(FK_ECONFIG, "codec %s needs a basis (set basis = \"...\", a file of "
+                      "`fadkv-bench train-basis`)", ops->name);
+    for (int t = 0; t < in->n_traces; t++)
+        FK_TRY(fk_basis_check_trace(&in->basis->sh, in->basis->path,
+                                    fk_trace_get_info(in->traces[t]),
+                                    fk_trace_path(in->traces[t])));
+    if (ops->check && in->n_traces > 0 &&
+        ops->check(in->opts, in->basis->sh.head_dim, in->basis->sh.n_comp) < 0)
+        return fk_err_context(FK_ECONFIG, "codec %s with basis %s (group %d x head_dim %d, %d "
+                              "components)", ops->name, in->basis->path, in->basis->sh.group,
+                              in->basis->sh.head_dim, in->basis->sh.n_comp);
+    if (ops->needs && (ops->needs(in->opts) & FK_NEED_ROPE))
+        FK_TRY(check_rope_need(in));
     return FK_OK;
 }
 

@@ -28,6 +28,7 @@
 
 #include "engine/fk_attn.h"
 #include "core/fk_codec.h"
+#include "formats/fk_basis.h"
 #include "formats/fk_dict.h"
 #include "formats/fk_trace.h"
 
@@ -118,10 +119,18 @@ struct fk_cell_input {
     struct fk_trace *const *traces;   /* same head_dim and layer count */
     int n_traces;
     const struct fk_dict *dict;       /* required when ops->caps & FK_CAP_DICT */
+    const struct fk_basis_file *basis; /* required when ops->caps & FK_CAP_BASIS */
 };
 
 int fk_replay_cell(const struct fk_cell_input *in, const struct fk_replay_opts *ro,
                    struct fk_cell_result *out);
+
+/* The checks of a low-rank cell (FK_CAP_BASIS) that need its data, which a runner makes
+ * before any cell runs (fk_replay_cell makes them again): a basis is given and matches every
+ * trace's layers, KV heads and head_dim; ops->check accepts the options with the traces'
+ * head_dim and the basis's components; FK_NEED_ROPE: every trace describes its RoPE with
+ * post-RoPE keys, and the basis has pre-RoPE keys. Nothing to check for other codecs. */
+int fk_replay_check_basis(const struct fk_cell_input *in);
 void fk_cell_result_free(struct fk_cell_result *r);
 
 /* The result of stream (trace, layer, kind) of a cell. */

@@ -209,6 +209,10 @@ static int load_dataset(const struct fk_toml_value *tab, const char *name, int i
             const char *p;
             FK_TRY(get_str(e->value, &p));
             ds->dict = xstrdup(p);
+        } else if (!strcmp(e->key, "basis")) {
+            const char *p;
+            FK_TRY(get_str(e->value, &p));
+            ds->basis = xstrdup(p);
         } else if (!is_sweep && !strcmp(e->key, "defaults")) {
             if (fk_toml_type(e->value) != FK_TOML_TABLE)
                 return entry_err(e, "expected a table of codec options, e.g. { s = 4, n = 64 }");
@@ -220,7 +224,7 @@ static int load_dataset(const struct fk_toml_value *tab, const char *name, int i
             ds->defaults = e->value;
         } else if (!is_sweep && strcmp(e->key, "name")) {
             return entry_err(e, "unknown key in [[dataset]] (allowed: name, traces, dictionary, "
-                                "defaults)");
+                                "basis, defaults)");
         }
     }
     if (ds->n_traces == 0)
@@ -250,6 +254,11 @@ static int hash_dataset(struct fk_dataset *ds)
     }
     if (ds->dict) {
         FK_TRY(fk_sha256_file(ds->dict, hex));
+        fk_sha256_update(&c, hex, 64);
+    }
+    if (ds->basis) { /* after the dictionary: datasets without a basis keep their hash */
+        FK_TRY(fk_sha256_file(ds->basis, hex));
+        fk_sha256_update(&c, "basis", 5);
         fk_sha256_update(&c, hex, 64);
     }
     uint8_t d[32];
@@ -605,8 +614,8 @@ static int load_sweep_table(struct fk_sweep *s, const struct fk_toml_value *tab)
                 return entry_err(e, "cost_baseline names no codec (see `fadkv-bench codecs`)");
             free(s->cost_baseline);
             s->cost_baseline = xstrdup(str);
-        } else if (strcmp(k, "traces") && strcmp(k, "dictionary")) {
-            return entry_err(e, "unknown key in [sweep] (allowed: name, traces, dictionary, "
+        } else if (strcmp(k, "traces") && strcmp(k, "dictionary") && strcmp(k, "basis")) {
+            return entry_err(e, "unknown key in [sweep] (allowed: name, traces, dictionary, basis, "
                                 "output, jobs, attention, attn_stride, attn_layers, recall, "
                                 "recall_every, repeats, base_seed, cost_baseline)");
         }
@@ -626,6 +635,7 @@ void fk_sweep_free(struct fk_sweep **sp)
         free(ds->traces);
         free(ds->name);
         free(ds->dict);
+        free(ds->basis);
         free(ds->content_hash);
     }
     for (int c = 0; c < s->n_cells; c++) {

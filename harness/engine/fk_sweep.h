@@ -23,7 +23,8 @@ struct fk_dataset {
     char **traces;               /* expanded paths, sorted */
     int n_traces;
     char *dict;                  /* dictionary path or NULL */
-    char *content_hash;          /* sha256 over the traces' and dictionary's hashes */
+    char *basis;                 /* basis file path (low-rank codecs) or NULL */
+    char *content_hash;          /* sha256 over the traces', dictionary's and basis's hashes */
     const struct fk_toml_value *defaults; /* dataset's option defaults (resolution only) */
 };
 

@@ -22,10 +22,11 @@
 
 extern const char *gsl_version;
 
-/* Opened traces and dictionary of one dataset. */
+/* Opened traces, dictionary and basis of one dataset. */
 struct loaded {
     struct fk_trace **traces;
     struct fk_dict *dict;
+    struct fk_basis_file *basis;
 };
 
 /* The state of one run. */
@@ -162,6 +163,8 @@ static int load_dataset(struct run *r, const struct fk_sweep_cell *cell)
     }
     if (rc == FK_OK && !L->dict && ds->dict && (cell->ops->caps & FK_CAP_DICT))
         rc = fk_dict_load(ds->dict, &L->dict);
+    if (rc == FK_OK && !L->basis && ds->basis && (cell->ops->caps & FK_CAP_BASIS))
+        rc = fk_basis_load(ds->basis, &L->basis);
     if (rc < 0) {
         char msg[1100];
         snprintf(msg, sizeof msg, "%s", fk_errmsg());
@@ -178,8 +181,12 @@ static int check_cell(struct run *r, const struct fk_sweep_cell *cell)
     const struct loaded *L = &r->ld[cell->dataset];
     if (!cell->ops->check || !L->traces || r->s->datasets[cell->dataset].n_traces < 1)
         return FK_OK;
+    /* a basis codec's check needs the basis's component count: check_basis runs it */
+    if (cell->ops->caps & FK_CAP_BASIS)
+        return FK_OK;
     int hd = fk_trace_get_info(L->traces[0])->head_dim;
-    int rc = cell->ops->check(cell->opts, hd, L->dict ? L->dict->n_atoms : 0);
+    int na = (cell->ops->caps & FK_CAP_DICT) && L->dict ? L->dict->n_atoms : 0;
+    int rc = cell->ops->check(cell->opts, hd, na);
     if (rc < 0)
         return fk_err_context(FK_ECONFIG, "cell %s (codec '%s' on dataset '%s', head_dim %d)",
                               cell->id, cell->ops->name, r->s->datasets[cell->dataset].name,
@@ -194,9 +201,32 @@ static void free_loaded(struct run *r)
             fk_trace_close(&r->ld[d].traces[i]);
         free(r->ld[d].traces);
         fk_dict_free(&r->ld[d].dict);
+        fk_basis_free(&r->ld[d].basis);
     }
     free(r->ld);
     r->ld = NULL;
+}
+
+/* What cell c replays: its codec, options, the traces and model constants of its dataset. */
+static struct fk_cell_input cell_input(const struct run *r, const struct fk_sweep_cell *cell)
+{
+    const struct loaded *L = &r->ld[cell->dataset];
+    return (struct fk_cell_input){.ops = cell->ops, .opts = cell->opts, .traces = L->traces,
+                                  .n_traces = r->s->datasets[cell->dataset].n_traces,
+                                  .dict = (cell->ops->caps & FK_CAP_DICT) ? L->dict : NULL,
+                                  .basis = (cell->ops->caps & FK_CAP_BASIS) ? L->basis : NULL};
+}
+
+/* A low-rank cell's basis against its traces and options, before any cell runs. */
+static int check_basis(const struct run *r, const struct fk_sweep_cell *cell)
+{
+    struct fk_cell_input in = cell_input(r, cell);
+    if (fk_replay_check_basis(&in) == FK_OK)
+        return FK_OK;
+    char msg[1100];
+    snprintf(msg, sizeof msg, "%s", fk_errmsg());
+    return fk_err(FK_ECONFIG, "dataset '%s', cell %s (codec %s): %s",
+                  r->s->datasets[cell->dataset].name, cell->id, cell->ops->name, msg);
 }
 
 /* Everything before the first cell: selection, loading, results directory, provenance. */
@@ -223,6 +253,7 @@ static int prepare(struct run *r)
             r->est_total += cell_weight(s, &s->cells[c]);
             FK_TRY(load_dataset(r, &s->cells[c]));
             FK_TRY(check_cell(r, &s->cells[c]));
+            FK_TRY(check_basis(r, &s->cells[c]));
         }
     }
     if (fk_results_prepare(s->output) < 0 || write_provenance(s) < 0) {
@@ -260,6 +291,7 @@ static void cell_meta(const struct run *r, const struct fk_sweep_cell *cell,
                                   .traces = (const char *const *)ds->traces,
                                   .n_traces = ds->n_traces,
                                   .dict = (cell->ops->caps & FK_CAP_DICT) ? ds->dict : NULL,
+                                  .basis = (cell->ops->caps & FK_CAP_BASIS) ? ds->basis : NULL,
                                   .attn_stride = s->attention ? s->attn_stride : 0,
                                   .seed = (long)(cell->seed & 0x7fffffffffffffffULL),
                                   .sweep = s->name};
@@ -312,9 +344,7 @@ static int run_cell(struct run *r, int c)
 {
     const struct fk_sweep *s = r->s;
     const struct fk_sweep_cell *cell = &s->cells[c];
-    const struct fk_dataset *ds = &s->datasets[cell->dataset];
     FK_TRY(load_dataset(r, cell));
-    const struct loaded *L = &r->ld[cell->dataset];
     r->cell = cell;
     r->index = r->sum->done + r->sum->failed + 1;
     r->t_cell = fk_wall_s();
@@ -326,9 +356,7 @@ static int run_cell(struct run *r, int c)
                                 .recall = s->recall, .recall_every = s->recall_every,
                                 .stop = r->o->stop, .progress = on_unit, .progress_ctx = r,
                                 .pool = r->pool};
-    struct fk_cell_input in = {.ops = cell->ops, .opts = cell->opts, .traces = L->traces,
-                               .n_traces = ds->n_traces,
-                               .dict = (cell->ops->caps & FK_CAP_DICT) ? L->dict : NULL};
+    struct fk_cell_input in = cell_input(r, cell);
     struct fk_cell_result res;
     double c0 = fk_wall_s();
     int rrc = fk_replay_cell(&in, &ro, &res);

@@ -477,8 +477,9 @@ static void meta_head(struct fk_sb *b, const struct fk_cell_meta *m, const char 
 {
     fk_sb_printf(b, "cell_id\t%s\ncodec\t%s\ndataset\t%s\nstatus\t%s\n", m->id, m->ops->name,
               m->dataset, status);
-    fk_sb_printf(b, "dictionary\t%s\nn_traces\t%d\nseed\t%ld\nattn_stride\t%d\n",
-              m->dict ? m->dict : "", m->n_traces, m->seed, m->attn_stride);
+    fk_sb_printf(b, "dictionary\t%s\nbasis\t%s\nn_traces\t%d\nseed\t%ld\nattn_stride\t%d\n",
+              m->dict ? m->dict : "", m->basis ? m->basis : "", m->n_traces, m->seed,
+              m->attn_stride);
     fk_sb_printf(b, "sweep\t");
     for (const char *p = m->sweep ? m->sweep : ""; *p; p++)
         fk_sb_printf(b, "%c", *p == '\n' || *p == '\t' ? ' ' : *p);
@@ -867,7 +868,7 @@ static void cells_header(struct fk_sb *b, const char *const *opt_cols, int n_opt
     fk_sb_printf(b, "cell_id,codec,dataset,status");
     for (int j = 0; j < n_opt; j++)
         fk_sb_printf(b, ",%s", opt_cols[j]);
-    fk_sb_printf(b, ",n_traces,traces,dictionary,seed,attn_stride");
+    fk_sb_printf(b, ",n_traces,traces,dictionary,basis,seed,attn_stride");
     for (int j = 0; cell_metrics[j]; j++)
         fk_sb_printf(b, ",%s", cell_metrics[j]);
     fk_sb_printf(b, ",bytes_ratio_full,cost_mac_rel,cpu_time_rel,error\n");
@@ -908,6 +909,8 @@ static void cells_row(struct fk_sb *b, const struct kv *m, const char *const *op
     fk_csv_field(b, kv_get(m, "traces"));
     fk_sb_printf(b, ",");
     fk_csv_field(b, kv_get(m, "dictionary"));
+    fk_sb_printf(b, ",");
+    fk_csv_field(b, kv_get(m, "basis"));
     fk_sb_printf(b, ",%s,%s", kv_get(m, "seed"), kv_get(m, "attn_stride"));
     for (int j = 0; cell_metrics[j]; j++) {
         fk_sb_printf(b, ",");

@@ -34,6 +34,7 @@ struct fk_cell_meta {
     const char *const *traces;   /* trace paths */
     int n_traces;
     const char *dict;            /* dictionary path or NULL */
+    const char *basis;           /* basis file path or NULL */
     int attn_stride;             /* 0 = no attention */
     long seed;                   /* the cell's seed */
     const char *sweep;           /* name of the sweep that computed it (NULL: none) */

@@ -16,8 +16,7 @@
 const char *const fk_train_method_names[] = {"sample", "random", "bcd", "lexico", NULL};
 
 /* Reads every trace's keys and values into per-(layer, kind) arrays. */
-static int load(char **paths, int n_paths, long max_per, struct fk_train_data *d,
-                char **hashes)
+static int load(char **paths, int n_paths, long max_per, struct fk_train_data *d)
 {
     memset(d, 0, sizeof *d);
     for (int f = 0; f < n_paths; f++) {
@@ -69,7 +68,6 @@ static int load(char **paths, int n_paths, long max_per, struct fk_train_data *d
         free(buf);
         fk_trace_close(&t);
         FK_TRY(rc);
-        FK_TRY(fk_sha256_file(paths[f], hashes[f]));
     }
     /* evenly spaced sub-sample when a cap is set */
     for (int s = 0; max_per > 0 && s < d->n_layers * 2; s++) {
@@ -156,9 +154,34 @@ static int train(const struct fk_train_dict_cfg *c, const struct fk_train_dict_h
     return rc;
 }
 
+int fk_train_trace_list(char *const *traces, int n, char **out)
+{
+    *out = NULL;
+    size_t cap = 1;
+    for (int i = 0; i < n; i++)
+        cap += strlen(traces[i]) + 80;
+    char *tl = malloc(cap);
+    if (!tl)
+        return fk_err(FK_ENOMEM, "out of memory");
+    size_t len = 0;
+    tl[0] = 0;
+    for (int i = 0; i < n; i++) {
+        char hex[65];
+        int rc = fk_sha256_file(traces[i], hex);
+        if (rc < 0) {
+            free(tl);
+            return rc;
+        }
+        len += (size_t)snprintf(tl + len, cap - len, "%s%s sha256:%s", i ? "; " : "",
+                                traces[i], hex);
+    }
+    *out = tl;
+    return FK_OK;
+}
+
 /* Writes the dictionary with its provenance attributes. */
 static int write_dict(const struct fk_train_dict_cfg *c, const struct fk_train_data *d,
-                      const float *atoms, char *const *hashes, long tot, double final_err)
+                      const float *atoms, long tot, double final_err)
 {
     const struct fk_train_opts *o = &c->o;
     char eps[32], sp[32], seed[32], n_tr[32], herr[32], hl[32];
@@ -168,16 +191,8 @@ static int write_dict(const struct fk_train_dict_cfg *c, const struct fk_train_d
     snprintf(n_tr, sizeof n_tr, "%ld", tot);
     snprintf(herr, sizeof herr, "%.6f", final_err);
     snprintf(hl, sizeof hl, "%g", o->heldout_frac);
-    size_t cap = 64;
-    for (int i = 0; i < c->n_traces; i++)
-        cap += strlen(c->traces[i]) + 80;
-    char *tl = malloc(cap);
-    if (!tl)
-        return fk_err(FK_ENOMEM, "out of memory");
-    size_t len = 0;
-    for (int i = 0; i < c->n_traces; i++)
-        len += (size_t)snprintf(tl + len, cap - len, "%s%s sha256:%s", i ? "; " : "",
-                                c->traces[i], hashes[i]);
+    char *tl;
+    FK_TRY(fk_train_trace_list(c->traces, c->n_traces, &tl));
     const char *attrs[] = {"method", fk_train_method_names[o->method], "sparsity", sp,
                            "epochs", eps, "seed", seed, "training_traces", tl,
                            "training_vectors", n_tr, "heldout_fraction", hl,
@@ -191,15 +206,9 @@ static int write_dict(const struct fk_train_dict_cfg *c, const struct fk_train_d
 int fk_train_dict_run(const struct fk_train_dict_cfg *c, const struct fk_train_dict_hooks *h)
 {
     FK_TRY(fk_train_dict_check(c));
-    char **hashes = calloc((size_t)c->n_traces, sizeof(char *));
-    int rc = hashes ? FK_OK : fk_err(FK_ENOMEM, "out of memory");
-    for (int i = 0; rc == FK_OK && i < c->n_traces; i++)
-        if (!(hashes[i] = calloc(65, 1)))
-            rc = fk_err(FK_ENOMEM, "out of memory");
     struct fk_train_data d = {0};
     double t0 = fk_wall_s();
-    if (rc == FK_OK)
-        rc = load((char **)c->traces, c->n_traces, c->max_load, &d, hashes);
+    int rc = load((char **)c->traces, c->n_traces, c->max_load, &d);
     long tot = 0;
     for (int s = 0; rc == FK_OK && s < d.n_layers * 2; s++)
         tot += d.n[s];
@@ -216,11 +225,8 @@ int fk_train_dict_run(const struct fk_train_dict_cfg *c, const struct fk_train_d
     if (rc == FK_OK)
         rc = train(c, h, &d, atoms, held, &final_err);
     if (rc == FK_OK)
-        rc = write_dict(c, &d, atoms, hashes, tot, final_err);
+        rc = write_dict(c, &d, atoms, tot, final_err);
     free_data(&d);
-    for (int i = 0; hashes && i < c->n_traces; i++)
-        free(hashes[i]);
-    free(hashes);
     free(atoms);
     free(held);
     return rc;

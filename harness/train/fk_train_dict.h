@@ -37,4 +37,7 @@ int fk_train_dict_check(const struct fk_train_dict_cfg *c);
 
 int fk_train_dict_run(const struct fk_train_dict_cfg *c, const struct fk_train_dict_hooks *h);
 
+/* The provenance text of training traces: "PATH sha256:HEX; ..." (caller frees *out). */
+int fk_train_trace_list(char *const *traces, int n, char **out);
+
 #endif

@@ -1,0 +1,114 @@
+/* SPDX-License-Identifier: MIT
+ * A seeded random projection basis for the suites that open every codec with a struct
+ * fk_stream_env (FK_CAP_BASIS codecs need one): one group of all the stream's heads
+ * (g = n_heads, so that pca's default rank fits small head_dims), orthonormal rows (modified
+ * Gram-Schmidt in double on Gaussian vectors), a random mean, a pre-RoPE variant, and the
+ * RoPE (interleaved, theta 10000) with positions 0 .. T-1 for pre_rope.
+ */
+#ifndef FK_TEST_BASIS_H
+#define FK_TEST_BASIS_H
+
+#include <gsl/gsl_randist.h>
+#include <gsl/gsl_rng.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+#include "core/fk_codec.h"
+#include "kernels/fk_rope.h"
+
+struct fk_test_basis {
+    struct fk_basis b, pre;      /* b.pre_rope = &pre */
+    float *mean, *vec, *pmean, *pvec;
+    double *eig;                 /* shared by every variant: descending 1/(j+1) */
+    int32_t *pos;
+    struct fk_rope rope;
+};
+
+/* n orthonormal rows of dim values (n <= dim) into u. */
+static inline void fk_test_orthonormal(gsl_rng *r, int n, int dim, float *u)
+{
+    double *w = malloc(sizeof(double) * (size_t)n * dim);
+    if (!w)
+        abort();
+    for (int i = 0; i < n; i++) {
+        double *wi = w + (size_t)i * dim;
+        for (int c = 0; c < dim; c++)
+            wi[c] = gsl_ran_gaussian(r, 1);
+        for (int pass = 0; pass < 2; pass++)
+            for (int j = 0; j < i; j++) {
+                double d = 0, *wj = w + (size_t)j * dim;
+                for (int c = 0; c < dim; c++)
+                    d += wi[c] * wj[c];
+                for (int c = 0; c < dim; c++)
+                    wi[c] -= d * wj[c];
+            }
+        double nn = 0;
+        for (int c = 0; c < dim; c++)
+            nn += wi[c] * wi[c];
+        for (int c = 0; c < dim; c++) {
+            wi[c] /= sqrt(nn); /* later rows are projected on the unit rows */
+            u[(size_t)i * dim + c] = (float)wi[c];
+        }
+    }
+    free(w);
+}
+
+/* A basis for a stream of n_heads heads of head_dim m and T tokens. */
+static inline void fk_test_basis_init(struct fk_test_basis *t, int n_heads, int m, int T,
+                                      unsigned long seed)
+{
+    int dim = n_heads * m;
+    gsl_rng *r = gsl_rng_alloc(gsl_rng_mt19937);
+    gsl_rng_set(r, seed);
+    t->mean = malloc(sizeof(float) * (size_t)dim);
+    t->pmean = malloc(sizeof(float) * (size_t)dim);
+    t->vec = malloc(sizeof(float) * 2 * (size_t)dim * dim);
+    t->pvec = malloc(sizeof(float) * 2 * (size_t)dim * dim);
+    t->eig = malloc(sizeof(double) * (size_t)dim);
+    t->pos = malloc(sizeof(int32_t) * (size_t)(T > 0 ? T : 1));
+    if (!r || !t->mean || !t->pmean || !t->vec || !t->pvec || !t->eig || !t->pos)
+        abort();
+    for (int c = 0; c < dim; c++) {
+        t->mean[c] = (float)gsl_ran_gaussian(r, 0.1);
+        t->pmean[c] = (float)gsl_ran_gaussian(r, 0.1);
+        t->eig[c] = 1.0 / (c + 1);
+    }
+    for (int v = 0; v < 4; v++)
+        fk_test_orthonormal(r, dim, dim, (v < 2 ? t->vec : t->pvec) + (size_t)(v % 2) * dim * dim);
+    for (int i = 0; i < T; i++)
+        t->pos[i] = i;
+    gsl_rng_free(r);
+    t->pre = (struct fk_basis){.group = n_heads, .n_groups = 1, .dim = dim, .n_comp = dim,
+                               .mean = t->pmean, .vec = {t->pvec, t->pvec + (size_t)dim * dim},
+                               .eig = {t->eig, t->eig}};
+    t->b = t->pre;
+    t->b.mean = t->mean;
+    t->b.vec[0] = t->vec;
+    t->b.vec[1] = t->vec + (size_t)dim * dim;
+    t->b.pre_rope = &t->pre;
+    t->rope = (struct fk_rope){.theta = 10000, .layout = FK_ROPE_INTERLEAVED};
+}
+
+/* Sets env's basis, positions and rope for a FK_CAP_BASIS codec (else leaves env alone). */
+static inline void fk_test_basis_env(const struct fk_test_basis *t,
+                                     const struct fk_codec_ops *ops, struct fk_stream_env *env)
+{
+    if (!(ops->caps & FK_CAP_BASIS))
+        return;
+    env->basis = &t->b;
+    env->positions = t->pos;
+    env->rope = &t->rope;
+}
+
+static inline void fk_test_basis_free(struct fk_test_basis *t)
+{
+    free(t->mean);
+    free(t->pmean);
+    free(t->vec);
+    free(t->pvec);
+    free(t->eig);
+    free(t->pos);
+}
+
+#endif
