@@ -78,6 +78,7 @@ static void fix_random(struct fix *f, const struct fk_codec_ops *ops, int m, int
     set_opt(f, "s", 4);
     set_opt(f, "n", N / 2);
     set_opt(f, "rank", 8); /* a basis codec: 8 of its basis's n_kv * m components, lossy */
+    set_opt(f, "group", 4); /* group quantisers: groups that divide m */
     gsl_rng *rng = gsl_rng_alloc(gsl_rng_mt19937);
     gsl_rng_set(rng, seed);
     for (int kind = 0; kind < 2; kind++) {
@@ -117,12 +118,13 @@ static void fix_random(struct fix *f, const struct fk_codec_ops *ops, int m, int
 }
 
 /* Encodes rows done..n_comp-1 of every KV head: the first call as one prefill event, later
- * calls as one decode event per token, vectors ordered by (token, head). */
+ * calls as one decode event per token (a codec with its own buffer rule, as KIVI's key
+ * blocks: one event per call), vectors ordered by (token, head). */
 static void fix_encode_to(struct fix *f, int n_comp)
 {
     int m = f->m, H = f->n_kv;
     while (f->done < n_comp) {
-        int t0 = f->done, t1 = f->done == 0 ? n_comp : f->done + 1;
+        int t0 = f->done, t1 = f->done == 0 || f->ops->buffer ? n_comp : f->done + 1;
         int nv = (t1 - t0) * H;
         float *x = malloc(sizeof(float) * (size_t)nv * m);
         int32_t *tok = malloc(sizeof(int32_t) * (size_t)nv);
@@ -221,14 +223,17 @@ START_TEST(fast_equals_naive_every_codec)
     struct fk_attn_scratch *s = NULL;
     /* the scratch holds more atoms than the base: append codecs grow */
     ck_assert_int_eq(fk_attn_scratch_create(f.m, f.T, f.N + f.T * f.n_kv, f.n_q, &s), FK_OK);
-    const int steps[][2] = {{6, 2}, {20, 12}, {33, 30}, {47, 40}};
+    const int steps_all[][2] = {{6, 2}, {20, 12}, {33, 30}, {47, 40}};
+    /* (t, n_comp); a codec with its own buffer rule gets spans of whole groups of 4 */
+    const int steps_blk[][2] = {{6, 4}, {20, 12}, {33, 28}, {47, 40}};
+    const int (*steps)[2] = ops->buffer ? steps_blk : steps_all;
     struct fk_attn_acc af = {0}, an = {0};
     double *ohn = malloc(sizeof(double) * (size_t)f.n_q * f.m);
     struct fk_attn_metrics *mn = malloc(sizeof *mn * (size_t)f.n_q);
     double worst = 0;
     uint64_t prev_app = 0, prev_rep = 0;
     int grew = 0, replaced = 0; /* evaluations after the value dictionary changed */
-    for (size_t k = 0; k < sizeof steps / sizeof steps[0]; k++) {
+    for (size_t k = 0; k < sizeof steps_all / sizeof steps_all[0]; k++) {
         int t = steps[k][0], nc = steps[k][1];
         fix_encode_to(&f, nc);
         struct fk_stream_stats vs;
