@@ -271,7 +271,19 @@ name = "gm"
 grid = { delta_k = [0.5, 2.0] }' "threshold-in-grid.toml:8:" "'delta_k' = 2 is out of range [0, 1]"
 cfg_case s-greater-than-n-in-grid '[[codec]]
 name = "gm"
-grid = { s = [4, 8], n = [4, 16] }' "s-greater-than-n-in-grid.toml:8:" "s = 8 must not exceed the pool size n = 4"
+grid = { s = [4, 8], n = [4, 16] }' "s-greater-than-n-in-grid.toml:6:" "s = 8 must not exceed the pool size n = 4"
+# a grid whose first key alone would break a check (kivi's default group 32 with residual
+# 16) but whose every whole cell is valid: accepted
+begin "config: a grid checked on whole cells, not on its first key alone"
+printf '[sweep]\nname = "robust"\ntraces = ["%s"]\ndictionary = "%s"\noutput = "%s"\n%s\n' \
+    "$TR" "$DICT" "$W/partial-grid" '[[codec]]
+name = "kivi"
+residual = 16
+grid = { bits = [2, 4], group = [8, 16] }' >"$W/partial-grid.toml"
+run partial-grid --config "$W/partial-grid.toml" --dry-run
+chk "accepted (exit $RC)" - test "$RC" = 0
+chk "four cells" - has "4 cell(s)"
+end
 cfg_case s-greater-than-n '[[codec]]
 name = "gm"
 s = 8

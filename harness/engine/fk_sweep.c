@@ -400,14 +400,9 @@ static int expand(struct fk_sweep *s, struct cellvec *cv, const struct fk_codec_
             rc = set_option(ops, opts, d->e[k]->key, v, fk_toml_origin(v), fk_toml_line(v),
                             fk_toml_col(v));
         }
-        if (rc == FK_OK && ops->check) {
-            /* cross-option checks are done per cell at run time with the real N; here only
-             * the combinations impossible at any N (s > n) are refused early */
-            rc = ops->check(opts, 0, 0);
-            if (rc < 0)
-                rc = fk_err_context(rc, "%s:%d:%d: codec '%s'", d->e[0]->origin, d->e[0]->line,
-                                    d->e[0]->col, ops->name);
-        }
+        /* cross-option checks run on whole cells (push_cell): a partial combination (the
+         * grid's first key set, the next ones still at their defaults) may be invalid on
+         * its own */
         if (rc == FK_OK)
             rc = expand(s, cv, ops, opts, dims, n_dims, at + 1, excl, ds, blk);
     }
