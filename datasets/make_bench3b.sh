@@ -7,6 +7,8 @@
 #   datasets/bench3b/calib/   1 calibration sequence of the same synthetic model
 #   datasets/bench3b/dict-n4096-s8.h5   N = 4096 atoms per (layer, kind): 4096 sampled
 #                             calibration vectors refined by 2 bcd epochs on 8192 of them
+#   datasets/bench3b/basis-g1-r64.h5    the 64 leading PCA components per KV head
+#                             (train-basis) of the calibration sequence, for pca
 # Pass --decode D to change the decode length (the memory-flatness check uses 2048).
 set -euo pipefail
 bin=${1:-build/fadkv-bench}
@@ -26,4 +28,8 @@ if [ ! -f "$out/dict-n4096-s8.h5" ]; then
         --first-seq 100 --no-queries >/dev/null
     "$bin" train-dict --quiet --out "$out/dict-n4096-s8.h5" --atoms 4096 --sparsity 8 \
         --epochs 2 --max-train 8192 --jobs 2 "$out"/calib/*.h5
+fi
+if [ ! -f "$out/basis-g1-r64.h5" ]; then
+    "$bin" train-basis --quiet --max-rank 64 --out "$out/basis-g1-r64.h5" "$out"/calib/*.h5 \
+        >/dev/null
 fi
