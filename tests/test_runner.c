@@ -313,6 +313,34 @@ START_TEST(shape_checks_before_any_cell)
 }
 END_TEST
 
+/* Metrics a family does not define are empty, never zero: the full codec has no dictionary,
+ * no sparse codes and no cost model; lexico has all of them. */
+START_TEST(undefined_metrics_empty)
+{
+    struct fk_sweep *s = load("empty");
+    struct fk_runner_summary a = run(s, 0, 0, 1, NULL);
+    ck_assert_int_eq(a.failed, 0);
+    static const char *const dict_only[] = {"dict_size_norm_final", "appends", "replacements",
+                                            "adapt_failed", "growth_capped", "premature",
+                                            "macs_per_vec", NULL};
+    int seen = 0;
+    for (int c = 0; c < s->n_cells; c++) {
+        const char *codec = s->cells[c].ops->name;
+        int is_full = !strcmp(codec, "full"), is_lexico = !strcmp(codec, "lexico");
+        for (int k = 0; (is_full || is_lexico) && dict_only[k]; k++) {
+            double v;
+            ck_assert_int_eq(fk_results_metric(s->output, s->cells[c].id, dict_only[k], &v),
+                             FK_OK);
+            ck_assert_msg(is_full ? isnan(v) : isfinite(v), "%s: %s = %g", codec,
+                          dict_only[k], v);
+        }
+        seen += is_full + is_lexico;
+    }
+    ck_assert_int_eq(seen, 2);
+    fk_sweep_free(&s);
+}
+END_TEST
+
 START_TEST(stop_before_first_cell)
 {
     struct fk_sweep *s = load("stopped");
@@ -365,6 +393,7 @@ int main(void)
     tcase_add_test(tc, resume_and_force);
     tcase_add_test(tc, failed_cells_are_retried);
     tcase_add_test(tc, shape_checks_before_any_cell);
+    tcase_add_test(tc, undefined_metrics_empty);
     tcase_add_test(tc, stop_before_first_cell);
     tcase_add_test(tc, unreadable_dataset_touches_nothing);
     suite_add_tcase(s, tc);

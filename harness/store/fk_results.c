@@ -644,11 +644,32 @@ static int summary_rows(const struct fk_cell_meta *m, const struct fk_cell_resul
 }
 
 /* cells/<id>.meta of a finished cell: identity, options, headline metrics, timing. */
+/* Metrics a codec's family does not define are empty (NaN), never zero: the dictionary's
+ * size and adaptation counters without a dictionary, early-stopped codes without sparse
+ * codes, FP8 saturations without FP8 coefficients, and the analytical cost without a cost
+ * model. */
+static void undefined_empty(const struct fk_codec_ops *ops, const void *opts,
+                            struct headline *h)
+{
+    if (!(ops->caps & FK_CAP_DICT)) {
+        h->dict_size_norm_final = h->appends = h->replacements = NAN;
+        h->adapt_failed = h->growth_capped = h->collateral = NAN;
+    }
+    if (!(ops->caps & FK_CAP_SPARSE))
+        h->premature = NAN;
+    const struct fk_option *co = fk_codec_option(ops, "coef");
+    if (!co || strcmp(co->choices ? co->choices[(int)fk_opts_get(opts, co)] : "", "fp8"))
+        h->saturated = NAN;
+    if (!ops->estimate_macs && h->macs_per_vec == 0)
+        h->macs_per_vec = NAN;
+}
+
 static int meta_text(const struct fk_cell_meta *m, const struct fk_cell_result *r,
                      struct fk_sb *mb)
 {
     struct headline h;
     FK_TRY(aggregate(r, &h));
+    undefined_empty(m->ops, m->opts, &h);
     meta_head(mb, m, "ok");
 #define X(name) fk_sb_printf(mb, #name "\t%.9g\n", (double)h.name);
     H_ITEMS(X)
