@@ -185,14 +185,14 @@ static int kivi_encode(void *state, const struct fk_event *ev, struct fk_vec_out
         FK_TRY(kivi_code_keys(k, ev));
     else
         kivi_code_values(k, ev);
-    fkq_commit(&k->s, k, kivi_value, ev, out);
+    fkq_commit(&k->s, k, kivi_value, ev, out, 0);
     return FK_OK;
 }
 
 static int kivi_reconstruct(const void *state, int head, int token, float *out)
 {
     const struct kivi *k = state;
-    return fkq_reconstruct(&k->s, "kivi", k, kivi_value, head, token, out);
+    return fkq_reconstruct(&k->s, "kivi", head, token, out);
 }
 
 static void kivi_stats(const void *state, struct fk_stream_stats *st)

@@ -246,14 +246,14 @@ static int quant_encode(void *state, const struct fk_event *ev, struct fk_vec_ou
             code_token(u, ev->head[i], ev->token[i], ev->x + (size_t)i * s->m);
     }
     u->t_cur += s->cnt[0]; /* read by mode hf only, where every head has cnt[0] */
-    fkq_commit(s, u, quant_value, ev, out);
+    fkq_commit(s, u, quant_value, ev, out, u->mode == MODE_HF);
     return FK_OK;
 }
 
 static int quant_reconstruct(const void *state, int head, int token, float *out)
 {
     const struct quant *u = state;
-    return fkq_reconstruct(&u->s, "quant", u, quant_value, head, token, out);
+    return fkq_reconstruct(&u->s, "quant", head, token, out);
 }
 
 static void quant_stats(const void *state, struct fk_stream_stats *st)

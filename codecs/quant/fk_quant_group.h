@@ -114,6 +114,10 @@ struct fkq_store {
     float *col;                  /* [n_col] the codec's scratch values */
     uint8_t *qcol;               /* [n_col] and codes */
     float *xh;                   /* [m] a reconstruction */
+    float *rec;                  /* [n_heads][n_tokens][m] every stored row as value()
+                                  * reconstructs it, kept current by fkq_commit: attention
+                                  * reads every compressed row at every step, and a copy costs
+                                  * less than decoding the grids again */
 };
 
 static inline void fkq_store_free(struct fkq_store *s)
@@ -127,6 +131,7 @@ static inline void fkq_store_free(struct fkq_store *s)
     free(s->col);
     free(s->qcol);
     free(s->xh);
+    free(s->rec);
     memset(s, 0, sizeof *s);
 }
 
@@ -148,7 +153,9 @@ static inline int fkq_store_init(struct fkq_store *s, const struct fk_stream_env
     s->col = malloc(sizeof(float) * n_col + 1);
     s->qcol = malloc(n_col + 1);
     s->xh = malloc(sizeof(float) * (size_t)env->head_dim + 1);
-    if (!s->q || !s->grid || !s->n_rows || !s->cnt || !s->off || !s->col || !s->qcol || !s->xh)
+    s->rec = malloc(sizeof(float) * rows * (size_t)env->head_dim + 1);
+    if (!s->q || !s->grid || !s->n_rows || !s->cnt || !s->off || !s->col || !s->qcol || !s->xh ||
+        !s->rec)
         return fk_err(FK_ENOMEM, "out of memory (%s state)", codec);
     return FK_OK;
 }
@@ -210,29 +217,33 @@ static inline int fkq_by_head(struct fkq_store *s, const struct fk_event *ev)
     return FK_OK;
 }
 
-/* After the event's codes are stored: its rows count as stored, and out[i] reports each
- * vector as value() now reconstructs it. */
+/* After the event's codes are stored: its rows count as stored, their reconstructions are
+ * kept, and out[i] reports each vector as value() now reconstructs it. requant: the event
+ * re-quantised the rows stored before it too (Hugging Face's flushes), whose kept
+ * reconstructions are then refreshed. */
 static inline void fkq_commit(struct fkq_store *s, const void *self,
                               void (*value)(const void *self, int h, int t, float *out),
-                              const struct fk_event *ev, struct fk_vec_out *out)
+                              const struct fk_event *ev, struct fk_vec_out *out, int requant)
 {
+    for (int h = 0; requant && h < s->n_heads; h++)
+        for (int t = 0; t < s->n_rows[h]; t++)
+            value(self, h, t, s->rec + fkq_row(s, h, t) * s->m);
     for (int h = 0; h < s->n_heads; h++)
         s->n_rows[h] += s->cnt[h];
     for (int i = 0; i < ev->n; i++) {
-        value(self, ev->head[i], ev->token[i], s->xh);
-        fkq_vec_out(ev->x + (size_t)i * s->m, s->xh, s->m, &out[i]);
+        float *xh = s->rec + fkq_row(s, ev->head[i], ev->token[i]) * s->m;
+        value(self, ev->head[i], ev->token[i], xh);
+        fkq_vec_out(ev->x + (size_t)i * s->m, xh, s->m, &out[i]);
     }
 }
 
-/* reconstruct(): row (head, token) if it is stored. */
-static inline int fkq_reconstruct(const struct fkq_store *s, const char *codec,
-                                  const void *self,
-                                  void (*value)(const void *self, int h, int t, float *out),
-                                  int head, int token, float *out)
+/* reconstruct(): row (head, token) if it is stored, as kept by fkq_commit. */
+static inline int fkq_reconstruct(const struct fkq_store *s, const char *codec, int head,
+                                  int token, float *out)
 {
     if (head < 0 || head >= s->n_heads || token < 0 || token >= s->n_rows[head])
         return fk_err(FK_EINVAL, "%s: no stored row (head %d, token %d)", codec, head, token);
-    value(self, head, token, out);
+    memcpy(out, s->rec + fkq_row(s, head, token) * s->m, sizeof(float) * (size_t)s->m);
     return FK_OK;
 }
 

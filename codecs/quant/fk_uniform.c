@@ -69,7 +69,7 @@ static int uniform_encode(void *state, const struct fk_event *ev, struct fk_vec_
         fkq_code_row(ev->x + (size_t)i * s->m, s->m, s->m, s->bits, s->q + row * s->m,
                      s->grid + row);
     }
-    fkq_commit(s, u, uniform_value, ev, out);
+    fkq_commit(s, u, uniform_value, ev, out, 0);
     for (int i = 0; i < ev->n; i++) /* a static codec's rows carry their own bytes */
         out[i].bytes = (float)((s->m * s->bits + 7) / 8 + 4);
     return FK_OK;
@@ -78,7 +78,7 @@ static int uniform_encode(void *state, const struct fk_event *ev, struct fk_vec_
 static int uniform_reconstruct(const void *state, int head, int token, float *out)
 {
     const struct uniform *u = state;
-    return fkq_reconstruct(&u->s, "uniform", u, uniform_value, head, token, out);
+    return fkq_reconstruct(&u->s, "uniform", head, token, out);
 }
 
 static void uniform_stats(const void *state, struct fk_stream_stats *st)
