@@ -12,6 +12,7 @@
 #include "core/fk_codec.h"
 #include "engine/fk_replay.h"
 #include "engine/fk_sweep.h"
+#include "formats/fk_basis.h"
 #include "formats/fk_dict.h"
 #include "formats/fk_trace.h"
 #include "store/fk_results.h"
@@ -30,6 +31,7 @@ struct bench {
     struct fk_dataset *ds;       /* the config's first dataset */
     struct fk_trace **tr;
     struct fk_dict *dict;
+    struct fk_basis_file *basis; /* the dataset's basis, when it names one */
     struct fk_replay_pool *pool; /* Gram buffers from run to run, as in a sweep */
     const struct fk_trace_info *ti;
 };
@@ -155,6 +157,8 @@ static int open_data(struct bench *b)
         FK_TRY(fk_trace_open(b->ds->traces[i], &b->tr[i]));
     if (b->ds->dict)
         FK_TRY(fk_dict_load(b->ds->dict, &b->dict));
+    if (b->ds->basis)
+        FK_TRY(fk_basis_load(b->ds->basis, &b->basis));
     FK_TRY(fk_results_prepare(b->s->output));
     FK_TRY(fk_replay_pool_new(&b->pool));
     b->ti = fk_trace_get_info(b->tr[0]);
@@ -168,6 +172,7 @@ static void close_data(struct bench *b)
         fk_trace_close(&b->tr[i]);
     free(b->tr);
     fk_dict_free(&b->dict);
+    fk_basis_free(&b->basis);
     fk_sweep_free(&b->s);
 }
 
@@ -176,7 +181,8 @@ static struct fk_cell_input cell_input(const struct bench *b, const struct fk_co
 {
     return (struct fk_cell_input){.ops = ops, .opts = opts, .traces = b->tr,
                                   .n_traces = b->ds->n_traces,
-                                  .dict = (ops->caps & FK_CAP_DICT) ? b->dict : NULL};
+                                  .dict = (ops->caps & FK_CAP_DICT) ? b->dict : NULL,
+                                  .basis = (ops->caps & FK_CAP_BASIS) ? b->basis : NULL};
 }
 
 /* Cell c of the config: timed, committed, and with overhead replayed without attention. */
@@ -193,6 +199,8 @@ static int bench_cell(struct bench *b, int c, const struct fk_bench_replay_hooks
     struct fk_cell_meta meta = {.ops = cell->ops, .opts = cell->opts, .dataset = b->ds->name,
                                 .traces = (const char *const *)b->ds->traces,
                                 .n_traces = b->ds->n_traces, .dict = b->ds->dict,
+                                .basis = (cell->ops->caps & FK_CAP_BASIS) ? b->ds->basis : NULL,
+                                .sweep = s->name,
                                 .attn_stride = s->attention ? s->attn_stride : 0};
     memcpy(meta.id, cell->id, sizeof meta.id);
     int rc = fk_results_commit(s->output, &meta, &res);
