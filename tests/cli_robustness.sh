@@ -272,6 +272,29 @@ grid = { delta_k = [0.5, 2.0] }' "threshold-in-grid.toml:8:" "'delta_k' = 2 is o
 cfg_case s-greater-than-n-in-grid '[[codec]]
 name = "gm"
 grid = { s = [4, 8], n = [4, 16] }' "s-greater-than-n-in-grid.toml:6:" "s = 8 must not exceed the pool size n = 4"
+# --set: bare strings, blame, per-block overrides, overridden defaults
+begin "config: --set accepts a bare string, blames itself, reaches one block, warns when overridden"
+printf '[sweep]\nname = "robust"\ntraces = ["%s"]\ndictionary = "%s"\noutput = "%s"\n%s\n' \
+    "$TR" "$DICT" "$W/set-out" '[[codec]]
+name = "lexico"
+s = 4
+[[codec]]
+name = "lexico"
+grid = { s = [2, 3] }' >"$W/set.toml"
+run set-bare --config "$W/set.toml" --set defaults.coef=fp16 --print-config
+chk "a bare word is a string (exit $RC)" - test "$RC" = 0
+chk "and reaches the cells" - has "coef=fp16"
+run set-blame --config "$W/set.toml" --set sweep.jobs=0 --dry-run
+chk "an out-of-range --set is blamed on --set" - grep -q -- "--set.*key 'jobs'" "$OUTF"
+run set-block --config "$W/set.toml" --set codec.1.s=6 --print-config
+chk "codec.1.s reaches the first block only" - \
+    test "$(grep -c 'codec=lexico;.*;s=6;' "$OUTF")" = 1 -a "$(grep -c 'codec=lexico;.*;s=[23];' "$OUTF")" = 2
+run set-block-bad --config "$W/set.toml" --set codec.3.s=6 --dry-run
+chk "codec.3 of 2 blocks is refused" - has "block 3 of 2"
+run set-over --config "$W/set.toml" --set defaults.s=8 --dry-run
+chk "a --set default every block overrides is a warning" - has "warning: the --set value of 's' is overridden"
+end
+
 # a grid whose first key alone would break a check (kivi's default group 32 with residual
 # 16) but whose every whole cell is valid: accepted
 begin "config: a grid checked on whole cells, not on its first key alone"

@@ -668,6 +668,8 @@ int fk_cli_sweep(int argc, char **argv)
     struct fk_sweep *s = NULL;
     if (rc == 0 && fk_sweep_load(a.config, a.sets, a.n_sets, 1, &s) < 0)
         rc = fail("configuration error");
+    for (int i = 0; rc == 0 && i < s->n_warnings; i++)
+        fprintf(stderr, "fadkv-bench: warning: %s\n", s->warnings[i]);
     free(a.sets);
     free(a.attn_set);
     if (rc)

@@ -59,6 +59,11 @@ static int cfg_err(const struct fk_toml_value *v, const char *fmt, const char *a
 
 static int entry_err(const struct fk_toml_entry *e, const char *msg)
 {
+    /* a value that --set replaced is blamed on --set, not on the file's line of the key */
+    const char *vo = e->value ? fk_toml_origin(e->value) : NULL;
+    if (vo && strcmp(vo, e->origin))
+        return fk_err(FK_ECONFIG, "%s: key '%s' (its value comes from %s, not from %s:%d): %s",
+                      vo, e->key, vo, e->origin, e->line, msg);
     return fk_err(FK_ECONFIG, "%s:%d:%d: key '%s': %s", e->origin, e->line, e->col, e->key, msg);
 }
 
@@ -456,6 +461,35 @@ static int add_dims(const struct fk_toml_value *tab, int zip, struct dim *dims, 
     return FK_OK;
 }
 
+/* A --set default (defaults.KEY or a dataset's) that the codec block sets itself never
+ * reaches the block's cells: said once, as a warning (the caller prints them). */
+static int warn_overridden(struct fk_sweep *s, const struct fk_toml_value *const layers[2],
+                           const struct fk_toml_entry *be)
+{
+    for (int li = 0; li < 2; li++) {
+        const struct fk_toml_value *v = layers[li] ? fk_toml_table_get(layers[li], be->key)
+                                                   : NULL;
+        if (!v || !strcmp(fk_toml_origin(v), be->origin))
+            continue;
+        char w[512];
+        snprintf(w, sizeof w, "the %s value of '%s' is overridden by the %s at %s:%d, so it "
+                 "changes none of the cells it reaches", fk_toml_origin(v), be->key, be->key,
+                 be->origin, be->line);
+        for (int i = 0; i < s->n_warnings; i++)
+            if (!strcmp(s->warnings[i], w))
+                return FK_OK;
+        char **nw = realloc(s->warnings, sizeof(char *) * (size_t)(s->n_warnings + 1));
+        if (!nw || !(nw[s->n_warnings] = strdup(w))) {
+            if (nw)
+                s->warnings = nw;
+            return fk_err(FK_ENOMEM, "out of memory");
+        }
+        s->warnings = nw;
+        s->n_warnings++;
+    }
+    return FK_OK;
+}
+
 static int resolve_codec(struct fk_sweep *s, struct cellvec *cv, const struct fk_toml_value *blk,
                          const struct fk_toml_value *defaults, const struct fk_toml_value *excl)
 {
@@ -513,6 +547,12 @@ static int resolve_codec(struct fk_sweep *s, struct cellvec *cv, const struct fk
                 if (fk_codec_option(ops, e->key))
                     rc = set_option(ops, opts, e->key, e->value, e->origin, e->line, e->col);
             }
+        /* a --set [defaults] key that the dataset's own defaults set again */
+        for (size_t i = 0; layers[1] && i < fk_toml_table_len(layers[1]) && rc == FK_OK; i++) {
+            const struct fk_toml_value *const top[2] = {layers[0], NULL};
+            if (fk_codec_option(ops, fk_toml_table_at(layers[1], i)->key))
+                rc = warn_overridden(s, top, fk_toml_table_at(layers[1], i));
+        }
         const struct fk_toml_value *pv = fk_toml_table_get(blk, "preset");
         if (rc == FK_OK && pv) {
             const char *pname;
@@ -540,7 +580,12 @@ static int resolve_codec(struct fk_sweep *s, struct cellvec *cv, const struct fk
                 rc = add_dims(e->value, 1, dims, &n_dims, "zip");
             else
                 rc = set_option(ops, opts, e->key, e->value, e->origin, e->line, e->col);
+            if (rc == FK_OK && strcmp(e->key, "grid") && strcmp(e->key, "zip"))
+                rc = warn_overridden(s, layers, e);
         }
+        for (int i = 0; i < n_dims && rc == FK_OK; i++)
+            for (int k = 0; k < dims[i].n_keys && rc == FK_OK; k++)
+                rc = warn_overridden(s, layers, dims[i].e[k]);
         if (rc == FK_OK)
             rc = expand(s, cv, ops, opts, dims, n_dims, 0, excl, d, blk);
     }
@@ -623,6 +668,9 @@ void fk_sweep_free(struct fk_sweep **sp)
     struct fk_sweep *s = sp ? *sp : NULL;
     if (!s)
         return;
+    for (int i = 0; i < s->n_warnings; i++)
+        free(s->warnings[i]);
+    free(s->warnings);
     for (int d = 0; d < s->n_datasets; d++) {
         struct fk_dataset *ds = &s->datasets[d];
         for (int i = 0; i < ds->n_traces; i++)
@@ -812,6 +860,41 @@ static int resolve(struct fk_sweep *s, const struct fk_toml_value *root, int has
     return identify(s);
 }
 
+/* --set KEY=VALUE into the parsed file: KEY a dotted path, or codec.N.KEY for the N-th
+ * [[codec]] block (1-based, in file order) alone. */
+static int set_in(struct fk_toml_value *root, const char *key, struct fk_toml_value **v)
+{
+    int n = 0, used = 0;
+    if (sscanf(key, "codec.%d.%n", &n, &used) == 1 && used > 0) {
+        const struct fk_toml_value *blocks = fk_toml_table_get(root, "codec");
+        size_t nb = blocks ? fk_toml_array_len(blocks) : 0;
+        if (n < 1 || (size_t)n > nb) {
+            fk_toml_free(v);
+            return fk_err(FK_ECONFIG, "--set %s: block %d of %zu: expected codec.N.KEY with N "
+                          "from 1 to the number of [[codec]] blocks", key, n, nb);
+        }
+        /* the tree is ours: the block is modified in place */
+        struct fk_toml_value *blk = (struct fk_toml_value *)fk_toml_array_at(blocks,
+                                                                              (size_t)n - 1);
+        return fk_toml_set_path(blk, key + used, "--set", v);
+    }
+    return fk_toml_set_path(root, key, "--set", v);
+}
+
+/* 1 if text is a bare word: letters, digits, '_', '-', '.', '/', ':' and '+', starting with a
+ * letter (so not a number, and true/false/inf/nan parse as TOML before this is asked). */
+static int bare_word(const char *text)
+{
+    if (!((*text >= 'a' && *text <= 'z') || (*text >= 'A' && *text <= 'Z')) ||
+        strlen(text) > 400)
+        return 0;
+    for (const char *p = text; *p; p++)
+        if (!((*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') || (*p >= '0' && *p <= '9') ||
+              strchr("_-./:+", *p)))
+            return 0;
+    return 1;
+}
+
 int fk_sweep_load(const char *path, const char *const *sets, int n_sets, int hash_content,
                   struct fk_sweep **out)
 {
@@ -829,8 +912,20 @@ int fk_sweep_load(const char *path, const char *const *sets, int n_sets, int has
         snprintf(key, sizeof key, "%.*s", (int)(eq - sets[i]), sets[i]);
         struct fk_toml_value *v = NULL;
         rc = fk_toml_parse_value(eq + 1, "--set", &v);
+        if (rc < 0 && bare_word(eq + 1)) {
+            /* a bare word (--set defaults.coef=fp16) is the string it spells */
+            char q[512];
+            snprintf(q, sizeof q, "\"%s\"", eq + 1);
+            fk_err_clear();
+            rc = fk_toml_parse_value(q, "--set", &v);
+        } else if (rc < 0) {
+            char msg[1100];
+            snprintf(msg, sizeof msg, "%s", fk_errmsg());
+            rc = fk_err(rc, "%s (a value is TOML: quote a string with spaces or symbols, e.g. "
+                        "--set 'sweep.output=\"results/my run\"')", msg);
+        }
         if (rc == FK_OK)
-            rc = fk_toml_set_path(root, key, "--set", &v);
+            rc = set_in(root, key, &v);
         fk_toml_free(&v);
         if (rc < 0)
             rc = fk_err_context(rc, "--set %s", sets[i]);

@@ -59,6 +59,9 @@ struct fk_sweep {
                                   * ([sweep] cost_baseline; default fk_default_cost_baseline) */
     char config_hash[65];        /* sha256 of the canonical resolved sweep */
     char *resolved;              /* canonical text of the whole resolved sweep */
+    char **warnings;             /* [n_warnings] what resolution noticed but accepts (a --set
+                                  * default that codec blocks override), for the caller */
+    int n_warnings;
 };
 
 /* Presets (paper Table 5). */
