@@ -532,6 +532,28 @@ trace_case dictionary-not-hdf5 "$TR" "$B/not-hdf5.h5" B1 "not-hdf5.h5" "not an H
 trace_case dictionary-is-a-trace "$TR" "$EMB/aidreams-260k-01.h5" B1 "aidreams-260k-01.h5" \
     'expected "fadkv-dict"'
 
+# a dictionary of another shape than the traces: refused before any cell (it used to fail
+# every cell)
+trace_case dictionary-head-dim "$EMB/aidreams-260k-00.h5" "$DICTS/fortune-byte-4L.h5" - \
+    "has head_dim 64 but trace" "aidreams-260k-00.h5 has head_dim 16" "fortune-byte-4L.h5"
+trace_case dictionary-fewer-layers "$EMB/babyllama-tok105-00.h5" "$DICT" - \
+    "aidreams-260k.h5 has 4 layers but trace" "babyllama-tok105-00.h5 has 5"
+
+begin "data: traces of two shapes in one dataset, and attention layers beyond the model"
+printf '[sweep]\nname = "robust"\ntraces = ["%s", "%s"]\noutput = "%s"\n[[codec]]\nname = "full"\n' \
+    "$EMB/aidreams-260k-00.h5" "$EMB/babyllama-tok105-00.h5" "$R" >"$W/two-shapes.toml"
+run two-shapes --config "$W/two-shapes.toml"
+chk "refused (exit $RC)" - clean_exit
+chk "naming both traces and their shapes" - has "babyllama-tok105-00.h5 has 5 layers, 8/4 heads, head_dim 16, but trace"
+chk "no cell recorded" - test "$(ls "$R"/cells/*.meta | wc -l)" = "$n_good_cells"
+printf '[sweep]\nname = "robust"\ntraces = ["%s"]\noutput = "%s"\nattention = true\nattn_layers = [1, 9]\n[[codec]]\nname = "full"\n' \
+    "$EMB/aidreams-260k-00.h5" "$R" >"$W/attn-layers.toml"
+run attn-layers --config "$W/attn-layers.toml"
+chk "attn_layers beyond the model refused (exit $RC)" - clean_exit
+chk "naming the layer and the model's layers" - has "attn_layers names layer 9, but the traces have 4 layers"
+chk "earlier cells untouched" - kept "$R" "$W/good_cells.sha"
+end
+
 # cell_case NAME TRACE DICT EXTRA_TOML EXPECTED_SUBSTRINGS...: the cell fails with a message
 # (exit 1, status failed, error column), earlier cells stay byte-identical.
 cell_case() {
@@ -572,10 +594,6 @@ cell_case query-index-out-of-range "$B/bad-query-idx.h5" "$DICT" 'attention = tr
 [[codec]]
 name = "lexico"
 n_b = 16' "query_token_idx[3] = 100000" "expected a token index in [0, 124)"
-cell_case dictionary-head-dim "$A" "$DICTS/fortune-byte-4L.h5" "" \
-    "has head_dim 64 but trace" "aidreams-260k-00.h5 has head_dim 16" "fortune-byte-4L.h5"
-cell_case dictionary-fewer-layers "$EMB/babyllama-tok105-00.h5" "$DICT" "" \
-    "aidreams-260k.h5 has 4 layers but trace" "babyllama-tok105-00.h5 has 5"
 
 # ---- inputs that are legal but degenerate ---------------------------------------------------
 begin "data: T <= n_b (nothing to compress)"

@@ -149,6 +149,29 @@ static int write_provenance(const struct fk_sweep *s)
 }
 
 /* Opens the traces and the dictionary of a cell's dataset (once per dataset). */
+/* What needs no computation, checked once per dataset before any cell: every trace has the
+ * first one's shape (layers, heads, head_dim), and the attention layers asked for exist. */
+static int check_traces(const struct fk_sweep *s, const struct fk_dataset *ds,
+                        const struct loaded *L)
+{
+    const struct fk_trace_info *a = fk_trace_get_info(L->traces[0]);
+    for (int i = 1; i < ds->n_traces; i++) {
+        const struct fk_trace_info *b = fk_trace_get_info(L->traces[i]);
+        if (b->n_layers != a->n_layers || b->n_kv_heads != a->n_kv_heads ||
+            b->n_q_heads != a->n_q_heads || b->head_dim != a->head_dim)
+            return fk_err(FK_ECONFIG, "trace %s has %d layers, %d/%d heads, head_dim %d, but "
+                          "trace %s has %d, %d/%d, %d: the traces of one dataset must share "
+                          "a shape", ds->traces[i], b->n_layers, b->n_q_heads, b->n_kv_heads,
+                          b->head_dim, ds->traces[0], a->n_layers, a->n_q_heads,
+                          a->n_kv_heads, a->head_dim);
+    }
+    for (int l = a->n_layers; s->attention && s->attn_layers && l < s->n_attn_layers; l++)
+        if (s->attn_layers[l])
+            return fk_err(FK_ECONFIG, "attn_layers names layer %d, but the traces have %d "
+                          "layers (0 .. %d)", l, a->n_layers, a->n_layers - 1);
+    return FK_OK;
+}
+
 static int load_dataset(struct run *r, const struct fk_sweep_cell *cell)
 {
     const struct fk_dataset *ds = &r->s->datasets[cell->dataset];
@@ -160,9 +183,15 @@ static int load_dataset(struct run *r, const struct fk_sweep_cell *cell)
             rc = fk_err(FK_ENOMEM, "out of memory");
         for (int i = 0; rc == FK_OK && i < ds->n_traces; i++)
             rc = fk_trace_open(ds->traces[i], &L->traces[i]);
+        if (rc == FK_OK)
+            rc = check_traces(r->s, ds, L);
     }
-    if (rc == FK_OK && !L->dict && ds->dict && (cell->ops->caps & FK_CAP_DICT))
+    if (rc == FK_OK && !L->dict && ds->dict && (cell->ops->caps & FK_CAP_DICT)) {
         rc = fk_dict_load(ds->dict, &L->dict);
+        for (int i = 0; rc == FK_OK && i < ds->n_traces; i++)
+            rc = fk_dict_check_trace(L->dict, fk_trace_get_info(L->traces[i]),
+                                     fk_trace_path(L->traces[i]));
+    }
     if (rc == FK_OK && !L->basis && ds->basis && (cell->ops->caps & FK_CAP_BASIS))
         rc = fk_basis_load(ds->basis, &L->basis);
     if (rc < 0) {
