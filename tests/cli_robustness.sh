@@ -454,6 +454,16 @@ with cp("inf-value") as f:
     v = f["layers/L03/values"][...]
     v[2, 100, 0] = np.inf
     f["layers/L03/values"][...] = v
+with cp("many-bad") as f:  # for info --verify: three non-finite values and a bad encoding
+    k = f["layers/L00/keys"][...]
+    k[0, 3, 1] = np.nan
+    k[3, 50, 15] = -np.inf
+    f["layers/L00/keys"][...] = k
+    q = f["layers/L02/queries"][...]
+    q[1, 4, 2] = np.nan
+    f["layers/L02/queries"][...] = q
+    f["layers/L01/values"].attrs["encoding"] = "float8"
+
 with cp("zero-vectors") as f:
     for kind in ("keys", "values"):
         x = f["layers/L00/" + kind][...]
@@ -531,6 +541,22 @@ trace_case phase-out-of-order "$B/phase-out-of-order.h5" "$DICT" B1 "phase-out-o
 trace_case dictionary-not-hdf5 "$TR" "$B/not-hdf5.h5" B1 "not-hdf5.h5" "not an HDF5 file"
 trace_case dictionary-is-a-trace "$TR" "$EMB/aidreams-260k-01.h5" B1 "aidreams-260k-01.h5" \
     'expected "fadkv-dict"'
+
+begin "info --verify: every non-finite value and bad dataset, with its place"
+if [ -f "$B/many-bad.h5" ]; then
+    run verify-bad info --verify "$B/many-bad.h5"
+    chk "exit 1 (got $RC)" - test "$RC" = 1
+    chk "the first NaN" - has "dataset /layers/L00/keys: non-finite value nan at layer 0, head 0, token 3, channel 1"
+    chk "the -inf after it" - has "non-finite value -inf at layer 0, head 3, token 50, channel 15"
+    chk "the query NaN" - has "/layers/L02/queries: non-finite value nan at layer 2, head 1, query row 4, channel 2"
+    chk "the bad encoding" - has "float8"
+    chk "the count" - has "3 non-finite value(s), 1 unreadable dataset(s)"
+    run verify-good info --verify "$TR"
+    chk "a clean trace passes (exit $RC)" - test "$RC" = 0 -a "$(grep -c 'every value is finite' "$OUTF")" = 1
+else
+    skip "info --verify" "needs h5py (PYENV_VERSION=system python3)"
+fi
+end
 
 # a dictionary of another shape than the traces: refused before any cell (it used to fail
 # every cell)

@@ -23,6 +23,8 @@ struct fk_trace {
     char *attr_names[MAX_ATTRS];
     char *attr_vals[MAX_ATTRS];
     int n_attr;              /* cached string attributes */
+    struct fk_trace_verify *vf; /* while fk_trace_verify runs: non-finite values are counted
+                              * and described here instead of failing the read */
 };
 
 struct fk_trace_writer {
@@ -683,11 +685,20 @@ static int nonfinite(const struct fk_trace *t, const struct rows_read *r, size_t
 {
     size_t d = (size_t)t->info.head_dim, per_head = (size_t)r->rows * d;
     size_t row = (i % per_head) / d;
-    return fk_err(FK_ECORRUPT,
-                  "%s: dataset %s: non-finite value %g at layer %d, head %zu, %s %zu, "
-                  "channel %zu", t->path, r->name, v, r->layer, i / per_head,
-                  r->kind == FK_KIND_Q ? "query row" : "token",
-                  r->sel ? (size_t)r->sel[row] : row, i % d);
+    char where[256];
+    snprintf(where, sizeof where, "non-finite value %g at layer %d, head %zu, %s %zu, "
+             "channel %zu", v, r->layer, i / per_head,
+             r->kind == FK_KIND_Q ? "query row" : "token", r->sel ? (size_t)r->sel[row] : row,
+             i % d);
+    struct fk_trace_verify *vf = t->vf;
+    if (vf) { /* verify: describe it and go on */
+        if (vf->n_issues < FK_VERIFY_MAX)
+            snprintf(vf->issue[vf->n_issues++], sizeof vf->issue[0], "dataset %s: %s", r->name,
+                     where);
+        vf->n_nonfinite++;
+        return FK_OK;
+    }
+    return fk_err(FK_ECORRUPT, "%s: dataset %s: %s", t->path, r->name, where);
 }
 
 /* The first non-finite value of what was read (n values) is an error naming its place. */
@@ -705,14 +716,14 @@ static int check_finite(const struct fk_trace *t, const struct rows_read *r,
                     fk_f16_to_f32(&w[i], &v, 1);
                 else
                     fk_bf16_to_f32(&w[i], &v, 1);
-                return nonfinite(t, r, i, v);
+                FK_TRY(nonfinite(t, r, i, v));
             }
         return FK_OK;
     }
     const float *dst = out;
     for (size_t i = 0; i < n; i++)
         if (!isfinite(dst[i]))
-            return nonfinite(t, r, i, dst[i]);
+            FK_TRY(nonfinite(t, r, i, dst[i]));
     return FK_OK;
 }
 
@@ -1023,4 +1034,30 @@ void fk_trace_abort(struct fk_trace_writer **wp)
     free(w->path);
     free(w);
     *wp = NULL;
+}
+
+int fk_trace_verify(struct fk_trace *t, struct fk_trace_verify *vf)
+{
+    memset(vf, 0, sizeof *vf);
+    const struct fk_trace_info *in = &t->info;
+    size_t kv = (size_t)in->n_kv_heads * in->n_tokens * in->head_dim;
+    size_t q = in->has_queries ? (size_t)in->n_q_heads * in->n_queries * in->head_dim : 0;
+    float *buf = malloc(sizeof(float) * (kv > q ? kv : q) + 1);
+    if (!buf)
+        return fk_err(FK_ENOMEM, "out of memory (%s)", t->path);
+    t->vf = vf;
+    for (int l = 0; l < in->n_layers; l++)
+        for (int k = 0; k < (in->has_queries ? 3 : 2); k++) {
+            vf->datasets++;
+            if (fk_trace_read(t, l, (enum fk_kind)k, buf) == FK_OK)
+                continue;
+            /* anything else (encoding, shape, truncation): described, and the scan goes on */
+            if (vf->n_issues < FK_VERIFY_MAX)
+                snprintf(vf->issue[vf->n_issues++], sizeof vf->issue[0], "%s", fk_errmsg());
+            vf->n_unreadable++;
+            fk_err_clear();
+        }
+    t->vf = NULL;
+    free(buf);
+    return FK_OK;
 }

@@ -70,6 +70,20 @@ int fk_trace_read_query_rows(struct fk_trace *t, int layer, const int32_t *rows,
                              float *dst);
 /* Reads query_token_idx [Tq] of one layer (each entry in [0, T)). */
 int fk_trace_read_query_idx(struct fk_trace *t, int layer, int32_t *dst);
+/* What fk_trace_verify found: every non-finite value counted, the first FK_VERIFY_MAX
+ * issues described (dataset, layer, head, token or query row, channel; or the error of a
+ * dataset that cannot be read, such as a wrong encoding). */
+#define FK_VERIFY_MAX 64
+struct fk_trace_verify {
+    int datasets;                /* keys, values and queries datasets read */
+    long n_nonfinite;            /* non-finite values in all */
+    int n_unreadable;            /* datasets that could not be read */
+    int n_issues;                /* described below */
+    char issue[FK_VERIFY_MAX][320];
+};
+/* Reads every keys, values and queries dataset of every layer and describes what is wrong
+ * instead of stopping at the first problem (`fadkv-bench info --verify`). FK_ENOMEM only. */
+int fk_trace_verify(struct fk_trace *t, struct fk_trace_verify *vf);
 /* Value of a root string attribute, or NULL (pointer valid until close). */
 const char *fk_trace_attr(struct fk_trace *t, const char *name);
 

@@ -47,7 +47,8 @@ static int cmd_bench(int argc, char **argv);
 
 static const struct command commands[] = {
     {"codecs", "", "list codecs and their options", fk_cli_codecs},
-    {"info", "FILE|DIR...", "describe traces, dictionaries, results", fk_cli_info},
+    {"info", "[--verify] FILE|DIR...", "describe (and verify) traces, dictionaries, results",
+     fk_cli_info},
     {"synth", "--out DIR [...]", "write synthetic traces (--help)", fk_cli_synth},
     {"trace", "--model M --tokenizer T --prompt TEXT --steps N --out DIR",
      "decode with a llama2.c model and write its trace", fk_cli_trace},
@@ -253,7 +254,7 @@ static int info_basis(const char *path)
     return 0;
 }
 
-static int info_one(const char *path)
+static int info_one(const char *path, int verify)
 {
     int rc;
     if (info_results(path, &rc))
@@ -313,19 +314,46 @@ static int info_one(const char *path)
         if (v)
             printf("  %s: %.200s\n", attrs[i], v);
     }
+    int bad = 0;
+    if (verify) {
+        static struct fk_trace_verify vf;
+        if (fk_trace_verify(t, &vf) < 0) {
+            fk_trace_close(&t);
+            return fail(path);
+        }
+        for (int i = 0; i < vf.n_issues; i++)
+            printf("  verify: %s\n", vf.issue[i]);
+        if (vf.n_issues == FK_VERIFY_MAX)
+            printf("  verify: ... (the first %d issues shown)\n", FK_VERIFY_MAX);
+        bad = vf.n_nonfinite > 0 || vf.n_unreadable > 0;
+        printf("  verify: %d dataset(s) read: %ld non-finite value(s), %d unreadable "
+               "dataset(s)%s\n", vf.datasets, vf.n_nonfinite, vf.n_unreadable,
+               bad ? "" : ": every value is finite");
+    }
     fk_trace_close(&t);
-    return 0;
+    return bad;
 }
 
 int fk_cli_info(int argc, char **argv)
 {
-    if (argc < 2) {
-        fprintf(stderr, "usage: fadkv-bench info FILE|DIR...\n");
+    int verify = 0, n = 0;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--verify"))
+            verify = 1;
+        else
+            n++;
+    }
+    if (n < 1) {
+        fprintf(stderr, "usage: fadkv-bench info [--verify] FILE|DIR...\n"
+                        "  --verify  read every value of each trace and report each non-finite "
+                        "value\n            (layer, head, token, channel) and every dataset "
+                        "that cannot be read; exit 1 if any\n");
         return 2;
     }
     int rc = 0;
     for (int i = 1; i < argc; i++)
-        rc |= info_one(argv[i]);
+        if (strcmp(argv[i], "--verify"))
+            rc |= info_one(argv[i], verify);
     return rc;
 }
 
