@@ -25,6 +25,7 @@ struct fix {
     void *opts;                   /* ops->opts_size bytes */
     int m, n_kv, n_q, T, N;       /* head_dim, KV heads, query heads, tokens, atoms */
     float *k, *v;                 /* [n_kv][T][m] */
+    float *ext[2];                /* an external codec's rows: k and v halved */
     float *q;                     /* [n_q][m] */
     float *atoms[2];              /* [N][m] unit norm, per kind */
     float *gram[2];               /* [N][N] */
@@ -58,6 +59,16 @@ static void fix_open(struct fix *f)
                                     .base = (f->ops->caps & FK_CAP_DICT) ? &f->base[kind]
                                                                          : NULL};
         fk_test_basis_env(&f->basis, f->ops, &env);
+        if (f->ops->caps & FK_CAP_EXTERNAL) {
+            size_t n = (size_t)f->n_kv * f->T * f->m;
+            const float *x = kind ? f->v : f->k;
+            free(f->ext[kind]);
+            f->ext[kind] = malloc(sizeof(float) * n);
+            ck_assert_ptr_nonnull(f->ext[kind]);
+            for (size_t i = 0; i < n; i++)
+                f->ext[kind][i] = 0.5f * x[i];
+            env.external = f->ext[kind];
+        }
         if (f->ops->check)
             ck_assert_msg(f->ops->check(f->opts, f->m, f->N) == FK_OK, "%s", fk_errmsg());
         ck_assert_msg(f->ops->open(f->opts, &env, &f->st[kind]) == FK_OK, "%s: %s",
@@ -175,6 +186,8 @@ static void fix_free(struct fix *f)
         fk_test_basis_free(&f->basis);
     free(f->opts);
     free(f->k);
+    free(f->ext[0]);
+    free(f->ext[1]);
     free(f->v);
     free(f->q);
 }

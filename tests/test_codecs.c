@@ -283,10 +283,30 @@ static const struct fk_test_basis *tbasis(int H, int m, int T)
 }
 
 /* env's basis, positions and RoPE for a FK_CAP_BASIS codec; other codecs' env untouched. */
+/* The stream an FK_CAP_EXTERNAL codec's "prototype" saw: its rows are the stream's vectors
+ * halved (exact in float: every error is 1/2 and a zero vector stays zero). */
+static const struct tstream *g_ext_stream;
+static float *g_ext_rows;
+
 static void tenv(const struct fk_codec_ops *ops, struct fk_stream_env *env)
 {
     if (ops->caps & FK_CAP_BASIS)
         fk_test_basis_env(tbasis(env->n_heads, env->head_dim, env->n_tokens), ops, env);
+    size_t n = (size_t)env->n_heads * env->n_tokens * env->head_dim;
+    if (!(ops->caps & FK_CAP_EXTERNAL) || n > ((size_t)1 << 24))
+        return; /* too large to be a real run: open() must fail cleanly without rows */
+    free(g_ext_rows);
+    g_ext_rows = calloc(n + 1, sizeof(float));
+    CHECK(g_ext_rows != NULL);
+    const struct tstream *s = g_ext_stream;
+    int m = env->head_dim, H = env->n_heads, T = env->n_tokens;
+    if (s && s->m == m && s->H == H && s->T == T)
+        for (int t = 0; t < T; t++)
+            for (int h = 0; h < H; h++)
+                for (int c = 0; c < m; c++)
+                    g_ext_rows[((size_t)h * T + t) * m + c] =
+                        0.5f * s->x[((size_t)t * H + h) * m + c];
+    env->external = g_ext_rows;
 }
 
 struct trun {
@@ -392,6 +412,7 @@ static void trun_stream(struct trun *r, const struct fk_codec_ops *ops, const vo
                         const struct tdict *d, const struct tstream *s, int kind, thook_fn hook,
                         void *ctx)
 {
+    g_ext_stream = s;
     trun_open(r, ops, opts, d, s->H, s->T, kind);
     struct fk_sched sc = trun_sched(ops, opts, kind, s);
     struct fk_sched_iter it;
@@ -700,7 +721,8 @@ static void lint_caps(const struct fk_codec_ops *ops)
 {
     unsigned caps = ops->caps;
     unsigned known = FK_CAP_DICT | FK_CAP_GRAM | FK_CAP_SPARSE | FK_CAP_GROWS |
-                     FK_CAP_ADAPTS | FK_CAP_STATIC | FK_CAP_EXACT | FK_CAP_GRID | FK_CAP_BASIS;
+                     FK_CAP_ADAPTS | FK_CAP_STATIC | FK_CAP_EXACT | FK_CAP_GRID | FK_CAP_BASIS |
+                     FK_CAP_EXTERNAL;
     REQUIRE(!(caps & ~known), "%s: unknown capability bits 0x%x", ops->name, caps & ~known);
     REQUIRE(!(caps & FK_CAP_GRAM) || (caps & FK_CAP_DICT), "%s: FK_CAP_GRAM (the base "
             "dictionary's Gram) without FK_CAP_DICT", ops->name);
@@ -2051,6 +2073,7 @@ START_TEST(check_accepts_only_what_runs)
                     base = (ops->caps & FK_CAP_GRAM) ? &d.with : &d.without;
                 struct fk_stream_env env = {.head_dim = d.m, .n_heads = s.H,
                                             .n_tokens = s.T, .base = base};
+                g_ext_stream = &s;
                 tenv(ops, &env);
                 struct trun r = {.ops = ops, .H = s.H, .m = d.m};
                 REQUIRE(ops->open(o, &env, &r.st) == FK_OK, "%s: check() accepts %s = %g, "
@@ -2109,6 +2132,7 @@ START_TEST(close_half_opened)
     struct tgen g = {.n_use = 48, .k_gen = 3, .noise = 0.01};
     struct tstream s;
     tstream_init(&s, &d, 2, 4, 4, &g, 143);
+    g_ext_stream = &s;
     for (int ci = 0; fk_codecs[ci]; ci++) {
         const struct fk_codec_ops *ops = fk_codecs[ci];
         ops->close(NULL);

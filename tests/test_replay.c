@@ -283,7 +283,9 @@ static void run_cell_pool(const char *codec, struct fk_trace **tr, int n_tr,
         ck_assert_int_eq(fk_opts_set(ops, o, opt, 1), FK_OK);
     struct fk_cell_input in = {.ops = ops, .opts = o, .traces = tr, .n_traces = n_tr,
                                .dict = dict,
-                               .basis = (ops->caps & FK_CAP_BASIS) ? g_basis : NULL};
+                               .basis = (ops->caps & FK_CAP_BASIS) ? g_basis : NULL,
+                               /* an external codec reads each trace as its own prototype */
+                               .external = (ops->caps & FK_CAP_EXTERNAL) ? tr : NULL};
     struct fk_replay_opts ro = {.jobs = jobs, .attention = attention, .attn_stride = 3,
                                 .recall = 1, .recall_every = 4, .pool = pool};
     int rc = fk_replay_cell(&in, &ro, res);

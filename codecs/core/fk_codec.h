@@ -89,6 +89,10 @@ enum fk_cap {
     FK_CAP_BASIS = 1u << 8,   /* needs a basis file (dataset key `basis`): rows are coded on
                                * a projection basis per head group (struct fk_basis); a row's
                                * nnz is its share of the group's stored coefficients */
+    FK_CAP_EXTERNAL = 1u << 9, /* stores rows another program computed: the dataset names a
+                                * directory of reconstruction files (`reconstructions`), one
+                                * trace-shaped file per trace, and env->external holds this
+                                * (layer, kind)'s rows */
 };
 
 /* What a codec needs from the data under given options, beyond its capability flags
@@ -142,6 +146,8 @@ struct fk_stream_env {
     int n_tokens;                /* T: upper bound of stored rows per head */
     const struct fk_base_dict *base; /* NULL unless FK_CAP_DICT */
     const struct fk_basis *basis; /* this (layer, kind)'s basis; NULL unless FK_CAP_BASIS */
+    const float *external;       /* [n_heads][n_tokens][head_dim] the reconstruction file's rows
+                                  * of this (layer, kind), float32; NULL unless FK_CAP_EXTERNAL */
     const int32_t *positions;    /* [n_tokens] position ids of the trace's tokens, or NULL */
     const struct fk_rope *rope;  /* the trace's RoPE, NULL when the trace does not describe
                                   * it (no rope_layout) or its keys are not post-RoPE */

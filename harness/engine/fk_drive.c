@@ -183,7 +183,8 @@ static int open_states(struct fk_unit *u)
         struct fk_stream_env env = {.layer = u->layer, .kind = k, .head_dim = u->head_dim,
                                     .n_heads = u->n_kv_heads, .n_tokens = u->n_tokens,
                                     .base = u->bases ? &u->bases[k] : NULL,
-                                    .basis = u->basis[k], .positions = u->positions,
+                                    .basis = u->basis[k], .external = u->ext[k],
+                                    .positions = u->positions,
                                     .rope = u->rope, .reference = u->ro->reference};
         int rc = u->ops->open(u->opts, &env, &u->st[k]);
         if (rc < 0)

@@ -42,6 +42,7 @@ struct fk_unit {
     const struct fk_base_dict *bases; /* [2] the K and V bases (FK_CAP_DICT), or NULL */
     const struct fk_basis *basis[2];  /* the K and V projection bases (FK_CAP_BASIS), or NULL */
     const int32_t *positions;         /* [T] the trace's position ids */
+    const float *ext[2];              /* [H][T][m] external K and V rows (FK_CAP_EXTERNAL) */
     const struct fk_rope *rope;       /* the trace's RoPE with post-RoPE keys, or NULL */
     int attention;                    /* evaluate attention on this layer */
     const float *q;                   /* [H_q][n_qsel][m] query rows of the attention steps */

@@ -123,6 +123,8 @@ struct worker {
                                   * itself) */
     size_t cap_gram;
     int pooled;                  /* gram[] came from (and go back to) the pool's slot */
+    float *ext[2];               /* [H_kv][T][m] external K and V rows (FK_CAP_EXTERNAL) */
+    size_t cap_ext[2];           /* their capacities in floats */
     struct fk_drive drive;       /* observers and event buffers */
     struct fk_unit_times times;
 };
@@ -148,6 +150,8 @@ static void worker_free(struct worker *w)
     free(w->qrow);
     free(w->gram[0]);
     free(w->gram[1]);
+    free(w->ext[0]);
+    free(w->ext[1]);
     fk_drive_free(&w->drive);
 }
 
@@ -232,6 +236,16 @@ static int replay_layer(struct worker *w, int ti, int layer, const struct fk_bas
     FK_TRY(read_kv_locked(w, tr, layer, 1, nkv));
     if (u.attention)
         FK_TRY(read_queries(w, tr, layer));
+    for (int k = 0; k < 2 && (w->in->ops->caps & FK_CAP_EXTERNAL); k++) {
+        /* the prototype's rows of this (trace, layer, kind), as float32 */
+        FK_TRY(grow((void **)&w->ext[k], &w->cap_ext[k], nkv, sizeof(float)));
+        pthread_mutex_lock(&h5_lock);
+        int rc = fk_trace_read(w->in->external[ti], layer, k ? FK_KIND_V : FK_KIND_K,
+                               w->ext[k]);
+        pthread_mutex_unlock(&h5_lock);
+        FK_TRY(rc);
+        u.ext[k] = w->ext[k];
+    }
     w->times.t_io += fk_clock_s(CLOCK_MONOTONIC) - t0;
     for (int k = 0; k < 2; k++) {
         u.kv[k] = w->kv[k];
@@ -379,10 +393,34 @@ static int check_cell(const struct fk_cell_input *in, const struct fk_replay_opt
     if ((in->ops->caps & FK_CAP_DICT) && !in->dict)
         return fk_err(FK_ECONFIG, "codec %s needs a dictionary (set dictionary = \"...\")",
                       in->ops->name);
+    if (in->ops->caps & FK_CAP_EXTERNAL)
+        FK_TRY(fk_replay_check_external(in));
     if (in->ops->caps & FK_CAP_BASIS)
         return fk_replay_check_basis(in);
     if (in->ops->check)
         FK_TRY(in->ops->check(in->opts, i0->head_dim, in->dict ? in->dict->n_atoms : 0));
+    return FK_OK;
+}
+
+int fk_replay_check_external(const struct fk_cell_input *in)
+{
+    if (!(in->ops->caps & FK_CAP_EXTERNAL))
+        return FK_OK;
+    if (!in->external)
+        return fk_err(FK_ECONFIG, "codec %s stores reconstructions computed elsewhere: the "
+                      "dataset needs reconstructions = \"DIR\" (DIR/<trace file name> for each "
+                      "trace, laid out like the trace; datasets/EXTERNAL.md)", in->ops->name);
+    for (int t = 0; t < in->n_traces; t++) {
+        const struct fk_trace_info *a = fk_trace_get_info(in->traces[t]);
+        const struct fk_trace_info *b = fk_trace_get_info(in->external[t]);
+        if (a->n_layers != b->n_layers || a->n_kv_heads != b->n_kv_heads ||
+            a->n_tokens != b->n_tokens || a->head_dim != b->head_dim)
+            return fk_err(FK_ECONFIG, "reconstructions %s have %d layers, %d KV heads, %d "
+                          "tokens, head_dim %d, but trace %s has %d, %d, %d, %d",
+                          fk_trace_path(in->external[t]), b->n_layers, b->n_kv_heads,
+                          b->n_tokens, b->head_dim, fk_trace_path(in->traces[t]), a->n_layers,
+                          a->n_kv_heads, a->n_tokens, a->head_dim);
+    }
     return FK_OK;
 }
 

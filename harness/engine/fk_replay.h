@@ -120,6 +120,8 @@ struct fk_cell_input {
     int n_traces;
     const struct fk_dict *dict;       /* required when ops->caps & FK_CAP_DICT */
     const struct fk_basis_file *basis; /* required when ops->caps & FK_CAP_BASIS */
+    struct fk_trace *const *external; /* [n_traces] reconstruction files, trace-shaped;
+                                       * required when ops->caps & FK_CAP_EXTERNAL */
 };
 
 int fk_replay_cell(const struct fk_cell_input *in, const struct fk_replay_opts *ro,
@@ -131,6 +133,9 @@ int fk_replay_cell(const struct fk_cell_input *in, const struct fk_replay_opts *
  * head_dim and the basis's components; FK_NEED_ROPE: every trace describes its RoPE with
  * post-RoPE keys, and the basis has pre-RoPE keys. Nothing to check for other codecs. */
 int fk_replay_check_basis(const struct fk_cell_input *in);
+/* The same for a codec of external reconstructions (FK_CAP_EXTERNAL): a reconstruction file
+ * for every trace, each with its trace's layers, KV heads, tokens and head_dim. */
+int fk_replay_check_external(const struct fk_cell_input *in);
 void fk_cell_result_free(struct fk_cell_result *r);
 
 /* The result of stream (trace, layer, kind) of a cell. */

@@ -218,6 +218,10 @@ static int load_dataset(const struct fk_toml_value *tab, const char *name, int i
             const char *p;
             FK_TRY(get_str(e->value, &p));
             ds->basis = xstrdup(p);
+        } else if (!strcmp(e->key, "reconstructions")) {
+            const char *p;
+            FK_TRY(get_str(e->value, &p));
+            ds->recon_dir = xstrdup(p);
         } else if (!is_sweep && !strcmp(e->key, "defaults")) {
             if (fk_toml_type(e->value) != FK_TOML_TABLE)
                 return entry_err(e, "expected a table of codec options, e.g. { s = 4, n = 64 }");
@@ -229,7 +233,7 @@ static int load_dataset(const struct fk_toml_value *tab, const char *name, int i
             ds->defaults = e->value;
         } else if (!is_sweep && strcmp(e->key, "name")) {
             return entry_err(e, "unknown key in [[dataset]] (allowed: name, traces, dictionary, "
-                                "basis, defaults)");
+                                "basis, reconstructions, defaults)");
         }
     }
     if (ds->n_traces == 0)
@@ -245,6 +249,18 @@ static int load_dataset(const struct fk_toml_value *tab, const char *name, int i
         ds->traces[k++] = ds->traces[i];
     }
     ds->n_traces = k;
+    if (ds->recon_dir) { /* DIR/<trace file name>: a prototype's output for each trace */
+        ds->recon = calloc((size_t)ds->n_traces, sizeof(char *));
+        if (!ds->recon)
+            return fk_err(FK_ENOMEM, "out of memory");
+        for (int i = 0; i < ds->n_traces; i++) {
+            const char *b = strrchr(ds->traces[i], '/');
+            size_t n = strlen(ds->recon_dir) + strlen(b ? b + 1 : ds->traces[i]) + 2;
+            if (!(ds->recon[i] = malloc(n)))
+                return fk_err(FK_ENOMEM, "out of memory");
+            snprintf(ds->recon[i], n, "%s/%s", ds->recon_dir, b ? b + 1 : ds->traces[i]);
+        }
+    }
     return FK_OK;
 }
 
@@ -264,6 +280,14 @@ static int hash_dataset(struct fk_dataset *ds)
     if (ds->basis) { /* after the dictionary: datasets without a basis keep their hash */
         FK_TRY(fk_sha256_file(ds->basis, hex));
         fk_sha256_update(&c, "basis", 5);
+        fk_sha256_update(&c, hex, 64);
+    }
+    for (int i = 0; ds->recon && i < ds->n_traces; i++) { /* new reconstructions, new ids */
+        if (fk_sha256_file(ds->recon[i], hex) < 0)
+            return fk_err_context(FK_ECONFIG, "dataset '%s': reconstructions of %s (expected "
+                                  "%s, a trace-shaped file of the external codec's rows)",
+                                  ds->name, ds->traces[i], ds->recon[i]);
+        fk_sha256_update(&c, "recon", 5);
         fk_sha256_update(&c, hex, 64);
     }
     uint8_t d[32];
@@ -654,7 +678,8 @@ static int load_sweep_table(struct fk_sweep *s, const struct fk_toml_value *tab)
                 return entry_err(e, "cost_baseline names no codec (see `fadkv-bench codecs`)");
             free(s->cost_baseline);
             s->cost_baseline = xstrdup(str);
-        } else if (strcmp(k, "traces") && strcmp(k, "dictionary") && strcmp(k, "basis")) {
+        } else if (strcmp(k, "traces") && strcmp(k, "dictionary") && strcmp(k, "basis") &&
+                   strcmp(k, "reconstructions")) {
             return entry_err(e, "unknown key in [sweep] (allowed: name, traces, dictionary, basis, "
                                 "output, jobs, attention, attn_stride, attn_layers, recall, "
                                 "recall_every, repeats, base_seed, cost_baseline)");
@@ -679,6 +704,10 @@ void fk_sweep_free(struct fk_sweep **sp)
         free(ds->name);
         free(ds->dict);
         free(ds->basis);
+        for (int i = 0; ds->recon && i < ds->n_traces; i++)
+            free(ds->recon[i]);
+        free(ds->recon);
+        free(ds->recon_dir);
         free(ds->content_hash);
     }
     for (int c = 0; c < s->n_cells; c++) {

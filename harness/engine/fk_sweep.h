@@ -24,6 +24,9 @@ struct fk_dataset {
     int n_traces;
     char *dict;                  /* dictionary path or NULL */
     char *basis;                 /* basis file path (low-rank codecs) or NULL */
+    char *recon_dir;             /* directory of external reconstructions (codec external):
+                                  * DIR/<trace file name> for each trace, or NULL */
+    char **recon;                /* [n_traces] those paths (recon_dir set), else NULL */
     char *content_hash;          /* sha256 over the traces', dictionary's and basis's hashes */
     const struct fk_toml_value *defaults; /* dataset's option defaults (resolution only) */
 };

@@ -27,6 +27,7 @@ struct loaded {
     struct fk_trace **traces;
     struct fk_dict *dict;
     struct fk_basis_file *basis;
+    struct fk_trace **recon;     /* [n_traces] reconstruction files (codec external) or NULL */
 };
 
 /* The state of one run. */
@@ -194,6 +195,13 @@ static int load_dataset(struct run *r, const struct fk_sweep_cell *cell)
     }
     if (rc == FK_OK && !L->basis && ds->basis && (cell->ops->caps & FK_CAP_BASIS))
         rc = fk_basis_load(ds->basis, &L->basis);
+    if (rc == FK_OK && !L->recon && ds->recon && (cell->ops->caps & FK_CAP_EXTERNAL)) {
+        L->recon = calloc((size_t)ds->n_traces, sizeof(struct fk_trace *));
+        if (!L->recon)
+            rc = fk_err(FK_ENOMEM, "out of memory");
+        for (int i = 0; rc == FK_OK && i < ds->n_traces; i++)
+            rc = fk_trace_open(ds->recon[i], &L->recon[i]);
+    }
     if (rc < 0) {
         char msg[1100];
         snprintf(msg, sizeof msg, "%s", fk_errmsg());
@@ -231,6 +239,9 @@ static void free_loaded(struct run *r)
         free(r->ld[d].traces);
         fk_dict_free(&r->ld[d].dict);
         fk_basis_free(&r->ld[d].basis);
+        for (int i = 0; r->ld[d].recon && i < r->s->datasets[d].n_traces; i++)
+            fk_trace_close(&r->ld[d].recon[i]);
+        free(r->ld[d].recon);
     }
     free(r->ld);
     r->ld = NULL;
@@ -243,14 +254,16 @@ static struct fk_cell_input cell_input(const struct run *r, const struct fk_swee
     return (struct fk_cell_input){.ops = cell->ops, .opts = cell->opts, .traces = L->traces,
                                   .n_traces = r->s->datasets[cell->dataset].n_traces,
                                   .dict = (cell->ops->caps & FK_CAP_DICT) ? L->dict : NULL,
-                                  .basis = (cell->ops->caps & FK_CAP_BASIS) ? L->basis : NULL};
+                                  .basis = (cell->ops->caps & FK_CAP_BASIS) ? L->basis : NULL,
+                                  .external = (cell->ops->caps & FK_CAP_EXTERNAL) ? L->recon
+                                                                                  : NULL};
 }
 
 /* A low-rank cell's basis against its traces and options, before any cell runs. */
 static int check_basis(const struct run *r, const struct fk_sweep_cell *cell)
 {
     struct fk_cell_input in = cell_input(r, cell);
-    if (fk_replay_check_basis(&in) == FK_OK)
+    if (fk_replay_check_basis(&in) == FK_OK && fk_replay_check_external(&in) == FK_OK)
         return FK_OK;
     char msg[1100];
     snprintf(msg, sizeof msg, "%s", fk_errmsg());
