@@ -18,10 +18,11 @@ case "$mode" in build|run|test) ;; *) echo "usage: $0 [build|run|test]" >&2; exi
 # (Debian's, for the oracle tests and the dumper). The tests also need the oracles'
 # modules, scikit-learn (tests/sklearn_omp.py) and torch (tests/test_python_tools.py), so
 # that no oracle test is skipped, and Slurm, munge and GNU parallel (tests/test_slurm.sh
-# starts a private cluster of its own and needs no system service).
+# starts a private cluster of its own and needs no system service), and Chromium
+# (tests/test_report.sh opens the HTML report headless).
 pkgs=(gcc libc6-dev pkg-config meson ninja-build git libhdf5-dev hdf5-tools libgsl-dev
       libopenblas-dev check gnuplot-nox python3 python3-numpy python3-h5py)
-[ "$mode" = test ] && pkgs+=(python3-sklearn python3-torch slurm-wlm munge parallel)
+[ "$mode" = test ] && pkgs+=(python3-sklearn python3-torch slurm-wlm munge parallel chromium)
 missing=()
 for p in "${pkgs[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "cli/fk_cli.h"
+#include "report/fk_report.h"
 #include "common/fk_clock.h"
 #include "common/fk_err.h"
 #include "core/fk_codec.h"
@@ -250,6 +251,14 @@ int fk_cli_plot(int argc, char **argv)
                 drawn++;
             }
         }
+    }
+    int n_report = 0;
+    if (fk_report_write(res, out, &set, &n_report) < 0) {
+        fprintf(stderr, "fadkv-bench plot: report: %s\n", fk_errmsg());
+        failed++;
+    } else {
+        printf("  wrote %s/report.html (one self-contained page: %d figure(s), the tables, "
+               "the cells, the provenance)\n", out, n_report);
     }
     printf("%d figure file(s) written, %d figure(s) skipped, %d failed, %.1f s\n", drawn,
            skipped, failed, fk_wall_s() - t0);

@@ -1,0 +1,257 @@
+/* SPDX-License-Identifier: MIT
+ * The HTML report (see fk_report.h).
+ */
+#include "report/fk_report.h"
+
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/fk_err.h"
+#include "common/fk_str.h"
+#include "store/fk_results.h"
+
+/* Text with &, <, > and " escaped. */
+static void esc(struct fk_sb *b, const char *s, size_t n)
+{
+    for (size_t i = 0; i < n && s[i]; i++) {
+        char c = s[i];
+        if (c == '&')
+            fk_sb_printf(b, "&amp;");
+        else if (c == '<')
+            fk_sb_printf(b, "&lt;");
+        else if (c == '>')
+            fk_sb_printf(b, "&gt;");
+        else if (c == '"')
+            fk_sb_printf(b, "&quot;");
+        else
+            fk_sb_printf(b, "%c", c);
+    }
+}
+
+static void esc0(struct fk_sb *b, const char *s)
+{
+    esc(b, s, strlen(s));
+}
+
+static void base64(struct fk_sb *b, const unsigned char *p, size_t n)
+{
+    static const char a[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    for (size_t i = 0; i < n; i += 3) {
+        unsigned v = (unsigned)p[i] << 16 | (i + 1 < n ? (unsigned)p[i + 1] << 8 : 0) |
+                     (i + 2 < n ? p[i + 2] : 0);
+        char q[5] = {a[v >> 18 & 63], a[v >> 12 & 63], i + 1 < n ? a[v >> 6 & 63] : '=',
+                     i + 2 < n ? a[v & 63] : '=', 0};
+        fk_sb_printf(b, "%s", q);
+    }
+}
+
+/* A Markdown file of `### heading` lines and pipe tables (as plot writes them) as HTML. */
+static void markdown_tables(struct fk_sb *b, const char *md)
+{
+    int in_table = 0, row = 0;
+    for (const char *l = md; l && *l;) {
+        const char *e = strchr(l, '\n');
+        size_t n = e ? (size_t)(e - l) : strlen(l);
+        if (n > 0 && l[0] == '|') {
+            int sep = strspn(l, "|-: ") == n; /* |---|---:| */
+            if (!in_table)
+                fk_sb_printf(b, "<table class=\"t\">\n");
+            in_table = 1;
+            if (!sep) {
+                fk_sb_printf(b, "<tr>");
+                const char *c = l + 1, *end = l + n;
+                while (c < end) {
+                    const char *bar = memchr(c, '|', (size_t)(end - c));
+                    const char *stop = bar ? bar : end;
+                    while (c < stop && *c == ' ')
+                        c++;
+                    const char *t = stop;
+                    while (t > c && t[-1] == ' ')
+                        t--;
+                    fk_sb_printf(b, row ? "<td>" : "<th>");
+                    esc(b, c, (size_t)(t - c));
+                    fk_sb_printf(b, row ? "</td>" : "</th>");
+                    c = bar ? bar + 1 : end;
+                }
+                fk_sb_printf(b, "</tr>\n");
+                row++;
+            }
+        } else {
+            if (in_table)
+                fk_sb_printf(b, "</table>\n");
+            in_table = row = 0;
+            if (n > 4 && !strncmp(l, "### ", 4)) {
+                fk_sb_printf(b, "<h3>");
+                esc(b, l + 4, n - 4);
+                fk_sb_printf(b, "</h3>\n");
+            } else if (n > 3 && !strncmp(l, "## ", 3)) {
+                fk_sb_printf(b, "<h3>");
+                esc(b, l + 3, n - 3);
+                fk_sb_printf(b, "</h3>\n");
+            }
+        }
+        l = e ? e + 1 : NULL;
+    }
+    if (in_table)
+        fk_sb_printf(b, "</table>\n");
+}
+
+static const char style[] =
+    "body{font-family:sans-serif;margin:1.5em;max-width:1400px}"
+    "h1{font-size:1.4em}h2{font-size:1.2em;border-bottom:1px solid #ccc}"
+    "table.t{border-collapse:collapse;font-size:.85em;margin:.5em 0}"
+    "table.t td,table.t th{border:1px solid #ccc;padding:2px 6px;text-align:right}"
+    "table.t th{background:#eee;cursor:pointer}"
+    "figure{display:inline-block;margin:.5em;vertical-align:top}"
+    "figure img{max-width:640px;border:1px solid #ddd}figcaption{font-size:.8em}"
+    "#cells{overflow-x:auto}pre{background:#f6f6f6;padding:.5em;overflow-x:auto}";
+
+/* Sorting (click a header; numbers compare as numbers), filtering (every cell's text), and
+ * the self-check the title reports. */
+static const char script[] =
+    "var errors=0;window.onerror=function(){errors++;};"
+    "function sortBy(th){var t=th.closest('table'),i=th.cellIndex,asc=th.dataset.asc!=='1';"
+    "th.dataset.asc=asc?'1':'0';var rs=Array.prototype.slice.call(t.tBodies[0].rows);"
+    "rs.sort(function(a,b){var x=a.cells[i].textContent,y=b.cells[i].textContent,"
+    "p=parseFloat(x),q=parseFloat(y);var c=(!isNaN(p)&&!isNaN(q))?p-q:x.localeCompare(y);"
+    "return asc?c:-c;});rs.forEach(function(r){t.tBodies[0].appendChild(r);});}"
+    "function filterRows(v){v=v.toLowerCase();var rs=document.getElementById('celltab')"
+    ".tBodies[0].rows;for(var i=0;i<rs.length;i++)rs[i].style.display="
+    "rs[i].textContent.toLowerCase().indexOf(v)>=0?'':'none';}"
+    "window.addEventListener('load',function(){var im=document.images,bad=0;"
+    "for(var i=0;i<im.length;i++)if(!im[i].complete||im[i].naturalWidth===0)bad++;"
+    "var ths=document.querySelectorAll('#celltab th');"
+    "for(var j=0;j<ths.length;j++)ths[j].onclick=function(){sortBy(this);};"
+    "document.title='fadkv-bench report: '+(bad||errors?'ERROR, '+bad+' figure(s) not "
+    "decoded, '+errors+' script error(s)':'OK, '+im.length+' figures');});";
+
+/* The cells table of cells.csv. */
+static void cells_table(struct fk_sb *b, const struct fk_store *st)
+{
+    const struct fk_csv *c = &st->cells;
+    fk_sb_printf(b, "<p><input id=\"filter\" placeholder=\"filter rows (any text)\" "
+                    "oninput=\"filterRows(this.value)\" size=\"40\"> %d cell(s); click a "
+                    "column to sort</p>\n<div id=\"cells\"><table class=\"t\" id=\"celltab\">"
+                    "<thead><tr>", c->n_rows);
+    for (int j = 0; j < c->n_cols; j++) {
+        fk_sb_printf(b, "<th>");
+        esc0(b, c->head[j]);
+        fk_sb_printf(b, "</th>");
+    }
+    fk_sb_printf(b, "</tr></thead><tbody>\n");
+    for (int i = 0; i < c->n_rows; i++) {
+        fk_sb_printf(b, "<tr>");
+        for (int j = 0; j < c->n_cols; j++) {
+            fk_sb_printf(b, "<td>");
+            esc0(b, c->rows[i][j]);
+            fk_sb_printf(b, "</td>");
+        }
+        fk_sb_printf(b, "</tr>\n");
+    }
+    fk_sb_printf(b, "</tbody></table></div>\n");
+}
+
+/* Every drawn figure's PNG, embedded; the others listed with their reasons. */
+static int figures(struct fk_sb *b, const char *fig_dir, const struct fk_plot_set *set,
+                   int *n_figs)
+{
+    *n_figs = 0;
+    for (int i = 0; i < set->n_figs; i++) {
+        const struct fk_plot_fig *f = &set->figs[i];
+        if (f->note[0])
+            continue;
+        char p[PATH_MAX];
+        if ((size_t)snprintf(p, sizeof p, "%s/%s.png", fig_dir, f->name) >= sizeof p)
+            continue;
+        size_t n = 0;
+        char *png = fk_slurp(p, &n);
+        if (!png)
+            continue; /* not drawn as PNG (--format pdf or svg only, or no gnuplot) */
+        fk_sb_printf(b, "<figure><img alt=\"");
+        esc0(b, f->name);
+        fk_sb_printf(b, "\" src=\"data:image/png;base64,");
+        base64(b, (const unsigned char *)png, n);
+        fk_sb_printf(b, "\"><figcaption>");
+        esc0(b, f->name);
+        fk_sb_printf(b, "</figcaption></figure>\n");
+        free(png);
+        (*n_figs)++;
+    }
+    int skipped = 0;
+    for (int i = 0; i < set->n_figs; i++)
+        skipped += set->figs[i].note[0] != 0;
+    if (skipped) {
+        fk_sb_printf(b, "<details><summary>%d figure(s) not drawn, with the reason</summary>"
+                        "<ul>", skipped);
+        for (int i = 0; i < set->n_figs; i++)
+            if (set->figs[i].note[0]) {
+                fk_sb_printf(b, "<li><b>");
+                esc0(b, set->figs[i].name);
+                fk_sb_printf(b, "</b>: ");
+                esc0(b, set->figs[i].note);
+                fk_sb_printf(b, "</li>");
+            }
+        fk_sb_printf(b, "</ul></details>\n");
+    }
+    return FK_OK;
+}
+
+int fk_report_write(const char *dir, const char *fig_dir, const struct fk_plot_set *set,
+                    int *n_figs)
+{
+    struct fk_store *st;
+    FK_TRY(fk_store_open(dir, &st));
+    struct fk_sb b = {0};
+    fk_sb_printf(&b, "<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>fadkv-bench "
+                     "report</title><style>%s</style><script>%s</script></head><body>\n",
+                 style, script);
+    fk_sb_printf(&b, "<h1>fadkv-bench report: ");
+    esc0(&b, dir);
+    fk_sb_printf(&b, "</h1>\n<p>%d finished cell(s) over %d dataset(s). Replay is "
+                     "teacher-forced: per-layer error from the recorded queries, no "
+                     "propagation across layers or steps.</p>\n", set->n_cells,
+                 set->n_datasets);
+    for (int i = 0; i < st->n_damaged; i++) {
+        fk_sb_printf(&b, "<p><b>damaged, skipped:</b> ");
+        esc0(&b, st->damaged[i]);
+        fk_sb_printf(&b, "</p>\n");
+    }
+    fk_sb_printf(&b, "<h2>Figures</h2>\n");
+    int rc = figures(&b, fig_dir, set, n_figs);
+    const char *tables[2][2] = {{"Equal-budget tables", set->budget_md},
+                                {"Table 4: cost and memory", set->table_md}};
+    for (int k = 0; rc == FK_OK && k < 2; k++) {
+        char *md = tables[k][1][0] ? fk_slurp(tables[k][1], NULL) : NULL;
+        if (!md)
+            continue;
+        fk_sb_printf(&b, "<h2>%s</h2>\n", tables[k][0]);
+        markdown_tables(&b, md);
+        free(md);
+    }
+    fk_sb_printf(&b, "<h2>Cells</h2>\n");
+    cells_table(&b, st);
+    char *prov = NULL;
+    if (fk_store_path(&prov, dir, "provenance.json") == FK_OK) {
+        char *json = fk_slurp(prov, NULL);
+        if (json) {
+            fk_sb_printf(&b, "<h2>Provenance</h2>\n<pre>");
+            esc0(&b, json);
+            fk_sb_printf(&b, "</pre>\n");
+            free(json);
+        }
+        free(prov);
+    }
+    fk_sb_printf(&b, "</body></html>\n");
+    char *out = NULL;
+    if (rc == FK_OK)
+        rc = b.oom ? fk_err(FK_ENOMEM, "out of memory (report)")
+                   : fk_store_path(&out, fig_dir, "report.html");
+    if (rc == FK_OK)
+        rc = fk_write_atomic(out, b.s, b.n);
+    free(out);
+    fk_sb_free(&b);
+    fk_store_close(&st);
+    return rc;
+}
