@@ -518,7 +518,8 @@ int fk_trace_open(const char *path, struct fk_trace **out)
     FILE *f = fopen(path, "rb");
     if (!f) {
         fk_trace_close(&t);
-        return fk_err(FK_EIO, "%s: cannot open (no such file or not readable)", path);
+        return fk_err(FK_EIO, "%s: cannot open (no such file or not readable)%s", path,
+                      path[0] == '/' ? "" : " (relative to the current directory)");
     }
     fclose(f);
     if (H5Fis_hdf5(path) <= 0) {

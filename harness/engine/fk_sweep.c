@@ -4,10 +4,12 @@
 #include "engine/fk_sweep.h"
 
 #include <glob.h>
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "formats/fk_dict.h"
 #include "common/fk_err.h"
@@ -177,7 +179,12 @@ static int expand_traces(const struct fk_toml_value *arr, struct fk_dataset *ds)
         if (gr != 0 || g.gl_pathc == 0) {
             if (gr == 0)
                 globfree(&g);
-            return cfg_err(arr, "traces: '%s' matches no file%s", p, "");
+            char where[PATH_MAX + 64] = "";
+            char cwd[PATH_MAX];
+            if (p[0] != '/' && getcwd(cwd, sizeof cwd))
+                snprintf(where, sizeof where, " (looked in %s: relative paths resolve against "
+                         "the directory fadkv-bench runs in)", cwd);
+            return cfg_err(arr, "traces: '%s' matches no file%s", p, where);
         }
         for (size_t i = 0; i < g.gl_pathc; i++) {
             char **nt = realloc(ds->traces, sizeof(char *) * (size_t)(ds->n_traces + 1));
