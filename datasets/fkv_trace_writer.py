@@ -185,6 +185,22 @@ class TraceWriter:
         else:
             self.f.attrs[name] = str(value)
 
+    def set_layer_attr(self, layer, name, value):
+        """Set (or replace) an attribute of /layers/Lxx, stored as a string."""
+        if not 0 <= int(layer) < self.L:
+            raise ValueError("layer %d out of range [0, %d)" % (layer, self.L))
+        self.f[layer_group(int(layer))].attrs[name] = str(value)
+
+    def add_dataset(self, path, data, attrs=None):
+        """Write a small extra dataset (e.g. /rope/inv_freq) in one go, with string
+        attributes. The C reader ignores datasets it does not know."""
+        if path.startswith("/tokens") or path.startswith("/layers"):
+            raise ValueError("%s: extra datasets may not live under /tokens or /layers" % path)
+        ds = self.f.create_dataset(path, data=np.asarray(data), track_times=False)
+        for k, v in (attrs or {}).items():
+            ds.attrs[k] = str(v)
+        return ds
+
     @staticmethod
     def _grow(ds, axis, n, data):
         old = ds.shape[axis]
