@@ -995,7 +995,8 @@ def test_main_variants(tmp):
         ptxt = os.path.join(tmp, "p.txt")
         with open(ptxt, "w") as f:
             f.write("Once upon a time\n")
-        P = len(tok("Once upon a time")["input_ids"])  # 17 > the window 8 of fake/mistral
+        P = len(tok("Once upon a time")["input_ids"])
+        check(P == 17, "variants: prompt of %d tokens, longer than fake/mistral's window 8" % P)
         steps = 6
 
         def run(name, *extra):
@@ -1331,6 +1332,11 @@ def main():
             d = os.path.join(tmp, name)
             os.mkdir(d)
             guarded(fn, d)
+    return finish()
+
+
+def finish():
+    """Exit status of a suite of check() calls: 0 all passed, 1 some failed."""
     if FAILURES:
         print("%d check(s) failed" % len(FAILURES))
         return 1
