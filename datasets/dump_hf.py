@@ -16,21 +16,30 @@ lists them.
 Every prompt is decoded with batch size 1: one prefill forward over the prompt, then one
 forward per generated token (greedy, or temperature + top-p sampling with a seeded
 generator). After every forward the dumper records, for every layer:
-  * keys and values of the new tokens, read from the cache (`DynamicCache.layers[i].keys`
-    / `.values`, transformers >= 4.56), i.e. AFTER RoPE, exactly what the cache holds;
-    they are checked bit for bit against the key/value tensors the attention function
-    received;
+  * keys and values of the new tokens: the key_states / value_states the attention layer
+    hands to Cache.update (a wrapper of the cache instance's update records them), i.e.
+    AFTER RoPE, whatever the cache layer does with them (DynamicLayer appends and returns
+    its own storage, StaticLayer writes them into a max_cache_len buffer at
+    cache_position, DynamicSlidingWindowLayer drops the oldest). Each layer's length must
+    equal the last position + 1, and the key/value tensors the attention function
+    received must hold the recorded rows bit for bit (else: quantised or offloaded cache);
   * the post-RoPE queries of the new tokens, captured by a custom attention function
-    registered through transformers' AttentionInterface (it records the query and calls
-    the stock "sdpa" or the model's "eager" attention), selected with
-    attn_implementation="fadkv_capture".
+    registered globally through transformers' AttentionInterface.register (it records the
+    query and calls the stock "sdpa" or the model's "eager" attention), selected with
+    attn_implementation="fadkv_capture";
+  * after the prefill, each layer group gets the attention call's scaling, softcap and
+    sliding_window, and the cache layer's is_sliding / sliding_window.
+The RoPE the model used is described by attributes and by /rope/inv_freq (rope_attrs).
 Tensors are stored losslessly in the model dtype (bf16 as raw uint16 bits, encoding
 "bfloat16"), appended step by step to chunked resizable datasets, so memory does not grow
 with the trace beyond the model's own KV cache.
 
 transformers is imported lazily (in main()), so the capture function, the decode loop and
-the writer can be tested without it (tests/test_python_tools.py). Targets transformers
->= 4.56 (cache layers API, AttentionInterface, AttentionMaskInterface); see DUMPING.md.
+the writer can be tested without it (tests/test_python_tools.py); main() also accepts a
+model object (tests/test_dump_hf_transformers.py). Targets transformers >= 4.56 (cache
+layers API, AttentionInterface, AttentionMaskInterface); 4.48 - 4.55 run with a warning,
+untested; releases without AttentionInterface (<= 4.47) exit with a message. See
+DUMPING.md.
 """
 import argparse
 import hashlib
@@ -410,7 +419,7 @@ def model_shape(config):
         if types and l < len(types):
             a["attention_type"] = types[l]
             if "sliding" in str(types[l]) and getattr(cfg, "sliding_window", None):
-                a["sliding_window"] = cfg.sliding_window
+                a["config_sliding_window"] = cfg.sliding_window
         if per_type is not None:
             sub = per_type.get(types[l]) if types and l < len(types) else None
             if sub is None:

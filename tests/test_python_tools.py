@@ -1326,7 +1326,7 @@ def main():
         test_sweep(traces, os.path.join(imports, "lexico-0.h5"), tmp)
         fake = os.path.join(tmp, "fake")
         os.mkdir(fake)
-        test_main(fake)
+        guarded(test_main, fake)
         for name, fn in (("cache", test_cache_contracts), ("variants", test_main_variants),
                          ("old", test_old_releases)):
             d = os.path.join(tmp, name)
