@@ -7,6 +7,7 @@ usage:
              [--greedy | --temperature T --top-p P --seed S]
              [--dtype bfloat16|float16|float32] [--device cpu|cuda] [--no-queries]
              [--chat-template] [--attn-base sdpa|eager] [--chunk-tokens N] [--resume]
+             [--pre-rope-keys]
 
 FILE is a .txt file (one prompt per line; blank lines skipped) or a .jsonl file (one JSON
 object per line with a "prompt" field). One trace per prompt is written to
@@ -77,12 +78,14 @@ class Capture:
         self.values = {}
         self.new_keys = {}
         self.new_values = {}
+        self.pre_rope = {}  # layer -> keys before RoPE [B, H_kv, t, d] (--pre-rope-keys)
         self.attn_kwargs = {}  # layer -> {scaling, softcap, sliding_window}, kept across forwards
         self.calls = 0    # attention calls since construction (all forwards)
         self.updates = 0  # Cache.update calls since construction
 
     def reset(self):
-        for d in (self.queries, self.keys, self.values, self.new_keys, self.new_values):
+        for d in (self.queries, self.keys, self.values, self.new_keys, self.new_values,
+                  self.pre_rope):
             d.clear()
 
     def record(self, module, query, key, value, kwargs=None):
@@ -108,6 +111,11 @@ class Capture:
         self.keys[layer] = key.detach()
         self.values[layer] = value.detach()
         self.calls += 1
+
+    def record_pre_rope(self, layer, keys):
+        if layer in self.pre_rope:
+            raise RuntimeError("layer %d: k_proj/k_norm called twice in one forward" % layer)
+        self.pre_rope[layer] = keys
 
     def record_update(self, layer, key_states, value_states):
         layer = int(layer)
@@ -248,6 +256,31 @@ def layer_call_attrs(cache, capture, layer):
     return out
 
 
+def hook_pre_rope_keys(model, capture):
+    """Forward hooks recording, per layer, the keys before RoPE: the output of the
+    attention module's k_norm when it has one (Qwen3, OLMo 2 ...), else of k_proj,
+    reshaped to [B, H_kv, t, d]. Attention modules are the modules with layer_idx and
+    k_proj. Returns the hook handles."""
+    handles = []
+    for _, m in model.named_modules():
+        if getattr(m, "layer_idx", None) is None or not hasattr(m, "k_proj"):
+            continue
+        src = getattr(m, "k_norm", None)
+        if not hasattr(src, "register_forward_hook"):
+            src = m.k_proj
+        d = int(getattr(m, "head_dim", 0) or 0)
+
+        def hook(mod, inputs, out, layer=int(m.layer_idx), d=d):
+            x = out.detach()
+            if x.dim() == 3:  # [B, t, H_kv * d] from k_proj
+                x = x.view(x.shape[0], x.shape[1], -1, d)
+            capture.record_pre_rope(layer, x.transpose(1, 2))
+        handles.append(src.register_forward_hook(hook))
+    if not handles:
+        raise RuntimeError("--pre-rope-keys: no attention module with layer_idx and k_proj")
+    return handles
+
+
 def record_step(writer, cache, capture, positions, phase, ids):
     """Append the tokens of the last forward (positions, phase 0/1, ids) to the trace."""
     t = len(positions)
@@ -265,7 +298,17 @@ def record_step(writer, cache, capture, positions, phase, ids):
                 raise RuntimeError("layer %d: captured query has shape %s, expected "
                                    "[1, H_q, %d, d]" % (layer, tuple(q.shape), t))
             queries.append(q[0])
-    writer.append(positions, phase, keys, values, queries if writer.queries else None, ids)
+    pre = None
+    if writer.pre_rope_keys:
+        pre = []
+        for layer in range(writer.L):
+            k = capture.pre_rope.get(layer)
+            if k is None or k.dim() != 4 or k.shape[0] != 1 or k.shape[-2] != t:
+                raise RuntimeError("layer %d: no pre-RoPE keys [1, H_kv, %d, d] captured (got "
+                                   "%s)" % (layer, t, None if k is None else tuple(k.shape)))
+            pre.append(k[0])
+    writer.append(positions, phase, keys, values, queries if writer.queries else None, ids,
+                  keys_pre_rope=pre)
 
 
 class Sampler:
@@ -577,6 +620,9 @@ def parse_args(argv):
     ap.add_argument("--dtype", choices=("bfloat16", "float16", "float32"), default="bfloat16")
     ap.add_argument("--device", default="cuda", help="cpu, cuda or cuda:N")
     ap.add_argument("--no-queries", action="store_true", help="do not record queries")
+    ap.add_argument("--pre-rope-keys", action="store_true",
+                    help="also store the keys before RoPE (k_norm or k_proj output) as "
+                         "/layers/Lxx/keys_pre_rope")
     ap.add_argument("--chat-template", action="store_true",
                     help="wrap each prompt as a user turn with the tokenizer's chat template")
     ap.add_argument("--attn-base", choices=("sdpa", "eager"), default="sdpa",
@@ -670,6 +716,20 @@ def main(argv=None, model=None, tokenizer=None):
         raise SystemExit("dump_hf.py: %s: the model soft-caps its attention logits "
                          "(attn_logit_softcapping = %s), which sdpa ignores; use --attn-base "
                          "eager" % (args.model, softcap))
+    handles = hook_pre_rope_keys(model, capture) if args.pre_rope_keys else []
+    try:
+        return _dump_prompts(args, prompts, sampler, model, tok, capture, transformers, torch,
+                             (L, hq, hkv, d, theta, layer_attrs), (rope_root, rope_data))
+    finally:
+        for h in handles:  # the caller's model (main(model=...)) is left as it came
+            h.remove()
+
+
+def _dump_prompts(args, prompts, sampler, model, tok, capture, transformers, torch, shape,
+                  rope):
+    """The loop of main(): one trace per prompt."""
+    L, hq, hkv, d, theta, layer_attrs = shape
+    rope_root, rope_data = rope
     fwd_params = inspect.signature(model.forward).parameters
     extra = {"logits_to_keep": 1} if "logits_to_keep" in fwd_params else {}
 
@@ -718,6 +778,7 @@ def main(argv=None, model=None, tokenizer=None):
             "max_new_tokens": args.max_new_tokens, "dtype": args.dtype,
             "attn_implementation": "%s(%s)" % (CAPTURE_NAME, args.attn_base),
             "device": args.device, "gqa_group": hq // hkv,
+            "pre_rope_keys": "yes" if args.pre_rope_keys else "no",
         }
         if theta is not None:
             attrs["rope_theta"] = theta
@@ -728,7 +789,8 @@ def main(argv=None, model=None, tokenizer=None):
         try:
             with torch.inference_mode(), fkv_trace_writer.TraceWriter(
                     path, attrs, args.dtype, queries=not args.no_queries,
-                    chunk_tokens=args.chunk_tokens, layer_attrs=layer_attrs) as w:
+                    chunk_tokens=args.chunk_tokens, layer_attrs=layer_attrs,
+                    pre_rope_keys=args.pre_rope_keys) as w:
                 for dpath, (arr, dattrs) in rope_data.items():
                     w.add_dataset(dpath, arr, dattrs)
                 gen, reason = decode_and_record(forward, cache, capture, w, ids,

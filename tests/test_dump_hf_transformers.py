@@ -12,6 +12,7 @@ float32 on CPU, and checked against the model itself:
     likewise from q_proj / q_norm (bit for bit: same operations on the same CPU tensors);
   - the trace's /rope/inv_freq equals rotary_emb.inv_freq, its rope_attention_scaling
     rotary_emb.attention_scaling; the metadata rebuilds the pre-RoPE keys (1e-5 relative);
+  - --pre-rope-keys: /layers/Lxx/keys_pre_rope equals the k_proj/k_norm hooks;
   - layer attributes: scaling = the attention module's scaling, sliding_window and
     cache_sliding_window 8 for Mistral;
   - the greedy tokens equal model.generate(do_sample=False) (eager attention);
@@ -126,7 +127,7 @@ def run_one(tmp, name, cfg, window):
     steps = 8
     rc = dump_hf.main(["--model", "random/" + name, "--prompts", ptxt, "--out", out,
                        "--max-new-tokens", str(steps), "--dtype", "float32", "--device", "cpu",
-                       "--attn-base", "eager"], model=model, tokenizer=tok)
+                       "--attn-base", "eager", "--pre-rope-keys"], model=model, tokenizer=tok)
     for h in hs:
         h.remove()
     path = os.path.join(out, "trace-00000.h5")
@@ -145,6 +146,10 @@ def run_one(tmp, name, cfg, window):
                 qs.append(qe[0])
             ok_k &= np.array_equal(f["layers/L%02d/keys" % l][...], torch.cat(ks, 1).numpy())
             ok_q &= np.array_equal(f["layers/L%02d/queries" % l][...], torch.cat(qs, 1).numpy())
+        ok_pre = all(np.array_equal(f["layers/L%02d/keys_pre_rope" % l][...],
+                                    torch.cat([x[0] for x in rec["k"][l]], 1).numpy())
+                     for l in range(cfg.num_hidden_layers))
+        check(ok_pre, "[%s] --pre-rope-keys: keys_pre_rope = the k_proj/k_norm hooks" % name)
         check(ok_k, "[%s] keys = apply_rotary_pos_emb(k_proj/k_norm hooks, rotary_emb) bit for "
               "bit" % name)
         check(ok_q, "[%s] queries = apply_rotary_pos_emb(q_proj/q_norm hooks, rotary_emb)" % name)

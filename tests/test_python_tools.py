@@ -273,6 +273,17 @@ def kv_mask(pos, kv_len, window):
     return torch.where(ok, 0.0, float("-inf"))[None, None]
 
 
+class TinyRMSNorm(torch.nn.Module):
+    """Qwen3RMSNorm-like module (weight near 1), applied to [B, t, H, d]."""
+
+    def __init__(self, d):
+        super().__init__()
+        self.weight = torch.nn.Parameter(1 + 0.3 * torch.randn(d))
+
+    def forward(self, x):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * self.weight
+
+
 class TinyAttention(torch.nn.Module):
     def __init__(self, layer_idx, hidden, hq, hkv, d, kv_dtype, theta, truth, rotary=None,
                  qk_norm=False, softcap=None, sliding_window=None):
@@ -286,24 +297,20 @@ class TinyAttention(torch.nn.Module):
         self.o_proj = torch.nn.Linear(hq * d, hidden, bias=False)
         self.rotary = rotary
         self.softcap, self.sliding_window = softcap, sliding_window
-        if qk_norm:  # Qwen3: RMSNorm over each head's d channels, before RoPE
-            self.q_norm = torch.nn.Parameter(1 + 0.3 * torch.randn(d))
-            self.k_norm = torch.nn.Parameter(1 + 0.3 * torch.randn(d))
+        self.head_dim = d
+        if qk_norm:  # Qwen3: RMSNorm modules over each head's d channels, before RoPE
+            self.q_norm, self.k_norm = TinyRMSNorm(d), TinyRMSNorm(d)
         else:
             self.q_norm = self.k_norm = None
         self.attn_fn = eager_gqa_attention
         self.truth = truth  # list of (layer, q, k, v, k_pre) of every forward, for the test
-
-    @staticmethod
-    def rms(x, w):
-        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w
 
     def forward(self, h, pos, cache, use_mask=True):
         B, t, _ = h.shape
         q = self.q_proj(h).view(B, t, self.hq, self.d)
         k = self.k_proj(h).view(B, t, self.hkv, self.d)
         if self.k_norm is not None:
-            q, k = self.rms(q, self.q_norm), self.rms(k, self.k_norm)
+            q, k = self.q_norm(q), self.k_norm(k)
         q, k = q.transpose(1, 2), k.transpose(1, 2)
         v = self.v_proj(h).view(B, t, self.hkv, self.d).transpose(1, 2)
         inv, sc = (None, 1.0) if self.rotary is None else (self.rotary.inv_freq,
@@ -1080,6 +1087,24 @@ def test_main_variants(tmp):
                 ok = f.attrs.get("rope_layout") == "half" and float(f.attrs["rope_theta"]) == 1e6
             check(ok and e < 2 ** -7, "[qwen3] rope_theta 1e6, rope_layout half; metadata "
                   "rebuilds the k_norm output (pre-RoPE keys) to bf16 tolerance (%.2g)" % e)
+        # --pre-rope-keys: the k_norm (Qwen3) or k_proj (Llama) output, stored as
+        # /layers/Lxx/keys_pre_rope, equal to the model's own pre-RoPE keys in bf16.
+        for name in ("fake/qwen3", "fake/llama3"):
+            rc, path, model, msg = run(name, "--pre-rope-keys")
+            if not check(rc == 0, "main(%s, --pre-rope-keys): exit 0 %s" % (name, msg)):
+                continue
+            common("[%s, pre-RoPE keys]" % name, path, model)
+            ok = True
+            with h5py.File(path, "r") as f:
+                ok &= f.attrs["pre_rope_keys"] == "yes"
+                for l in range(3):
+                    want = torch.cat([x[4] for x in model.attn[0].truth[: 3 * (1 + steps)]
+                                      if x[0] == l], dim=1).to(torch.bfloat16)
+                    ds = f["layers/L%02d/keys_pre_rope" % l]
+                    ok &= ds.attrs["encoding"] == "bfloat16" and \
+                        np.array_equal(bits(ds[...]), bits(want))
+            check(ok, "[%s] /layers/Lxx/keys_pre_rope = the model's pre-RoPE keys (bf16 bits)"
+                  % name)
         # Mistral v0.1: sliding_window = 8, no layer_types; prompt 17 > 8.
         rc, path, model, msg = run("fake/mistral")
         if check(rc == 0, "main(fake/mistral): exit 0 %s" % msg):
