@@ -49,7 +49,7 @@ import json
 import os
 import sys
 
-DUMPER_VERSION = "1.0.0"
+DUMPER_VERSION = "1.1.0"
 CAPTURE_NAME = "fadkv_capture"
 MIN_TRANSFORMERS = (4, 56)
 
