@@ -99,7 +99,7 @@ class TraceWriter:
     commit()/abort() explicitly."""
 
     def __init__(self, path, attrs, encoding, queries=True, ids=True, chunk_tokens=256,
-                 layer_attrs=None, flush_tokens=64):
+                 layer_attrs=None, flush_tokens=64, pre_rope_keys=False):
         if encoding not in ENCODINGS:
             raise ValueError("unknown encoding %r, expected one of %s" % (encoding, ENCODINGS))
         for k in _REQUIRED_INT:
@@ -109,6 +109,7 @@ class TraceWriter:
         self.encoding = encoding
         self.queries = bool(queries)
         self.ids = bool(ids)
+        self.pre_rope_keys = bool(pre_rope_keys)  # /layers/Lxx/keys_pre_rope [H_kv, T, d]
         self.L = int(attrs["num_layers"])
         self.hq = int(attrs["num_q_heads"])
         self.hkv = int(attrs["num_kv_heads"])
@@ -163,6 +164,8 @@ class TraceWriter:
             for k, v in layer_attrs.get(l, {}).items():
                 g.attrs[k] = str(v)
             names = [("keys", self.hkv), ("values", self.hkv)]
+            if self.pre_rope_keys:
+                names.append(("keys_pre_rope", self.hkv))
             if self.queries:
                 names.append(("queries", self.hq))
             for name, h in names:
@@ -185,6 +188,22 @@ class TraceWriter:
         else:
             self.f.attrs[name] = str(value)
 
+    def set_layer_attr(self, layer, name, value):
+        """Set (or replace) an attribute of /layers/Lxx, stored as a string."""
+        if not 0 <= int(layer) < self.L:
+            raise ValueError("layer %d out of range [0, %d)" % (layer, self.L))
+        self.f[layer_group(int(layer))].attrs[name] = str(value)
+
+    def add_dataset(self, path, data, attrs=None):
+        """Write a small extra dataset (e.g. /rope/inv_freq) in one go, with string
+        attributes. The C reader ignores datasets it does not know."""
+        if path.startswith("/tokens") or path.startswith("/layers"):
+            raise ValueError("%s: extra datasets may not live under /tokens or /layers" % path)
+        ds = self.f.create_dataset(path, data=np.asarray(data), track_times=False)
+        for k, v in (attrs or {}).items():
+            ds.attrs[k] = str(v)
+        return ds
+
     @staticmethod
     def _grow(ds, axis, n, data):
         old = ds.shape[axis]
@@ -196,7 +215,8 @@ class TraceWriter:
         else:
             ds[:, old:old + n, :] = data
 
-    def append(self, positions, phase, keys, values, queries=None, ids=None):
+    def append(self, positions, phase, keys, values, queries=None, ids=None,
+               keys_pre_rope=None):
         """Append t tokens: positions (t ints), phase (0 prefill / 1 decode, scalar or t
         values), keys[l] and values[l] of shape [H_kv, t, d] for every layer l, queries[l] of
         [H_q, t, d] (required iff the writer records queries), ids (t ints, required iff
@@ -218,11 +238,15 @@ class TraceWriter:
                              % (self.L, len(keys), len(values)))
         if self.queries and (queries is None or len(queries) != self.L):
             raise ValueError("append: expected %d layers of queries" % self.L)
+        if self.pre_rope_keys and (keys_pre_rope is None or len(keys_pre_rope) != self.L):
+            raise ValueError("append: expected %d layers of pre-RoPE keys" % self.L)
         if self.ids and ids is None:
             raise ValueError("append: token ids are required (writer created with ids=True)")
         blocks = []
         for l in range(self.L):
             parts = [("keys", keys[l], self.hkv), ("values", values[l], self.hkv)]
+            if self.pre_rope_keys:
+                parts.append(("keys_pre_rope", keys_pre_rope[l], self.hkv))
             if self.queries:
                 parts.append(("queries", queries[l], self.hq))
             for name, x, h in parts:
