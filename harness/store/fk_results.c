@@ -628,7 +628,8 @@ static int summary_rows(const struct fk_cell_meta *m, const struct fk_cell_resul
                     a->n ? a->top_sum[0] / a->n : NAN, a->n ? a->top_sum[1] / a->n : NAN,
                     a->n ? a->top_sum[2] / a->n : NAN, a->n ? a->relerr_sum / a->n : NAN,
                     a->n ? a->mass_sum / a->n : NAN,
-                    s->st.n_base ? (double)s->st.n_atoms / s->st.n_base : 1.0,
+                    (m->ops->caps & FK_CAP_DICT) && s->st.n_base
+                        ? (double)s->st.n_atoms / s->st.n_base : NAN,
                     s->inactive_after_prefill, s->gini, s->adapted_share, s->recall[5],
                     s->support_agree, s->err_ratio,
                     s->st.bytes_codes + s->bytes_buf + s->st.bytes_dict_seq, s->bytes_full,
