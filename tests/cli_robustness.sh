@@ -454,6 +454,14 @@ with cp("inf-value") as f:
     v = f["layers/L03/values"][...]
     v[2, 100, 0] = np.inf
     f["layers/L03/values"][...] = v
+with cp("layer-attn") as f:  # Gemma-style layer attributes, as dump_hf.py records them
+    for name in f["layers"]:
+        g = f["layers/" + name]
+        g.attrs["scaling"] = "0.4"
+        g.attrs["softcap"] = "none"
+        g.attrs["sliding_window"] = "8"
+with cp("layer-attn-bad") as f:
+    f["layers/L01"].attrs["softcap"] = "abc"
 with cp("many-bad") as f:  # for info --verify: three non-finite values and a bad encoding
     k = f["layers/L00/keys"][...]
     k[0, 3, 1] = np.nan
@@ -555,6 +563,28 @@ if [ -f "$B/many-bad.h5" ]; then
     chk "a clean trace passes (exit $RC)" - test "$RC" = 0 -a "$(grep -c 'every value is finite' "$OUTF")" = 1
 else
     skip "info --verify" "needs h5py (PYENV_VERSION=system python3)"
+fi
+end
+
+begin "recorded layer attention: scaling and sliding window change attention fidelity"
+if [ -f "$B/layer-attn.h5" ]; then
+    for v in plain layer-attn layer-attn-bad; do
+        t=$TR; [ $v = plain ] || t=$B/$v.h5
+        printf '[sweep]\nname = "robust"\ntraces = ["%s"]\noutput = "%s"\nattention = true\nattn_stride = 2\n[[codec]]\nname = "uniform"\nbits = 2\nn_b = 16\n' \
+            "$t" "$W/la-$v" >"$W/la-$v.toml"
+        run "la-$v" --config "$W/la-$v.toml" --quiet
+        eval "rc_$(echo $v | tr - _)=$RC"
+    done
+    kl_plain=$(csv_col "$W/la-plain/cells.csv" attn_kl)
+    kl_rec=$(csv_col "$W/la-layer-attn/cells.csv" attn_kl)
+    chk "both run (exit $rc_plain, $rc_layer_attn)" - test "$rc_plain" = 0 -a "$rc_layer_attn" = 0
+    chk "the recorded attention gives other numbers (KL $kl_plain vs $kl_rec)" - \
+        test -n "$kl_rec" -a "$kl_plain" != "$kl_rec"
+    err=$(csv_col "$W/la-layer-attn-bad/cells.csv" error)
+    chk "a bad layer attribute fails the cell (exit $rc_layer_attn_bad), naming it" - \
+        test "$rc_layer_attn_bad" != 0 -a -n "$(grep -F "/layers/L01: attribute 'softcap'" <<<"$err")"
+else
+    skip "recorded layer attention" "needs h5py (PYENV_VERSION=system python3)"
 fi
 end
 

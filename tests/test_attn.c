@@ -634,9 +634,16 @@ static int cmp_idx(const void *a, const void *b)
 }
 
 /* KL as sum P log(P / P_hat), top-k by a full sort, cos from the definition. */
+/* The layer's attention for the oracle (fk_attn_in's inv_scale, softcap, window; 0: the
+ * plain default). */
+static double g_inv, g_cap;
+static int g_win;
+
 static void oracle(const struct fix *f, int t, int n_comp, int h, struct fk_attn_metrics *mt)
 {
     int m = f->m, n = t + 1, g = h / (f->n_q / f->n_kv);
+    double div = g_inv > 0 ? g_inv : sqrt(m);
+    int lo = g_win > 0 && t - g_win + 1 > 0 ? t - g_win + 1 : 0; /* keys t-W+1 .. t */
     double *z = malloc(sizeof(double) * 4 * (size_t)n), *zh = z + n, *p = z + 2 * n,
            *ph = z + 3 * n;
     float *row = malloc(sizeof(float) * (size_t)m);
@@ -649,7 +656,7 @@ static void oracle(const struct fix *f, int t, int n_comp, int h, struct fk_attn
             if (kind == 0) {
                 for (int c = 0; c < m; c++)
                     e += (double)q[c] * x[c];
-                z[i] = e / sqrt(m);
+                z[i] = e / div;
             }
             if (i < n_comp) {
                 ck_assert_int_eq(f->ops->reconstruct(f->st[kind], g, i, row), FK_OK);
@@ -658,7 +665,7 @@ static void oracle(const struct fix *f, int t, int n_comp, int h, struct fk_attn
             if (kind == 0) {
                 for (int c = 0; c < m; c++)
                     ehat += (double)q[c] * x[c];
-                zh[i] = ehat / sqrt(m);
+                zh[i] = ehat / div;
             } else {
                 for (int c = 0; c < m; c++) {
                     o[c] += p[i] * f->v[((size_t)g * f->T + i) * m + c];
@@ -667,23 +674,27 @@ static void oracle(const struct fix *f, int t, int n_comp, int h, struct fk_attn
             }
             if (kind == 0 && i == n - 1) {
                 double s0 = 0, s1 = 0;
-                for (int a = 0; a < n; a++) {
+                for (int a = 0; a < n && g_cap > 0; a++) {
+                    z[a] = g_cap * tanh(z[a] / g_cap);
+                    zh[a] = g_cap * tanh(zh[a] / g_cap);
+                }
+                for (int a = lo; a < n; a++) {
                     s0 += exp(z[a]);
                     s1 += exp(zh[a]);
                 }
                 for (int a = 0; a < n; a++) {
-                    p[a] = exp(z[a]) / s0;
-                    ph[a] = exp(zh[a]) / s1;
+                    p[a] = a < lo ? 0 : exp(z[a]) / s0;
+                    ph[a] = a < lo ? 0 : exp(zh[a]) / s1;
                 }
             }
         }
     double kl = 0, tv = 0, mass = 0, oo = 0, hh = 0, od = 0, dd = 0;
-    for (int i = 0; i < n; i++) {
+    for (int i = lo; i < n; i++) {
         kl += p[i] * log(p[i] / ph[i]);
         tv += fabs(p[i] - ph[i]) / 2;
     }
     mt->tv = tv;
-    for (int i = 0; i < n_comp; i++)
+    for (int i = lo; i < n_comp; i++)
         mass += p[i];
     for (int c = 0; c < m; c++) {
         oo += o[c] * o[c];
@@ -695,16 +706,17 @@ static void oracle(const struct fix *f, int t, int n_comp, int h, struct fk_attn
     mt->mass = mass;
     mt->cos = od / sqrt(oo) / sqrt(hh);
     mt->relerr = sqrt(dd / oo);
-    int *ia = malloc(sizeof(int) * (size_t)n), *ib = malloc(sizeof(int) * (size_t)n);
-    for (int i = 0; i < n; i++)
-        ia[i] = ib[i] = i;
+    int nv = n - lo; /* the visible keys */
+    int *ia = malloc(sizeof(int) * (size_t)nv), *ib = malloc(sizeof(int) * (size_t)nv);
+    for (int i = 0; i < nv; i++)
+        ia[i] = ib[i] = lo + i;
     sort_key = z;
-    qsort(ia, (size_t)n, sizeof(int), cmp_idx);
+    qsort(ia, (size_t)nv, sizeof(int), cmp_idx);
     sort_key = zh;
-    qsort(ib, (size_t)n, sizeof(int), cmp_idx);
+    qsort(ib, (size_t)nv, sizeof(int), cmp_idx);
     const int ks[3] = {1, 8, 32};
     for (int q3 = 0; q3 < 3; q3++) {
-        int kk = ks[q3] < n ? ks[q3] : n, hit = 0;
+        int kk = ks[q3] < nv ? ks[q3] : nv, hit = 0;
         for (int a = 0; a < kk; a++)
             for (int b = 0; b < kk; b++)
                 hit += ia[a] == ib[b];
@@ -759,6 +771,61 @@ START_TEST(metrics_ranges_and_oracle)
     }
     ck_assert_int_gt(evals, 200);
     ck_assert_int_gt(partial_top, 10); /* the overlap check saw real disagreements */
+}
+END_TEST
+
+/* A layer's recorded attention (dump_hf.py's scaling, softcap and sliding window): the fast
+ * path and the naive one against the oracle with the same rules, and not the default's
+ * numbers. */
+START_TEST(layer_attention_as_recorded)
+{
+    struct fix f;
+    fix_random(&f, fk_codec_find("lexico"), 16, 3, 6, 64, 48, 99);
+    struct fk_attn_scratch *s = NULL;
+    ck_assert_int_eq(fk_attn_scratch_create(f.m, f.T, f.N + f.T * f.n_kv, f.n_q, &s), FK_OK);
+    long evals = 0, moved = 0;
+    for (int t = 10; t < 64; t += 9) {
+        int nc = t - 4;
+        fix_encode_to(&f, nc);
+        for (int mode = 0; mode < 3; mode++) {
+            struct fk_attn_in in = fix_in(&f, t, nc);
+            struct fk_attn_acc acc = {0}, an = {0};
+            g_inv = in.inv_scale = mode == 0 ? 2.5 : 0;   /* scaling 0.4 */
+            g_cap = in.softcap = mode == 1 ? 1.5 : 0;
+            g_win = in.window = mode == 2 ? 6 : 0;
+            struct fk_attn_metrics mn[8];
+            ck_assert_int_eq(fk_attn_eval(&in, s, &acc), FK_OK);
+            ck_assert_int_eq(fk_attn_eval_naive_out(&in, &an, NULL, mn), FK_OK);
+            for (int h = 0; h < f.n_q; h++) {
+                struct fk_attn_metrics mt, mo, md;
+                ck_assert_int_eq(fk_attn_scratch_result(s, h, NULL, NULL, &mt), FK_OK);
+                oracle(&f, t, nc, h, &mo);
+                ck_assert_msg(kl_close(mt.kl, mo.kl, mo.tv), "mode %d t %d: KL %.17g vs %.17g",
+                              mode, t, mt.kl, mo.kl);
+                ck_assert(kl_close(mn[h].kl, mo.kl, mo.tv));
+                ck_assert(rel_close(mt.tv, mo.tv, 1e-6, 2e-6));
+                ck_assert(rel_close(mt.mass, mo.mass, 1e-12, 1e-15));
+                ck_assert(rel_close(mt.cos, mo.cos, 1e-6, 1e-12));
+                ck_assert(rel_close(mn[h].cos, mo.cos, 1e-6, 1e-12));
+                for (int q = 0; q < 3; q++)
+                    ck_assert(mt.top[q] == mo.top[q]);
+                double gi = g_inv, gc = g_cap;
+                int gw = g_win;
+                g_inv = g_cap = 0, g_win = 0;
+                oracle(&f, t, nc, h, &md); /* the default rules */
+                g_inv = gi, g_cap = gc, g_win = gw;
+                moved += fabs(md.kl - mo.kl) > 1e-9 * (1 + md.kl);
+                evals++;
+            }
+            fk_attn_acc_free(&acc);
+            fk_attn_acc_free(&an);
+        }
+    }
+    g_inv = g_cap = 0, g_win = 0;
+    ck_assert_int_gt(evals, 100);
+    ck_assert_int_gt(moved, evals * 9 / 10); /* the rules change the numbers */
+    fk_attn_scratch_free(&s);
+    fix_free(&f);
 }
 END_TEST
 
@@ -905,6 +972,7 @@ static Suite *attn_suite(void)
     tcase_add_test(tc, future_tokens_never_matter);
     tcase_add_test(tc, skipped_step_and_checks);
     tcase_add_test(tc, metrics_ranges_and_oracle);
+    tcase_add_test(tc, layer_attention_as_recorded);
     tcase_add_test(tc, scratch_reserve_from_codec);
     suite_add_tcase(s, tc);
     return s;

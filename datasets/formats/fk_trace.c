@@ -1062,3 +1062,57 @@ int fk_trace_verify(struct fk_trace *t, struct fk_trace_verify *vf)
     free(buf);
     return FK_OK;
 }
+
+/* Attribute `name` of obj as a number: a string holding one ("none": *v = 0) or a numeric
+ * attribute; 0 when absent. FK_ECORRUPT naming the file, the object and what was found. */
+static int layer_num(hid_t obj, const char *file, const char *grp, const char *name,
+                     double *v)
+{
+    *v = 0;
+    if (!fk_h5_has_attr(obj, name))
+        return FK_OK;
+    hid_t a = H5Aopen(obj, name, H5P_DEFAULT);
+    hid_t ty = a >= 0 ? H5Aget_type(a) : -1;
+    int is_str = ty >= 0 && H5Tget_class(ty) == H5T_STRING, rc = FK_OK;
+    if (!is_str && (ty < 0 || H5Aread(a, H5T_NATIVE_DOUBLE, v) < 0))
+        rc = fk_err(FK_ECORRUPT, "%s: %s: attribute '%s' is neither a number nor a string",
+                    file, grp, name);
+    if (ty >= 0)
+        H5Tclose(ty);
+    if (a >= 0)
+        H5Aclose(a);
+    if (rc < 0 || !is_str)
+        return rc;
+    char buf[64], *end;
+    FK_TRY(fk_h5_attr_str(obj, file, name, buf, sizeof buf));
+    if (!strcmp(buf, "none") || !buf[0])
+        return FK_OK;
+    *v = strtod(buf, &end);
+    if (*end || !isfinite(*v) || *v < 0)
+        return fk_err(FK_ECORRUPT, "%s: %s: attribute '%s' = \"%s\": expected a number >= 0 "
+                      "or \"none\"", file, grp, name, buf);
+    return FK_OK;
+}
+
+int fk_trace_layer_attention(struct fk_trace *t, int layer, double *inv_scale,
+                             double *softcap, int *window)
+{
+    *inv_scale = *softcap = 0;
+    *window = 0;
+    char grp[32];
+    snprintf(grp, sizeof grp, "/layers/L%02d", layer);
+    hid_t g = H5Gopen2(t->file, grp, H5P_DEFAULT);
+    if (g < 0)
+        return fk_err(FK_ECORRUPT, "%s: cannot open group %s", t->path, grp);
+    double sc = 0, w = 0;
+    int rc = layer_num(g, t->path, grp, "scaling", &sc);
+    if (rc == FK_OK)
+        rc = layer_num(g, t->path, grp, "softcap", softcap);
+    if (rc == FK_OK)
+        rc = layer_num(g, t->path, grp, "sliding_window", &w);
+    H5Gclose(g);
+    FK_TRY(rc);
+    *inv_scale = sc > 0 ? 1.0 / sc : 0;
+    *window = w >= 1 && w < 2147483647.0 ? (int)w : 0;
+    return FK_OK;
+}

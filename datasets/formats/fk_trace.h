@@ -84,6 +84,11 @@ struct fk_trace_verify {
 /* Reads every keys, values and queries dataset of every layer and describes what is wrong
  * instead of stopping at the first problem (`fadkv-bench info --verify`). FK_ENOMEM only. */
 int fk_trace_verify(struct fk_trace *t, struct fk_trace_verify *vf);
+/* Layer `layer`'s attention as the model computed it, from the attributes of its group
+ * (dump_hf.py writes them): 1 / `scaling` into *inv_scale, `softcap`, `sliding_window`;
+ * each 0 when absent or "none" (then: q.k / sqrt(head_dim), no cap, every key visible). */
+int fk_trace_layer_attention(struct fk_trace *t, int layer, double *inv_scale,
+                             double *softcap, int *window);
 /* Value of a root string attribute, or NULL (pointer valid until close). */
 const char *fk_trace_attr(struct fk_trace *t, const char *name);
 

@@ -191,6 +191,26 @@ static double softmax(const double *z, int n, double *p)
     return mx + log(sum);
 }
 
+/* The first visible key of step t: a sliding window sees t-window+1 .. t. */
+static int window_lo(const struct fk_attn_in *in)
+{
+    int lo = in->window > 0 ? in->t - in->window + 1 : 0;
+    return lo > 0 ? lo : 0;
+}
+
+/* The model's logits from the scaled dot products z[0..n): soft-capped when the layer caps
+ * them, then p = softmax over the visible keys lo..n-1 (p = 0 before lo); returns LSE. With
+ * neither (the default) this is softmax(z, n, p). */
+static double logits_softmax(const struct fk_attn_in *in, double *z, int n, int lo, double *p)
+{
+    if (in->softcap > 0)
+        for (int i = 0; i < n; i++)
+            z[i] = in->softcap * tanh(z[i] / in->softcap);
+    for (int i = 0; i < lo; i++)
+        p[i] = 0;
+    return softmax(z + lo, n - lo, p + lo);
+}
+
 int fk_attn_topk(const double *z, int n, int k, int32_t *out)
 {
     if (k < 1 || n < 1)
@@ -618,7 +638,8 @@ int fk_attn_eval(const struct fk_attn_in *in, struct fk_attn_scratch *s,
                       s->m, s->n_tokens, s->n_q_heads);
     int m = in->m, n = in->t + 1, nc = in->n_comp_k, T = s->n_tokens, hq = in->n_q_heads;
     int r = hq / in->n_kv_heads;
-    double sqrtm = sqrt((double)m);
+    double sqrtm = in->inv_scale > 0 ? in->inv_scale : sqrt((double)m);
+    int lo = window_lo(in);
     s->last_heads = 0;
     s->last_m = m;
     for (size_t e = 0; e < (size_t)hq * m; e++)
@@ -643,8 +664,8 @@ int fk_attn_eval(const struct fk_attn_in *in, struct fk_attn_scratch *s,
         for (int hl = 0; hl < r; hl++) {
             int h = h0 + hl;
             size_t off = (size_t)h * T;
-            s->lse[h] = softmax(s->z + off, n, s->p + off);
-            s->lse[s->n_q_heads + h] = softmax(s->zh + off, n, s->ph + off);
+            s->lse[h] = logits_softmax(in, s->z + off, n, lo, s->p + off);
+            s->lse[s->n_q_heads + h] = logits_softmax(in, s->zh + off, n, lo, s->ph + off);
         }
         double *o = s->o + (size_t)h0 * m;
         memset(o, 0, sizeof(double) * (size_t)r * m);
@@ -660,8 +681,9 @@ int fk_attn_eval(const struct fk_attn_in *in, struct fk_attn_scratch *s,
         FK_TRY(values_sparse(in, s));
     for (int h = 0; h < hq; h++) {
         size_t off = (size_t)h * T, oo = (size_t)h * m;
-        head_metrics(s->z + off, s->zh + off, s->p + off, s->ph + off, s->lse[h],
-                     s->lse[s->n_q_heads + h], n, nc, s->o + oo, s->oh + oo, m, &s->met[h]);
+        head_metrics(s->z + off + lo, s->zh + off + lo, s->p + off + lo, s->ph + off + lo,
+                     s->lse[h], s->lse[s->n_q_heads + h], n - lo, nc > lo ? nc - lo : 0,
+                     s->o + oo, s->oh + oo, m, &s->met[h]);
     }
     s->last_heads = hq;
     return acc_add(acc, s->met, hq);
@@ -679,7 +701,8 @@ int fk_attn_eval_naive_out(const struct fk_attn_in *in, struct fk_attn_acc *acc,
     }
     int m = in->m, n = in->t + 1, Hkv = in->n_kv_heads, Hq = in->n_q_heads;
     int r = Hq / Hkv;
-    double sqrtm = sqrt((double)m);
+    double sqrtm = in->inv_scale > 0 ? in->inv_scale : sqrt((double)m);
+    int lo = window_lo(in);
     size_t rows = (size_t)Hkv * n * m;
     float *kh = malloc(sizeof(float) * rows), *vh = malloc(sizeof(float) * rows);
     float *xr = malloc(sizeof(float) * (size_t)m); /* an exact row converted from 16 bits */
@@ -712,14 +735,16 @@ int fk_attn_eval_naive_out(const struct fk_attn_in *in, struct fk_attn_acc *acc,
             zz[i] = dotd(q, exact_row(in, 0, g, i, xr), m) / sqrtm;
             zh[i] = dotd(q, kh + ((size_t)g * n + i) * m, m) / sqrtm;
         }
-        double lse = softmax(zz, n, p), lseh = softmax(zh, n, ph);
+        double lse = logits_softmax(in, zz, n, lo, p), lseh = logits_softmax(in, zh, n, lo, ph);
         double *oe = o, *oa = o + m;
         memset(o, 0, sizeof(double) * 2 * (size_t)m);
         for (int i = 0; i < n; i++) {
             axpyd(p[i], exact_row(in, 1, g, i, xr), oe, m);
             axpyd(ph[i], vh + ((size_t)g * n + i) * m, oa, m);
         }
-        head_metrics(zz, zh, p, ph, lse, lseh, n, in->n_comp_k, oe, oa, m, &mt[h]);
+        int nc = in->n_comp_k > lo ? in->n_comp_k - lo : 0;
+        head_metrics(zz + lo, zh + lo, p + lo, ph + lo, lse, lseh, n - lo, nc, oe, oa, m,
+                     &mt[h]);
         if (o_hat)
             memcpy(o_hat + (size_t)h * m, oa, sizeof(double) * (size_t)m);
     }

@@ -25,6 +25,11 @@ struct fk_attn_in {
     enum fk_encoding k_enc, v_enc; /* float32 (the default 0), or float16 / bfloat16 words */
     const struct fk_codec_ops *ops;
     const void *kstate, *vstate;  /* codec states of this layer's K and V streams */
+    /* The layer's attention as the model computes it (the trace's layer attributes; 0 = the
+     * plain default): logits q.k / inv_scale (0: sqrt(m)), soft-capped to c tanh(z / c)
+     * (softcap > 0), over the keys t-window+1 .. t only (window > 0). */
+    double inv_scale, softcap;
+    int window;
 };
 
 /* Accumulators of one (trace, layer); merged in a fixed order by the caller. */

@@ -688,7 +688,9 @@ static int attn_step(void *self, const struct fk_unit *u, const struct fk_step *
                             .n_comp_v = s->n_comp[1],
                             .q = o->qbuf, .k = u->kv[0], .v = u->kv[1],
                             .k_enc = u->kv_enc[0], .v_enc = u->kv_enc[1], .ops = u->ops,
-                            .kstate = u->st[0], .vstate = u->st[1]};
+                            .kstate = u->st[0], .vstate = u->st[1],
+                            .inv_scale = u->attn_inv_scale, .softcap = u->attn_softcap,
+                            .window = u->attn_window};
     int rc = s->n_comp[0] > 0 || s->n_comp[1] > 0 ? attn_reserve(o, u) : FK_OK;
     if (rc == FK_OK)
         rc = fk_attn_eval(&ai, o->as, &o->acc);

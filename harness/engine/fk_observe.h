@@ -43,6 +43,8 @@ struct fk_unit {
     const struct fk_basis *basis[2];  /* the K and V projection bases (FK_CAP_BASIS), or NULL */
     const int32_t *positions;         /* [T] the trace's position ids */
     const float *ext[2];              /* [H][T][m] external K and V rows (FK_CAP_EXTERNAL) */
+    double attn_inv_scale, attn_softcap; /* the layer's attention (fk_trace_layer_attention) */
+    int attn_window;
     const struct fk_rope *rope;       /* the trace's RoPE with post-RoPE keys, or NULL */
     int attention;                    /* evaluate attention on this layer */
     const float *q;                   /* [H_q][n_qsel][m] query rows of the attention steps */

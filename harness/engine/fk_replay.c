@@ -234,8 +234,14 @@ static int replay_layer(struct worker *w, int ti, int layer, const struct fk_bas
     double t0 = fk_clock_s(CLOCK_MONOTONIC);
     FK_TRY(read_kv_locked(w, tr, layer, 0, nkv));
     FK_TRY(read_kv_locked(w, tr, layer, 1, nkv));
-    if (u.attention)
+    if (u.attention) {
         FK_TRY(read_queries(w, tr, layer));
+        pthread_mutex_lock(&h5_lock);
+        int rc = fk_trace_layer_attention(tr, layer, &u.attn_inv_scale, &u.attn_softcap,
+                                          &u.attn_window);
+        pthread_mutex_unlock(&h5_lock);
+        FK_TRY(rc);
+    }
     for (int k = 0; k < 2 && (w->in->ops->caps & FK_CAP_EXTERNAL); k++) {
         /* the prototype's rows of this (trace, layer, kind), as float32 */
         FK_TRY(grow((void **)&w->ext[k], &w->cap_ext[k], nkv, sizeof(float)));
