@@ -286,7 +286,10 @@ static const struct fk_test_basis *tbasis(int H, int m, int T)
 /* The stream an FK_CAP_EXTERNAL codec's "prototype" saw: its rows are the stream's vectors
  * halved (exact in float: every error is 1/2 and a zero vector stays zero). */
 static const struct tstream *g_ext_stream;
-static float *g_ext_rows;
+/* The rows of the last 16 opened states (two states of one stream are alive at once when
+ * runs are compared): a ring, each slot reused 16 opens later. */
+static float *g_ext_ring[16];
+static int g_ext_next;
 
 static void tenv(const struct fk_codec_ops *ops, struct fk_stream_env *env)
 {
@@ -295,8 +298,9 @@ static void tenv(const struct fk_codec_ops *ops, struct fk_stream_env *env)
     size_t n = (size_t)env->n_heads * env->n_tokens * env->head_dim;
     if (!(ops->caps & FK_CAP_EXTERNAL) || n > ((size_t)1 << 24))
         return; /* too large to be a real run: open() must fail cleanly without rows */
-    free(g_ext_rows);
-    g_ext_rows = calloc(n + 1, sizeof(float));
+    float **slot = &g_ext_ring[g_ext_next++ % 16];
+    free(*slot);
+    float *g_ext_rows = *slot = calloc(n + 1, sizeof(float));
     CHECK(g_ext_rows != NULL);
     const struct tstream *s = g_ext_stream;
     int m = env->head_dim, H = env->n_heads, T = env->n_tokens;
