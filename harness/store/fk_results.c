@@ -238,7 +238,8 @@ struct headline {
     double tokens_per_seq, bytes_per_token, macs_per_vec, cpu_us_per_vec;
     double bytes_tok_head, bytes_tok_head_avg, bits_per_elem, bits_per_elem_avg, bytes_model;
     double tok_heads, avg_heads, avg_sum, model_sum; /* sums behind the per-head bytes */
-    double appends, replacements, adapt_failed, growth_capped, collateral, saturated, premature;
+    double appends, replacements, adapt_failed, growth_capped, collateral_reencodes;
+    double saturated, premature;
     double t_corr, t_code, t_adapt;
     long vectors, zero_vectors;
 };
@@ -334,7 +335,7 @@ static void add_stream(const struct fk_cell_result *r, int t, int l, int k,
     h->replacements += s->st.replacements;
     h->adapt_failed += s->st.adapt_failed;
     h->growth_capped += s->st.growth_capped;
-    h->collateral += s->st.collateral_reencodes;
+    h->collateral_reencodes += s->st.collateral_reencodes;
     h->saturated += s->st.saturated;
     h->premature += s->st.premature;
     h->t_corr += s->st.t_corr;
@@ -604,7 +605,8 @@ static int write_h5(const char *path, const struct fk_cell_meta *m,
     X(bytes_dict_seq) X(tokens_per_seq) X(bytes_per_token) X(bytes_tok_head)              \
     X(bytes_tok_head_avg) X(bits_per_elem) X(bits_per_elem_avg) X(bytes_model)            \
     X(macs_per_vec) X(cpu_us_per_vec) X(appends) X(replacements)                          \
-    X(adapt_failed) X(growth_capped) X(collateral) X(saturated) X(premature) X(t_corr) X(t_code)   \
+    X(adapt_failed) X(growth_capped) X(collateral_reencodes) X(saturated) X(premature)   \
+    X(t_corr) X(t_code)                                                                   \
     X(t_adapt)
 
 /* cells/<id>.summary.csv: one row per trace x layer x kind (summary.csv without header). */
@@ -654,7 +656,7 @@ static void undefined_empty(const struct fk_codec_ops *ops, const void *opts,
 {
     if (!(ops->caps & FK_CAP_DICT)) {
         h->dict_size_norm_final = h->appends = h->replacements = NAN;
-        h->adapt_failed = h->growth_capped = h->collateral = NAN;
+        h->adapt_failed = h->growth_capped = h->collateral_reencodes = NAN;
     }
     if (!(ops->caps & FK_CAP_SPARSE))
         h->premature = NAN;
@@ -859,7 +861,7 @@ static const char *const cell_metrics[] = {
     "bytes_buf", "bytes_dict_seq", "tokens_per_seq", "bytes_per_token", "bytes_tok_head",
     "bytes_tok_head_avg", "bits_per_elem", "bits_per_elem_avg", "bytes_model", "macs_per_vec",
     "cpu_us_per_vec", "appends",
-    "replacements", "adapt_failed", "growth_capped", "collateral", "saturated", "premature",
+    "replacements", "adapt_failed", "growth_capped", "collateral_reencodes", "saturated", "premature",
     "vectors", "zero_vectors", "attn_evals", "attn_skipped_steps", "wall_s", NULL,
 };
 
