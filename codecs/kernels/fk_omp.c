@@ -914,22 +914,43 @@ static int argmax_fast(const float *c, const int32_t *cand, int nc, const uint8_
 /* Naive OMP; gss non-NULL (the pool coder): the Gram entries fk_dot_fd(d_p, d_q) of the
  * accepted atoms go to gss (row-major, stride FK_SMAX, both triangles) as they are computed,
  * and a code with k > 0 ends without its coefficients and residual (the caller refines). */
-static int omp_naive(const struct fk_dict_view *d, const float *x, const float *a,
-                     const int32_t *cand, int nc, int s, double tol_rel, float *work,
-                     struct fk_code *out, double *gss)
+/* The arguments of the naive OMP: the candidate list (NULL: every atom, *nc = N) in range. */
+static int naive_args(const struct fk_dict_view *d, const float *x, int s, const float *work,
+                      const struct fk_code *out, const int32_t *cand, int *nc)
 {
     FK_TRY(check_args(d, x, s, "fk_omp_naive"));
     if (!work || !out)
         return fk_err(FK_EINVAL, "fk_omp_naive: expected work and out");
-    int n = d->n_atoms, m = d->m;
+    int n = d->n_atoms;
     if (!cand)
-        nc = n;
-    if (nc < 0 || nc > n)
-        return fk_err(FK_EINVAL, "fk_omp_naive: %d candidates for %d atoms", nc, n);
-    for (int p = 0; cand && p < nc; p++)
+        *nc = n;
+    if (*nc < 0 || *nc > n)
+        return fk_err(FK_EINVAL, "fk_omp_naive: %d candidates for %d atoms", *nc, n);
+    for (int p = 0; cand && p < *nc; p++)
         if (cand[p] < 0 || cand[p] >= n)
             return fk_err(FK_EINVAL, "fk_omp_naive: candidate %d is atom %d, outside 0..%d", p,
                           cand[p], n - 1);
+    return FK_OK;
+}
+
+/* Row and column k of the support's Gram matrix G_SS ([FK_SMAX][FK_SMAX], symmetric): the
+ * products with the earlier atoms and the new atom's own. */
+static void gss_add(double *gss, int k, const double *g_prev, double gjj)
+{
+    double *row = gss + (size_t)k * FK_SMAX;
+    for (int l = 0; l < k; l++) {
+        row[l] = g_prev[l];
+        gss[(size_t)l * FK_SMAX + k] = g_prev[l];
+    }
+    row[k] = gjj;
+}
+
+static int omp_naive(const struct fk_dict_view *d, const float *x, const float *a,
+                     const int32_t *cand, int nc, int s, double tol_rel, float *work,
+                     struct fk_code *out, double *gss)
+{
+    FK_TRY(naive_args(d, x, s, work, out, cand, &nc));
+    int n = d->n_atoms, m = d->m;
     double xx = fk_dot_fd(x, x, m);
     int s_eff = omp_start(xx, tol_rel, s, m, count_live(d->dead, cand, nc), out);
     if (s_eff <= 0)
@@ -991,14 +1012,8 @@ static int omp_naive(const struct fk_dict_view *d, const float *x, const float *
             for (int l = 0; l < k; l++)
                 ws.L[k * ld + l] = ws.w[l];
             ws.L[k * ld + k] = lkk;
-            if (gss) {
-                double *row = gss + (size_t)k * FK_SMAX;
-                for (int l = 0; l < k; l++) {
-                    row[l] = gss_w[l];
-                    gss[(size_t)l * FK_SMAX + k] = gss_w[l];
-                }
-                row[k] = gjj;
-            }
+            if (gss)
+                gss_add(gss, k, gss_w, gjj);
             double aj;
             if (a)
                 aj = a[j];

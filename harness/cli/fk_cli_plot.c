@@ -143,6 +143,47 @@ static const char *default_baseline(const char *dir, char *buf, size_t cap)
     return buf;
 }
 
+/* What draw_figures did. */
+struct drawn {
+    int drawn, skipped, failed;
+};
+
+/* Runs gnuplot on every figure of set without a note, once per format, into out (a skipped
+ * figure is listed with its reason; without gnuplot nothing is drawn). */
+static void draw_figures(const struct fk_plot_set *set, const char *plots, const char *out,
+                         const char *const *fmts, int n_fmt, int have_gp, struct drawn *d)
+{
+    for (int i = 0; i < set->n_figs; i++) {
+        const struct fk_plot_fig *f = &set->figs[i];
+        if (f->note[0]) {
+            printf("  skip %-28s %s\n", f->name, f->note);
+            d->skipped++;
+            continue;
+        }
+        if (!have_gp)
+            continue;
+        char script[PATH_MAX + 80];
+        snprintf(script, sizeof script, "%s/%s", plots, f->script);
+        for (int k = 0; k < n_fmt; k++) {
+            char vars[8192], path[PATH_MAX + 200];
+            snprintf(vars, sizeof vars, "%s", f->vars);
+            snprintf(path, sizeof path, "%s/%s.%s", out, f->name, fmts[k]);
+            add_var(vars, sizeof vars, "plotdir", plots);
+            add_var(vars, sizeof vars, "fmt", fmts[k]);
+            add_var(vars, sizeof vars, "out", path);
+            int rc = run_gnuplot(vars, script);
+            if (rc != 0) {
+                fprintf(stderr, "fadkv-bench plot: gnuplot failed (status %d) on %s for %s\n",
+                        rc, script, path);
+                d->failed++;
+            } else {
+                printf("  wrote %s\n", path);
+                d->drawn++;
+            }
+        }
+    }
+}
+
 int fk_cli_plot(int argc, char **argv)
 {
     const char *res = NULL, *out = NULL, *baseline = NULL;
@@ -222,36 +263,9 @@ int fk_cli_plot(int argc, char **argv)
         fprintf(stderr, "fadkv-bench plot: gnuplot not found on PATH (apt-get install "
                         "gnuplot-nox); the data files and tables are written, no figures "
                         "drawn\n");
-    int drawn = 0, skipped = 0, failed = 0;
-    for (int i = 0; i < set.n_figs; i++) {
-        const struct fk_plot_fig *f = &set.figs[i];
-        if (f->note[0]) {
-            printf("  skip %-28s %s\n", f->name, f->note);
-            skipped++;
-            continue;
-        }
-        if (!have_gp)
-            continue;
-        char script[PATH_MAX + 80];
-        snprintf(script, sizeof script, "%s/%s", plots, f->script);
-        for (int k = 0; k < n_fmt; k++) {
-            char vars[8192], path[PATH_MAX + 200];
-            snprintf(vars, sizeof vars, "%s", f->vars);
-            snprintf(path, sizeof path, "%s/%s.%s", out, f->name, fmts[k]);
-            add_var(vars, sizeof vars, "plotdir", plots);
-            add_var(vars, sizeof vars, "fmt", fmts[k]);
-            add_var(vars, sizeof vars, "out", path);
-            int rc = run_gnuplot(vars, script);
-            if (rc != 0) {
-                fprintf(stderr, "fadkv-bench plot: gnuplot failed (status %d) on %s for %s\n",
-                        rc, script, path);
-                failed++;
-            } else {
-                printf("  wrote %s\n", path);
-                drawn++;
-            }
-        }
-    }
+    struct drawn d = {0};
+    draw_figures(&set, plots, out, fmts, n_fmt, have_gp, &d);
+    int drawn = d.drawn, skipped = d.skipped, failed = d.failed;
     int n_report = 0;
     if (fk_report_write(res, out, &set, &n_report) < 0) {
         fprintf(stderr, "fadkv-bench plot: report: %s\n", fk_errmsg());

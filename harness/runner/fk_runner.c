@@ -95,12 +95,26 @@ int fk_runner_shards(const struct fk_sweep *s, int n_shards, int *shard)
     return FK_OK;
 }
 
-/* 1 if cell c is in this run's shard and (force or not finished in the results directory). */
-static int selected(const struct run *r, int c)
+static int in_shard(const struct run *r, int c)
 {
-    if (r->shard[c] != (r->o->shard_n > 1 ? r->o->shard_i : 0))
+    return r->shard[c] == (r->o->shard_n > 1 ? r->o->shard_i : 0);
+}
+
+/* 1 if cell c is to run: in this run's shard and (force, or not finished with intact
+ * files). A cell recorded as finished whose files do not match their record is reported
+ * (the damaged hook) and runs again. */
+static int selected(struct run *r, int c)
+{
+    if (!in_shard(r, c))
         return 0;
-    return r->o->force || !fk_results_done(r->s->output, r->s->cells[c].id);
+    char why[512];
+    enum fk_cell_state st = fk_results_state(r->s->output, r->s->cells[c].id, why, sizeof why);
+    if (st == FK_CELL_DAMAGED) {
+        r->sum->damaged++;
+        if (r->o->hooks.damaged)
+            r->o->hooks.damaged(r->o->hooks.ctx, &r->s->cells[c], why);
+    }
+    return r->o->force || st != FK_CELL_OK;
 }
 
 static double eta(const struct run *r, double work_done)
@@ -284,13 +298,6 @@ static int prepare(struct run *r)
     for (int c = 0; c < s->n_cells; c++) {
         r->ids[c] = s->cells[c].id;
         if (selected(r, c)) {
-            char why[512];
-            if (fk_results_state(s->output, s->cells[c].id, why, sizeof why) ==
-                FK_CELL_DAMAGED) {
-                r->sum->damaged++;
-                if (r->o->hooks.damaged)
-                    r->o->hooks.damaged(r->o->hooks.ctx, &s->cells[c], why);
-            }
             r->sum->todo++;
             r->est_total += cell_weight(s, &s->cells[c]);
             FK_TRY(load_dataset(r, &s->cells[c]));
@@ -428,13 +435,10 @@ int fk_runner_run(const struct fk_sweep *s, const struct fk_runner_opts *o,
             sum->interrupted = 1;
             break;
         }
-        if (!r.shard || r.shard[c] != (o->shard_n > 1 ? o->shard_i : 0))
+        if (!r.shard || !in_shard(&r, c))
             continue;
-        if (!o->force && fk_results_done(s->output, s->cells[c].id)) {
-            sum->skipped++;
-            continue;
-        }
-        /* claimed first: another run on this directory may be computing it */
+        /* claimed first: another run on this directory may be computing it (a cell that
+         * is finished, by an earlier run or meanwhile, comes back FK_CLAIM_DONE) */
         char holder[256];
         int cl = fk_results_claim(s->output, s->cells[c].id, o->force, holder, sizeof holder);
         if (cl == FK_CLAIM_DONE) {
