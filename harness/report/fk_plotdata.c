@@ -135,9 +135,39 @@ static void bnum(struct fk_sb *b, double v)
         fk_sb_printf(b, " NaN");
 }
 
+/* " mean lo hi" of x[0..n-1] (finite values) for a data file: the 95% bootstrap interval
+ * only with FK_CI_MIN_SEQ or more values, else lo and hi are NaN (the figure draws the
+ * values themselves: seq_cols). *m receives the mean. */
+static int ci_cols(struct fk_sb *b, const double *x, int n, double *m)
+{
+    double mean, lo, hi;
+    int k = 0;
+    for (int i = 0; i < n; i++)
+        k += isfinite(x[i]) != 0;
+    FK_TRY(fk_boot_mean_ci(x, n, FK_BOOT_RESAMPLES, FK_BOOT_SEED, &mean, &lo, &hi));
+    if (k < FK_CI_MIN_SEQ)
+        lo = hi = NAN;
+    bnum(b, mean);
+    bnum(b, lo);
+    bnum(b, hi);
+    if (m)
+        *m = mean;
+    return FK_OK;
+}
+
+/* The sequences' values x[0..n-1] as extra columns when there are too few for an interval
+ * (n < FK_CI_MIN_SEQ); nothing otherwise. */
+static void seq_cols(struct fk_sb *b, const double *x, int n)
+{
+    for (int i = 0; n < FK_CI_MIN_SEQ && i < n; i++)
+        bnum(b, x[i]);
+}
+
 /* ---- the store ------------------------------------------------------------------------- */
 
 #define MAX_TRACES 1024
+#define FK_STR_(x) #x
+#define FK_STR(x) FK_STR_(x)             /* a number macro as a string literal */
 
 int fk_plot_codec_style(const char *codec)
 {
@@ -589,21 +619,20 @@ static int fig1a(struct store *st, struct fk_plot_set *set, const char *ds, stru
     struct fk_sb b = {0};
     fk_sb_printf(&b, "# Fig. 1a: recall of full-OMP atoms in the top-n screened pool\n"
                 "# cell %s (%s, dataset %s), %d sequence(s); mean over layers, then over "
-                "sequences, 95%% bootstrap interval\n# n K_mean K_lo K_hi V_mean V_lo V_hi\n",
-            c->id, c->codec, ds, T);
+                "sequences, 95%% bootstrap interval with >= %d sequences (else NaN, and the "
+                "sequences follow: K_seq..., V_seq...)\n# n K_mean K_lo K_hi V_mean V_lo V_hi\n",
+            c->id, c->codec, ds, T, FK_CI_MIN_SEQ);
     long N = dict_atoms(cstr(st, c, "dictionary"));
+    int nmax = 0;
     for (int q = 0; q < 8 && rc == FK_OK; q++) {
         if (N > 0 && recall_ns[q] > N)
             break;    /* a pool of all N atoms holds every atom: recall 1 by definition */
+        nmax = recall_ns[q];
         fk_sb_printf(&b, "%d", recall_ns[q]);
-        for (int k = 0; k < 2 && rc == FK_OK; k++) {
-            double m, lo, hi;
-            rc = fk_boot_mean_ci(seq + ((size_t)k * 8 + q) * (size_t)T, T, FK_BOOT_RESAMPLES,
-                                 FK_BOOT_SEED, &m, &lo, &hi);
-            bnum(&b, m);
-            bnum(&b, lo);
-            bnum(&b, hi);
-        }
+        for (int k = 0; k < 2 && rc == FK_OK; k++)
+            rc = ci_cols(&b, seq + ((size_t)k * 8 + q) * (size_t)T, T, NULL);
+        for (int k = 0; k < 2; k++)
+            seq_cols(&b, seq + ((size_t)k * 8 + q) * (size_t)T, T);
         fk_sb_printf(&b, "\n");
     }
     free(seq);
@@ -614,6 +643,8 @@ static int fig1a(struct store *st, struct fk_plot_set *set, const char *ds, stru
         return rc;
     }
     FK_TRY(fig_data(st, f, &b));
+    fig_num(f, "nmax", nmax);
+    fig_num(f, "nseq", T < FK_CI_MIN_SEQ ? T : 0);
     char t[512];
     if (N > 0)
         snprintf(t, sizeof t, "%s, %s, N = %ld, s = %s", ds, codec_display(st, c->codec), N,
@@ -645,7 +676,7 @@ static int fig1b(struct store *st, struct fk_plot_set *set, const char *ds, stru
         fig_skip(f, "%s", fk_errmsg());
         return FK_OK;
     }
-    int S = h.n_traces * h.n_layers, rc = FK_OK, R = 256;
+    int S = h.n_traces * h.n_layers, rc = FK_OK, R = 256, len = 256;
     double *prof = calloc((size_t)2 * (S ? S : 1) * R, sizeof(double));
     int cnt[2] = {0, 0};
     if (!prof) {
@@ -658,8 +689,12 @@ static int fig1b(struct store *st, struct fk_plot_set *set, const char *ds, stru
                 double *v;
                 int nv;
                 rc = fk_store_series_read(&h, t, l, k, "corr_profile", &v, &nv);
-                if (rc == FK_OK && v && nv >= R && isfinite(v[0])) {
-                    memcpy(prof + ((size_t)k * S + cnt[k]) * R, v, sizeof(double) * R);
+                /* the profile holds min(256, live atoms) entries; drawn up to the
+                 * shortest */
+                if (rc == FK_OK && v && nv >= 1 && isfinite(v[0])) {
+                    memcpy(prof + ((size_t)k * S + cnt[k]) * R, v,
+                           sizeof(double) * (size_t)(nv < R ? nv : R));
+                    len = nv < len ? nv : len;
                     cnt[k]++;
                 }
                 free(v);
@@ -677,7 +712,7 @@ static int fig1b(struct store *st, struct fk_plot_set *set, const char *ds, stru
                 "(layers x sequences) of cell %s (%s, dataset %s); band: 10%% and 90%% "
                 "quantiles over streams\n# rank K_mean K_p10 K_p90 V_mean V_p10 V_p90\n",
             cnt[0], cnt[1], c->id, c->codec, ds);
-    for (int r = 0; col && r < R; r++) {
+    for (int r = 0; col && r < len; r++) {
         fk_sb_printf(&b, "%d", r + 1);
         for (int k = 0; k < 2; k++) {
             double s = 0;
@@ -699,6 +734,7 @@ static int fig1b(struct store *st, struct fk_plot_set *set, const char *ds, stru
     }
     free(col);
     FK_TRY(fig_data(st, f, &b));
+    fig_num(f, "nrank", len);
     char t[512];
     snprintf(t, sizeof t, "%s, %s", ds, codec_display(st, c->codec));
     fig_text(f, "subtitle", t);
@@ -760,20 +796,20 @@ static int fig1c(struct store *st, struct fk_plot_set *set, const char *ds, stru
     FK_TRY(layer_values(st, c, "inactive_after_prefill", &L, &T, &v));
     struct fk_sb b = {0};
     fk_sb_printf(&b, "# Fig. 1c: fraction of atoms unused after prefill, cell %s (%s, dataset %s), "
-                "%d sequence(s); mean and 95%% bootstrap interval over sequences\n"
-                "# layer K_mean K_lo K_hi V_mean V_lo V_hi\n", c->id, c->codec, ds, T);
+                "%d sequence(s); mean and 95%% bootstrap interval over sequences with >= %d "
+                "sequences (else NaN, and the sequences follow: K_seq..., V_seq...)\n"
+                "# layer K_mean K_lo K_hi V_mean V_lo V_hi\n", c->id, c->codec, ds, T,
+                FK_CI_MIN_SEQ);
     int rc = FK_OK;
     for (int l = 0; l < L && rc == FK_OK; l++) {
         fk_sb_printf(&b, "%d", l);
         for (int k = 0; k < 2 && rc == FK_OK; k++) {
-            double m, lo, hi;
-            rc = fk_boot_mean_ci(v + ((size_t)k * L + l) * T, T, FK_BOOT_RESAMPLES,
-                                 FK_BOOT_SEED, &m, &lo, &hi);
+            double m;
+            rc = ci_cols(&b, v + ((size_t)k * L + l) * T, T, &m);
             any |= isfinite(m);
-            bnum(&b, m);
-            bnum(&b, lo);
-            bnum(&b, hi);
         }
+        for (int k = 0; k < 2; k++)
+            seq_cols(&b, v + ((size_t)k * L + l) * T, T);
         fk_sb_printf(&b, "\n");
     }
     free(v);
@@ -784,6 +820,7 @@ static int fig1c(struct store *st, struct fk_plot_set *set, const char *ds, stru
         return rc;
     }
     FK_TRY(fig_data(st, f, &b));
+    fig_num(f, "nseq", T < FK_CI_MIN_SEQ ? T : 0);
     char t[512];
     snprintf(t, sizeof t, "%s, %s", ds, codec_display(st, c->codec));
     fig_text(f, "subtitle", t);
@@ -919,13 +956,15 @@ static int fig3_series(struct store *st, struct fk_plot_set *set, const char *ds
         return fk_err(FK_ENOMEM, "out of memory");
     const char *cod[64];
     int nc = codecs_in(st, ds, cod, 64), blocks = 0, rc = FK_OK, bin = BIN, steps = 0;
+    int nseq = 0;    /* sequence columns: the most of a block with too few for an interval */
     char names[1024] = "";
     struct fk_sb b = {0};
     fk_sb_printf(&b, "# Fig. 3%c: %s vs decode step, one block per codec (representative cell), "
                 "mean over layers and K/V per sequence, then mean and 95%% bootstrap interval "
-                "over sequences\n# %s mean lo hi\n", mode ? 'b' : 'a',
+                "over sequences with >= %d sequences (else NaN, and the sequences follow)\n"
+                "# %s mean lo hi [seq...]\n", mode ? 'b' : 'a',
             mode ? "relative reconstruction error (bins of decode steps)"
-                 : "normalised dictionary size N_t/N",
+                 : "normalised dictionary size N_t/N", FK_CI_MIN_SEQ,
             mode ? "bin_start bin_centre" : "step");
     for (int i = 0; i < nc && rc == FK_OK; i++) {
         const struct fk_codec_ops *ops = fk_codec_find(cod[i]);
@@ -952,21 +991,23 @@ static int fig3_series(struct store *st, struct fk_plot_set *set, const char *ds
         for (int j = 0; j < N && rc == FK_OK; j++) {
             for (int t = 0; t < T; t++)
                 col[t] = v[(size_t)t * N + j];
-            double m, lo, hi;
-            rc = fk_boot_mean_ci(col, T, FK_BOOT_RESAMPLES, FK_BOOT_SEED, &m, &lo, &hi);
-            if (!isfinite(m))
+            int finite = 0;
+            for (int t = 0; t < T; t++)
+                finite |= isfinite(col[t]) != 0;
+            if (!finite)
                 continue;
             if (mode)
                 fk_sb_printf(&b, "%d %g", j * B, j * B + B / 2.0);
             else
                 fk_sb_printf(&b, "%d", j + 1);
-            bnum(&b, m);
-            bnum(&b, lo);
-            bnum(&b, hi);
+            rc = ci_cols(&b, col, T, NULL);
+            seq_cols(&b, col, T);
             fk_sb_printf(&b, "\n");
         }
         free(col);
         free(v);
+        if (T < FK_CI_MIN_SEQ && T > nseq)
+            nseq = T;
         size_t n = strlen(names);
         snprintf(names + n, sizeof names - n, "%s%s", blocks ? " " : "", c->codec);
         blocks++;
@@ -983,6 +1024,7 @@ static int fig3_series(struct store *st, struct fk_plot_set *set, const char *ds
     fig_text(f, "subtitle", ds);
     fig_num(f, "bin", bin);
     fig_num(f, "nsteps", steps);
+    fig_num(f, "nseq", nseq);
     return FK_OK;
 }
 
@@ -1972,7 +2014,7 @@ static int table4(struct store *st, struct fk_plot_set *set, const char *out_dir
             fk_sb_printf(&tex, "%s & %s", ds, codec_display(st, c->codec));
             for (int j = 0; j < nc && rc == FK_OK; j++) {
                 double v = cnum(st, c, t4cols[j].col) * t4cols[j].scale, half = NAN;
-                if (c->n_seq > 1) {
+                if (c->n_seq >= FK_CI_MIN_SEQ) {    /* an interval needs enough sequences */
                     double *x = malloc(sizeof(double) * (size_t)c->n_seq);
                     if (!x) {
                         rc = fk_err(FK_ENOMEM, "out of memory");
@@ -2009,8 +2051,10 @@ static int table4(struct store *st, struct fk_plot_set *set, const char *out_dir
                  "relative to the %s cell of the same dataset and s. Bytes/token and GB/seq are "
                  "replay memory (codes + buffer + appended atoms; the shared universal "
                  "dictionary excluded). Rel. error: mean over K/V, layers and sequences.%s\n",
-            base, multi ? " ± is half the 95% bootstrap interval over sequences (2000 resamples)."
-                  : "");
+            base, multi ? " ± is half the 95% bootstrap interval over sequences (2000 "
+                  "resamples), shown for cells with at least " FK_STR(FK_CI_MIN_SEQ)
+                  " sequences." : " No ±: no cell has the " FK_STR(FK_CI_MIN_SEQ)
+                  " sequences an interval needs.");
     if (rc < 0 || !rows) {
         free(md.s);
         free(tex.s);

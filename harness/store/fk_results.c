@@ -566,8 +566,8 @@ static int write_h5(const char *path, const struct fk_cell_meta *m,
                 hsize_t rn[1] = {FK_RECALL_NS};
                 if (!rc) rc = fk_h5_write(gk, "pool_recall", H5T_IEEE_F64LE, H5T_NATIVE_DOUBLE,
                                           1, rn, 0, 0, s->recall);
-                if (!rc && s->corr_profile) {
-                    hsize_t cp[1] = {256};
+                if (!rc && s->corr_profile && s->corr_len > 0) {
+                    hsize_t cp[1] = {(hsize_t)s->corr_len}; /* the filled entries */
                     rc = fk_h5_write(gk, "corr_profile", H5T_IEEE_F64LE, H5T_NATIVE_DOUBLE, 1,
                                      cp, 0, 0, s->corr_profile);
                 }
