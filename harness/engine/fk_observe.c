@@ -178,6 +178,8 @@ static int pool_recall(struct fk_stream_result *sr, const struct fk_unit *u, int
             sr->recall[q] = rec[q] / cnt;
         sr->support_agree = agree / cnt;
         sr->err_ratio = e_omp > 0 ? e_scr / e_omp : NAN;
+        sr->screen_err_omp = e_omp;
+        sr->screen_err_scr = e_scr;
         for (int q = 0; q < 256; q++)
             prof[q] /= cnt;
         sr->corr_profile = prof;
@@ -466,6 +468,7 @@ static int recall_finish(void *self, const struct fk_unit *u, struct fk_unit_res
         for (int q = 0; q < FK_RECALL_NS; q++)
             sr->recall[q] = NAN;
         sr->support_agree = sr->err_ratio = NAN;
+        sr->screen_err_omp = sr->screen_err_scr = 0;
         if (!u->ro->recall || !u->bases || !(ops->caps & FK_CAP_DICT))
             continue;
         const struct fk_option *os = fk_codec_option(ops, "s"), *on = fk_codec_option(ops, "n");

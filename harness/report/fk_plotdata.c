@@ -208,6 +208,9 @@ struct cell {
                                   * + options off the codec's defaults */
     struct seqv *seq;            /* [n_seq] per-sequence values, summary.csv order */
     int n_seq;                   /* sequences (traces) of the cell */
+    int *reps;                   /* [n_rep] cells.csv rows of its repeats (itself first), or
+                                  * NULL for a single one: cells.csv values are their mean */
+    int n_rep;
 };
 
 struct store {
@@ -227,7 +230,19 @@ struct store {
 
 static double cnum(const struct store *st, const struct cell *c, const char *col)
 {
-    return fk_csv_num(st->cells, c->row, fk_csv_col(st->cells, col));
+    int j = fk_csv_col(st->cells, col);
+    if (c->n_rep < 2)
+        return fk_csv_num(st->cells, c->row, j);
+    double s = 0;    /* repeats of one setting: the mean of their finite values */
+    int k = 0;
+    for (int i = 0; i < c->n_rep; i++) {
+        double v = fk_csv_num(st->cells, c->reps[i], j);
+        if (isfinite(v)) {
+            s += v;
+            k++;
+        }
+    }
+    return k ? s / k : fk_csv_num(st->cells, c->row, j);
 }
 
 static const char *cstr(const struct store *st, const struct cell *c, const char *col)
@@ -359,6 +374,35 @@ static int load_seqs(struct store *st)
     return FK_OK;
 }
 
+/* The cell (index in st->c) of repeat 0 of the setting of cells.csv row i (same codec,
+ * dataset and options), or -1. */
+static int repeat_zero(const struct store *st, int i, int cr)
+{
+    const struct fk_csv *t = st->cells;
+    for (int a = 0; a < st->n; a++) {
+        int r = st->c[a].row, same = atoi(t->rows[r][cr]) == 0 &&
+                                     !strcmp(t->rows[r][st->fs->c_codec], t->rows[i][st->fs->c_codec]) &&
+                                     !strcmp(t->rows[r][st->fs->c_dataset], t->rows[i][st->fs->c_dataset]);
+        for (int j = st->col_first_opt; j < st->col_end_opt && same; j++)
+            same = !strcmp(t->rows[r][j], t->rows[i][j]);
+        if (same)
+            return a;
+    }
+    return -1;
+}
+
+static int add_repeat(struct cell *c, int row)
+{
+    int *nr = realloc(c->reps, sizeof(int) * (size_t)(c->n_rep ? c->n_rep + 1 : 2));
+    if (!nr)
+        return fk_err(FK_ENOMEM, "out of memory");
+    c->reps = nr;
+    if (!c->n_rep)
+        c->reps[c->n_rep++] = c->row;
+    c->reps[c->n_rep++] = row;
+    return FK_OK;
+}
+
 static int store_load(struct store *st, const char *dir, const char *data_dir)
 {
     memset(st, 0, sizeof *st);
@@ -375,9 +419,17 @@ static int store_load(struct store *st, const char *dir, const char *data_dir)
     st->datasets = calloc((size_t)t->n_rows + 1, sizeof(char *));
     if (!st->c || !st->datasets)
         return fk_err(FK_ENOMEM, "out of memory");
+    int cr = fk_csv_col(t, "repeat");
     for (int i = 0; i < t->n_rows; i++) {
         if (strcmp(t->rows[i][cs], "ok"))
             continue;
+        if (cr >= 0 && atoi(t->rows[i][cr]) > 0) {
+            int r0 = repeat_zero(st, i, cr);
+            if (r0 >= 0) {    /* a repeat of a setting: one cell, values averaged */
+                FK_TRY(add_repeat(&st->c[r0], i));
+                continue;
+            }
+        }
         struct cell *c = &st->c[st->n++];
         c->row = i;
         c->id = t->rows[i][ci];
@@ -398,8 +450,10 @@ static int store_load(struct store *st, const char *dir, const char *data_dir)
 
 static void store_free(struct store *st)
 {
-    for (int i = 0; i < st->n; i++)
+    for (int i = 0; i < st->n; i++) {
         free(st->c[i].seq);
+        free(st->c[i].reps);
+    }
     free(st->c);
     free(st->datasets);
     fk_store_close(&st->fs);
