@@ -92,13 +92,16 @@ static double seq_val(int c, int t)
     return s / 4;
 }
 
-static void fixture(void)
+/* The store of cells[] (with only_pl: only the pl cells). */
+static void fixture_of(int only_pl)
 {
     struct fk_sb csv = {0}, sum = {0};
     fk_sb_printf(&csv, "cell_id,codec,dataset,status,s,n,n_traces,traces,dictionary,seed,"
                        "attn_stride,repeat,rel_err_mean,bytes_per_token\n");
     fk_sb_printf(&sum, "cell_id,codec,trace,layer,kind,rel_err_mean\n");
     for (int c = 0; c < N_CELLS; c++) {
+        if (only_pl && strcmp(cells[c].codec, "pl"))
+            continue;
         double cell_mean = 0;
         for (int t = 0; t < cells[c].n_seq; t++)
             cell_mean += seq_val(c, t) / cells[c].n_seq;
@@ -119,6 +122,11 @@ static void fixture(void)
     put("summary.csv", sum.s);
     fk_sb_free(&csv);
     fk_sb_free(&sum);
+}
+
+static void fixture(void)
+{
+    fixture_of(0);
 }
 
 /* Oracle of a point: the cells [c0, c1, ...] (-1 ended) are the repeats of one setting;
@@ -429,6 +437,42 @@ START_TEST(table4_intervals)
 }
 END_TEST
 
+/* Fig. 3d over an s x n grid of one dataset (N does not vary): the heatmap is over s and n,
+ * not a one-column N x s figure; with only s varying it is skipped naming s. */
+START_TEST(fig3d_two_options)
+{
+    make_dir();
+    fixture();
+    fk_hdf5_quiet();    /* d.h5 and the cells' .h5 files are absent or empty */
+    struct fk_plot_set set;
+    char out[512];
+    snprintf(out, sizeof out, "%s/fig", g_dir);
+    ck_assert_msg(fk_plotdata_export(g_dir, out, NULL, &set) == FK_OK, "%s", fk_errmsg());
+    const struct fk_plot_fig *f = NULL;
+    for (int i = 0; i < set.n_figs; i++)
+        if (!strcmp(set.figs[i].name, "fig3d_N_s.gm"))
+            f = &set.figs[i];
+    ck_assert_ptr_nonnull(f);
+    ck_assert_str_eq(f->note, "");
+    ck_assert_msg(strstr(f->vars, "nx=3; ny=2;") != NULL, "%s", f->vars);
+    ck_assert_ptr_nonnull(strstr(f->vars, "xtitle='s';"));
+    ck_assert_ptr_nonnull(strstr(f->vars, "ytitle='n';"));
+    fk_plotdata_free(&set);
+    rm_dir();
+    make_dir();
+    fixture_of(1);
+    ck_assert_msg(fk_plotdata_export(g_dir, out, NULL, &set) == FK_OK, "%s", fk_errmsg());
+    f = NULL;
+    for (int i = 0; i < set.n_figs; i++)
+        if (!strncmp(set.figs[i].name, "fig3d", 5))
+            f = &set.figs[i];
+    ck_assert_ptr_nonnull(f);
+    ck_assert_msg(strstr(f->note, "only s varies among the pl cells") != NULL, "%s", f->note);
+    fk_plotdata_free(&set);
+    rm_dir();
+}
+END_TEST
+
 static Suite *plotgen_suite(void)
 {
     Suite *s = suite_create("plot_general");
@@ -438,6 +482,7 @@ static Suite *plotgen_suite(void)
     tcase_add_test(tc, refusals);
     tcase_add_test(tc, heatmap_squares);
     tcase_add_test(tc, table4_intervals);
+    tcase_add_test(tc, fig3d_two_options);
     suite_add_tcase(s, tc);
     return s;
 }

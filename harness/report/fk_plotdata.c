@@ -1151,6 +1151,16 @@ struct hm_pt {
     int x, y;                    /* axis entries */
 };
 
+/* Adds cell d at square (x, y) unless an axis was full (x or y < 0) or the square is taken. */
+static void hm_add(struct hm_pt *pt, int *np, const struct cell *d, int x, int y)
+{
+    int dup = x < 0 || y < 0;
+    for (int i = 0; i < *np && !dup; i++)
+        dup = pt[i].x == x && pt[i].y == y;
+    if (!dup)
+        pt[(*np)++] = (struct hm_pt){d, x, y};
+}
+
 /* Writes a heatmap data file: blocks per y (ascending), rows per x (ascending). */
 static int heat_write(struct store *st, struct fk_plot_fig *f, const struct axis *ax,
                       const struct axis *ay, const struct hm_pt *pt, int np, const char *what)
@@ -1269,13 +1279,7 @@ static int fig3c(struct store *st, struct fk_plot_set *set, const char *ds)
         snprintf(yl, sizeof yl, "%s/%s", cstr(st, d, "delta_k"), cstr(st, d, "delta_v"));
         int x = axis_add(&ax, cstr(st, d, "tau_c"), cnum(st, d, "tau_c"), 0);
         int y = axis_add(&ay, yl, dk, dv);
-        if (x < 0 || y < 0)
-            continue;
-        int dup = 0;
-        for (int i = 0; i < np; i++)
-            dup |= pt[i].x == x && pt[i].y == y;
-        if (!dup)
-            pt[np++] = (struct hm_pt){d, x, y};
+        hm_add(pt, &np, d, x, y);
     }
     char what[2300];
     snprintf(what, sizeof what, "Fig. 3c: %s on dataset %s, tau_c (x) by delta_k/delta_v "
@@ -1285,6 +1289,121 @@ static int fig3c(struct store *st, struct fk_plot_set *set, const char *ds)
     snprintf(t, sizeof t, "%s, %s, s = %s, n = %s", ds, codec_display(st, codec),
              cstr(st, pt[0].c, "s"), cstr(st, pt[0].c, "n"));
     fig_text(f, "subtitle", t);
+    return FK_OK;
+}
+
+/* Distinct non-empty values of option column j among the cells of codec on dataset ds. */
+static int n_values(const struct store *st, const char *ds, const char *codec, int j)
+{
+    struct axis a = {0};
+    for (int i = 0; i < st->n; i++) {
+        const struct cell *c = &st->c[i];
+        const char *v = st->cells->rows[c->row][j];
+        if (v[0] && !strcmp(c->dataset, ds) && !strcmp(c->codec, codec))
+            axis_add(&a, v, 0, 0);
+    }
+    return a.n;
+}
+
+/* Fig. 3d when a codec's cells do not vary N and s together: a heatmap over the two options
+ * that vary most among its cells of the dataset where it has most cells (ties: cells.csv
+ * order), the group of cells sharing every other option with the most squares; skipped with
+ * a note naming the option when only one varies. */
+static int heat_two_options(struct store *st, struct fk_plot_fig *f, const char *codec)
+{
+    const char *ds = NULL;
+    int most = 0;
+    for (int d = 0; d < st->n_ds; d++) {
+        int k = 0;
+        for (int i = 0; i < st->n; i++)
+            k += !strcmp(st->c[i].dataset, st->datasets[d]) && !strcmp(st->c[i].codec, codec);
+        if (k > most) {
+            most = k;
+            ds = st->datasets[d];
+        }
+    }
+    int ja = -1, jb = -1, na = 1, nb = 1;
+    for (int j = st->col_first_opt; ds && j < st->col_end_opt; j++) {
+        int k = n_values(st, ds, codec, j);
+        if (k > na) {
+            jb = ja, nb = na;
+            ja = j, na = k;
+        } else if (k > nb) {
+            jb = j, nb = k;
+        }
+    }
+    if (ja < 0) {
+        fig_skip(f, "no %s cells varying the dictionary (N), s or any two options", codec);
+        return FK_OK;
+    }
+    if (jb < 0) {
+        fig_skip(f, "only %s varies among the %s cells of dataset %s: a heatmap needs two "
+                 "options (draw it with plot --x %s --y METRIC)", st->cells->head[ja], codec,
+                 ds, st->cells->head[ja]);
+        return FK_OK;
+    }
+    if (ja > jb) {    /* cells.csv order: x the first */
+        int t = ja;
+        ja = jb;
+        jb = t;
+    }
+    const char *xa = st->cells->head[ja], *yb = st->cells->head[jb];
+    char skip[160], key[2048], best_key[2048] = "";
+    snprintf(skip, sizeof skip, ",%s,%s,", xa, yb);
+    int best = 0;
+    for (int i = 0; i < st->n; i++) {    /* the group with the most (a, b) pairs */
+        const struct cell *c = &st->c[i];
+        if (strcmp(c->dataset, ds) || strcmp(c->codec, codec))
+            continue;
+        other_opts(st, c, skip, key, sizeof key);
+        struct axis ax = {0}, ay = {0};
+        for (int j = 0; j < st->n; j++) {
+            const struct cell *d = &st->c[j];
+            char k2[2048];
+            if (strcmp(d->dataset, ds) || strcmp(d->codec, codec))
+                continue;
+            other_opts(st, d, skip, k2, sizeof k2);
+            if (!strcmp(k2, key)) {
+                axis_add(&ax, st->cells->rows[d->row][ja], 0, 0);
+                axis_add(&ay, st->cells->rows[d->row][jb], 0, 0);
+            }
+        }
+        if (ax.n > 1 && ay.n > 1 && ax.n * ay.n > best) {
+            best = ax.n * ay.n;
+            snprintf(best_key, sizeof best_key, "%s", key);
+        }
+    }
+    if (!best) {
+        fig_skip(f, "%s and %s vary among the %s cells of dataset %s, but not together with "
+                 "every other option fixed", xa, yb, codec, ds);
+        return FK_OK;
+    }
+    struct axis ax = {0}, ay = {0};
+    static struct hm_pt pt[4096];
+    int np = 0;
+    for (int j = 0; j < st->n && np < 4096; j++) {
+        const struct cell *d = &st->c[j];
+        if (strcmp(d->dataset, ds) || strcmp(d->codec, codec))
+            continue;
+        other_opts(st, d, skip, key, sizeof key);
+        if (strcmp(key, best_key))
+            continue;
+        const char *va = st->cells->rows[d->row][ja], *vb = st->cells->rows[d->row][jb];
+        int x = axis_add(&ax, va, strtod(va, NULL), j), y = axis_add(&ay, vb, strtod(vb, NULL), j);
+        hm_add(pt, &np, d, x, y);
+    }
+    char what[2600];
+    snprintf(what, sizeof what, "Fig. 3d: %s on dataset %s, %s (x) by %s (y): the dictionary "
+             "size N and s do not vary together; other options: %s", codec, ds, xa, yb,
+             best_key);
+    FK_TRY(heat_write(st, f, &ax, &ay, pt, np, what));
+    char t[512], m[256];
+    snprintf(t, sizeof t, "%s, %s", ds, codec_display(st, codec));
+    fig_text(f, "subtitle", t);
+    snprintf(m, sizeof m, "Sensitivity to %s and %s", xa, yb);
+    fig_text(f, "main", m);
+    fig_text(f, "xtitle", xa);
+    fig_text(f, "ytitle", yb);
     return FK_OK;
 }
 
@@ -1329,15 +1448,14 @@ static int fig3d(struct store *st, struct fk_plot_set *set, const char *codec)
             axis_add(&ay, cstr(st, d, "s"), 0, 0);
         }
         int score = ax.n * ay.n;
-        if (ax.n * ay.n > 1 && score > best) {
+        if (ax.n > 1 && ay.n > 1 && score > best) {    /* both axes vary */
             best = score;
             snprintf(best_key, sizeof best_key, "%s", key);
         }
     }
-    if (!best) {
+    if (!best) {    /* N and s do not vary together: the two options that do, if any */
         free(natoms);
-        fig_skip(f, "no %s cells varying the dictionary (N) or s on the same traces", codec);
-        return FK_OK;
+        return heat_two_options(st, f, codec);
     }
     struct axis ax = {0}, ay = {0};
     struct hm_pt pt[4096];
@@ -1357,13 +1475,7 @@ static int fig3d(struct store *st, struct fk_plot_set *set, const char *codec)
         known &= natoms[j] > 0;
         int x = axis_add(&ax, xl, natoms[j] > 0 ? (double)natoms[j] : 1e18, j);
         int y = axis_add(&ay, cstr(st, d, "s"), cnum(st, d, "s"), 0);
-        if (x < 0 || y < 0)
-            continue;
-        int dup = 0;
-        for (int i = 0; i < np; i++)
-            dup |= pt[i].x == x && pt[i].y == y;
-        if (!dup)
-            pt[np++] = (struct hm_pt){d, x, y};
+        hm_add(pt, &np, d, x, y);
     }
     free(natoms);
     char what[4400];
@@ -2178,9 +2290,18 @@ int fk_plotdata_export(const char *results_dir, const char *out_dir,
         if (set->figs[i].note[0] && (drawn3d || k3d > first3d))
             continue;
         if (set->figs[i].note[0]) {
+            /* the note of a codec whose cells vary one option (or two, not together), else
+             * the general one */
+            const char *why = NULL;
+            for (int j = first3d; j < set->n_figs && !why; j++)
+                if (!strncmp(set->figs[j].note, "only ", 5) ||
+                    strstr(set->figs[j].note, "not together"))
+                    why = set->figs[j].note;
+            char note[sizeof set->figs[i].note];
+            snprintf(note, sizeof note, "%s", why ? why : "no codec has cells varying the "
+                     "dictionary (N) or s, or any two options, on the same traces");
             snprintf(set->figs[i].name, sizeof set->figs[i].name, "fig3d_N_s");
-            snprintf(set->figs[i].note, sizeof set->figs[i].note, "no codec has cells varying "
-                     "the dictionary (N) or s on the same traces");
+            snprintf(set->figs[i].note, sizeof set->figs[i].note, "%s", note);
         }
         if (k3d != i)
             set->figs[k3d] = set->figs[i];
