@@ -1495,6 +1495,44 @@ static int fig3d(struct store *st, struct fk_plot_set *set, const char *codec)
 
 /* ---- Pareto ------------------------------------------------------------------------------ */
 
+static int label_cols(const struct store *st, const char *ds, const char *codec, int *cols,
+                      int *n_cols);
+static void cell_label(const struct store *st, const struct cell *c, const int *cols, int n,
+                       char *out, size_t cap);
+
+/* Label placement without overlap: boxes of labels placed so far in axis fractions (x
+ * linear, y logarithmic over the figure's range). */
+struct lbox {
+    double u0, u1, v0, v1;
+};
+#define LBOX_CW 0.0125           /* a label character, fraction of the data's x range */
+#define LBOX_H 0.055             /* a label line, fraction of the data's y range (the axis
+                                  * extends past it) */
+
+/* The y (data units) of the label of point (x, y), text len characters: right of the point,
+ * moved down (then up) a line at a time off every label placed before (at most 6 lines),
+ * then recorded in boxes. */
+static double place_label(struct lbox *boxes, int *nb, double x, double y, int len,
+                          const double *rng)
+{
+    double u = (x - rng[0]) / (rng[1] - rng[0] > 0 ? rng[1] - rng[0] : 1);
+    double lv = log(y), v = (lv - rng[2]) / (rng[3] - rng[2] > 0 ? rng[3] - rng[2] : 1);
+    struct lbox b = {u + 0.01, u + 0.01 + LBOX_CW * len, v, v + LBOX_H};
+    for (int k = 0; k <= 12; k++) {
+        double dv = (k % 2 ? -1 : 1) * ((k + 1) / 2) * LBOX_H;
+        struct lbox t = {b.u0, b.u1, b.v0 - dv, b.v1 - dv};
+        int hit = 0;
+        for (int i = 0; i < *nb && !hit; i++)
+            hit = t.u0 < boxes[i].u1 && boxes[i].u0 < t.u1 && t.v0 < boxes[i].v1 &&
+                  boxes[i].v0 < t.v1;
+        if (!hit || k == 12) {
+            boxes[(*nb)++] = t;
+            return exp(rng[2] + (t.v0 + LBOX_H / 2) * (rng[3] - rng[2]));
+        }
+    }
+    return y;
+}
+
 static int pareto(struct store *st, struct fk_plot_set *set, const char *ds)
 {
     struct fk_plot_fig *f = fig_add(set, "pareto_bytes_kl", ds, st->n_ds, "pareto_bytes_kl");
@@ -1506,13 +1544,33 @@ static int pareto(struct store *st, struct fk_plot_set *set, const char *ds)
     struct fk_sb b = {0};
     fk_sb_printf(&b, "# Pareto: bytes per token vs attention KL, every finished cell of dataset %s; "
                 "one block per codec, the last block is the Pareto front\n"
-                "# bytes_per_token attn_kl rel_err_mean cell\n", ds);
+                "# label: the options that tell the codec's cells apart (as pareto_head)\n"
+                "# label_y: where the label sits (moved off the labels before it)\n"
+                "# bytes_per_token attn_kl rel_err_mean label cell label_y\n", ds);
     double (*front)[2] = malloc(sizeof *front * (size_t)(st->n ? st->n : 1));
-    int nf = 0;
-    if (!front)
+    struct lbox *boxes = malloc(sizeof *boxes * (size_t)(st->n ? st->n : 1));
+    int nf = 0, nbox = 0;
+    if (!front || !boxes) {
+        free(front);
+        free(boxes);
         return fk_err(FK_ENOMEM, "out of memory");
+    }
+    double rng[4] = {INFINITY, -INFINITY, INFINITY, -INFINITY};    /* x, log y ranges */
+    for (int j = 0; j < st->n; j++) {
+        double x = cnum(st, &st->c[j], "bytes_per_token"), y = cnum(st, &st->c[j], "attn_kl");
+        if (strcmp(st->c[j].dataset, ds) || !isfinite(x) || !isfinite(y) || y <= 0)
+            continue;
+        rng[0] = fmin(rng[0], x), rng[1] = fmax(rng[1], x);
+        rng[2] = fmin(rng[2], log(y)), rng[3] = fmax(rng[3], log(y));
+    }
     for (int i = 0; i < nc; i++) {
-        int rows = 0;
+        int rows = 0, cols[32], ncol = 0, rc = label_cols(st, ds, cod[i], cols, &ncol);
+        if (rc < 0) {
+            free(front);
+            free(boxes);
+            free(b.s);
+            return rc;
+        }
         for (int j = 0; j < st->n; j++) {
             const struct cell *c = &st->c[j];
             if (strcmp(c->dataset, ds) || strcmp(c->codec, cod[i]))
@@ -1527,7 +1585,11 @@ static int pareto(struct store *st, struct fk_plot_set *set, const char *ds)
             bnum(&b, x);
             bnum(&b, y);
             bnum(&b, cnum(st, c, "rel_err_mean"));
-            fk_sb_printf(&b, " %s\n", c->id);
+            char label[64];
+            cell_label(st, c, cols, ncol, label, sizeof label);
+            fk_sb_printf(&b, " \"%s\" %s", label, c->id);
+            bnum(&b, label[0] ? place_label(boxes, &nbox, x, y, (int)strlen(label), rng) : y);
+            fk_sb_printf(&b, "\n");
             front[nf][0] = x;
             front[nf][1] = y;
             nf++;
@@ -1539,6 +1601,7 @@ static int pareto(struct store *st, struct fk_plot_set *set, const char *ds)
             blocks++;
         }
     }
+    free(boxes);
     if (!blocks) {
         free(front);
         free(b.s);
@@ -1554,7 +1617,7 @@ static int pareto(struct store *st, struct fk_plot_set *set, const char *ds)
             lowest = front[i][1];
             bnum(&b, front[i][0]);
             bnum(&b, front[i][1]);
-            fk_sb_printf(&b, " NaN front\n");
+            fk_sb_printf(&b, " NaN \"\" front NaN\n");
         }
     free(front);
     FK_TRY(fig_data(st, f, &b));
