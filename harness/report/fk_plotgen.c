@@ -434,7 +434,7 @@ static void sel_text(const struct sel *q, const struct fk_plot_general *g, char 
     out[0] = 0;
     struct values ds;
     if (values_of(q, q->rows, q->n, q->fs->c_dataset, &ds) == FK_OK && ds.n == 1)
-        n += (size_t)snprintf(out + n, cap - n, "dataset %s", ds.v[0]);
+        n += (size_t)snprintf(out + n, cap - n, "%s", ds.v[0]);
     struct values cs;
     if (values_of(q, q->rows, q->n, q->fs->c_codec, &cs) == FK_OK && cs.n == 1 && n < cap)
         n += (size_t)snprintf(out + n, cap - n, "%s%s", n ? ", " : "", display(q, cs.v[0]));
@@ -650,13 +650,12 @@ static int line_plot(struct sel *q, const char *stem, const struct fk_plot_gener
         snprintf(sub, sizeof sub, "%s%s%d cells; mean, 95%% bootstrap interval over %s "
                  "sequences", st, st[0] ? "; " : "", q->n, ns);
     else
-        snprintf(sub, sizeof sub, "%s%s%d cells; mean over %s sequences (%s; an interval "
-                 "needs >= %d)", st, st[0] ? "; " : "", q->n, ns,
-                 n_ci ? "circles: sequences where fewer" : "circles: the sequences",
-                 FK_CI_MIN_SEQ);
+        snprintf(sub, sizeof sub, "%s%s%d cells; mean over %s sequences (circles: %s; an "
+                 "interval needs >= %d)", st, st[0] ? "; " : "", q->n, ns,
+                 n_ci ? "each, where fewer" : "each", FK_CI_MIN_SEQ);
     if (dropped) {
         size_t n = strlen(sub);
-        snprintf(sub + n, sizeof sub - n, "; %d cell(s) without %s left out", dropped, g->x);
+        snprintf(sub + n, sizeof sub - n, "; %d without %s", dropped, g->x);
     }
     var_str(o, "subtitle", sub, 1);
     snprintf(o->script, sizeof o->script, "general.gp");
@@ -692,11 +691,11 @@ static int heatmap(struct sel *q, const char *stem, const struct fk_plot_general
     if (xs.n < 2 || ys.n < 2) {
         const struct values *one = xs.n < 2 ? &xs : &ys;
         list_varying(q, q->rows, q->n, -1, -1, vary, sizeof vary);
-        return fk_err(FK_EINVAL, "--heatmap %s,%s: %s has %s%s among the %d selected cell(s) "
-                      "having both: a heatmap needs two options that vary (options that vary: "
-                      "%s; one option: --x OPTION --y METRIC)", g->heat_x, g->heat_y,
-                      xs.n < 2 ? g->heat_x : g->heat_y, one->n ? "one value, " : "no value",
-                      one->n ? one->v[0] : "", q->n, vary);
+        return fk_err(FK_EINVAL, "--heatmap %s,%s: %s has %s%s%s among the %d selected "
+                      "cell(s) having both: a heatmap needs two options that vary (options "
+                      "that vary: %s; one option: --x OPTION --y METRIC)", g->heat_x, g->heat_y,
+                      xs.n < 2 ? g->heat_x : g->heat_y, one->n ? "one value (" : "no value",
+                      one->n ? one->v[0] : "", one->n ? ")" : "", q->n, vary);
     }
     list_varying(q, q->rows, q->n, xcol, ycol, vary, sizeof vary);
     if (strcmp(vary, "none"))
