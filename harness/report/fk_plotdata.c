@@ -1506,26 +1506,26 @@ struct lbox {
     double u0, u1, v0, v1;
 };
 #define LBOX_CW 0.0125           /* a label character, fraction of the data's x range */
-#define LBOX_H 0.055             /* a label line, fraction of the data's y range (the axis
-                                  * extends past it) */
+#define LBOX_H 0.032             /* a label line, fraction of the y axis (whole decades) */
 
 /* The y (data units) of the label of point (x, y), text len characters: right of the point,
- * moved down (then up) a line at a time off every label placed before (at most 6 lines),
- * then recorded in boxes. */
+ * moved down or up a line at a time off every label placed before (at most 2 lines: a label
+ * further away would name the wrong point; then it stays at its point), then recorded in
+ * boxes. */
 static double place_label(struct lbox *boxes, int *nb, double x, double y, int len,
                           const double *rng)
 {
     double u = (x - rng[0]) / (rng[1] - rng[0] > 0 ? rng[1] - rng[0] : 1);
     double lv = log(y), v = (lv - rng[2]) / (rng[3] - rng[2] > 0 ? rng[3] - rng[2] : 1);
     struct lbox b = {u + 0.01, u + 0.01 + LBOX_CW * len, v, v + LBOX_H};
-    for (int k = 0; k <= 12; k++) {
-        double dv = (k % 2 ? -1 : 1) * ((k + 1) / 2) * LBOX_H;
+    for (int k = 0; k <= 5; k++) {
+        double dv = k == 5 ? 0 : (k % 2 ? -1 : 1) * ((k + 1) / 2) * LBOX_H;
         struct lbox t = {b.u0, b.u1, b.v0 - dv, b.v1 - dv};
         int hit = 0;
         for (int i = 0; i < *nb && !hit; i++)
             hit = t.u0 < boxes[i].u1 && boxes[i].u0 < t.u1 && t.v0 < boxes[i].v1 &&
                   boxes[i].v0 < t.v1;
-        if (!hit || k == 12) {
+        if (!hit || k == 5) {
             boxes[(*nb)++] = t;
             return exp(rng[2] + (t.v0 + LBOX_H / 2) * (rng[3] - rng[2]));
         }
@@ -1563,6 +1563,9 @@ static int pareto(struct store *st, struct fk_plot_set *set, const char *ds)
         rng[0] = fmin(rng[0], x), rng[1] = fmax(rng[1], x);
         rng[2] = fmin(rng[2], log(y)), rng[3] = fmax(rng[3], log(y));
     }
+    /* the log y axis spans whole decades (gnuplot's autoscale) */
+    rng[2] = floor(rng[2] / log(10) + 1e-9) * log(10);
+    rng[3] = ceil(rng[3] / log(10) - 1e-9) * log(10);
     for (int i = 0; i < nc; i++) {
         int rows = 0, cols[32], ncol = 0, rc = label_cols(st, ds, cod[i], cols, &ncol);
         if (rc < 0) {
