@@ -1305,10 +1305,48 @@ static int n_values(const struct store *st, const char *ds, const char *codec, i
     return a.n;
 }
 
+/* The group (cells of codec on ds sharing every option but ja and jb) with the most
+ * distinct (ja, jb) settings, both axes with two or more values: their count (0: none) and
+ * the group's key into key (cap bytes). */
+static int pair_squares(const struct store *st, const char *ds, const char *codec, int ja,
+                        int jb, char *key, size_t cap)
+{
+    char skip[160], k1[2048], k2[2048];
+    snprintf(skip, sizeof skip, ",%s,%s,", st->cells->head[ja], st->cells->head[jb]);
+    int best = 0;
+    for (int i = 0; i < st->n; i++) {
+        const struct cell *c = &st->c[i];
+        if (strcmp(c->dataset, ds) || strcmp(c->codec, codec))
+            continue;
+        other_opts(st, c, skip, k1, sizeof k1);
+        struct axis ax = {0}, ay = {0}, sq = {0};
+        for (int j = 0; j < st->n; j++) {
+            const struct cell *d = &st->c[j];
+            if (strcmp(d->dataset, ds) || strcmp(d->codec, codec))
+                continue;
+            other_opts(st, d, skip, k2, sizeof k2);
+            if (strcmp(k1, k2))
+                continue;
+            char both[100];
+            snprintf(both, sizeof both, "%s|%s", st->cells->rows[d->row][ja],
+                     st->cells->rows[d->row][jb]);
+            axis_add(&ax, st->cells->rows[d->row][ja], 0, 0);
+            axis_add(&ay, st->cells->rows[d->row][jb], 0, 0);
+            axis_add(&sq, both, 0, 0);
+        }
+        if (ax.n > 1 && ay.n > 1 && sq.n > best) {
+            best = sq.n;
+            snprintf(key, cap, "%s", k1);
+        }
+    }
+    return best;
+}
+
 /* Fig. 3d when a codec's cells do not vary N and s together: a heatmap over the two options
- * that vary most among its cells of the dataset where it has most cells (ties: cells.csv
- * order), the group of cells sharing every other option with the most squares; skipped with
- * a note naming the option when only one varies. */
+ * whose settings fill the most squares with every other option fixed (ties: cells.csv
+ * order), on the dataset where the codec has most cells. Options of the Fig. 3c grid
+ * (tau_c, delta_k, delta_v) are left to Fig. 3c. Skipped with a note naming the option when
+ * only one varies. */
 static int heat_two_options(struct store *st, struct fk_plot_fig *f, const char *codec)
 {
     const char *ds = NULL;
@@ -1322,62 +1360,45 @@ static int heat_two_options(struct store *st, struct fk_plot_fig *f, const char 
             ds = st->datasets[d];
         }
     }
-    int ja = -1, jb = -1, na = 1, nb = 1;
-    for (int j = st->col_first_opt; ds && j < st->col_end_opt; j++) {
-        int k = n_values(st, ds, codec, j);
-        if (k > na) {
-            jb = ja, nb = na;
-            ja = j, na = k;
-        } else if (k > nb) {
-            jb = j, nb = k;
-        }
+    int cand[64], nc = 0, tau_delta = has_tau_delta(codec);
+    for (int j = st->col_first_opt; ds && j < st->col_end_opt && nc < 64; j++) {
+        char pat[80];
+        snprintf(pat, sizeof pat, ",%s,", st->cells->head[j]);
+        if (n_values(st, ds, codec, j) > 1 && !(tau_delta && strstr(fig3c_skip, pat)))
+            cand[nc++] = j;
     }
-    if (ja < 0) {
-        fig_skip(f, "no %s cells varying the dictionary (N), s or any two options", codec);
+    if (nc == 0) {
+        fig_skip(f, "no %s cells varying the dictionary (N), s or two options (other than "
+                 "Fig. 3c's)", codec);
         return FK_OK;
     }
-    if (jb < 0) {
+    if (nc == 1) {
         fig_skip(f, "only %s varies among the %s cells of dataset %s: a heatmap needs two "
-                 "options (draw it with plot --x %s --y METRIC)", st->cells->head[ja], codec,
-                 ds, st->cells->head[ja]);
+                 "options (draw it with plot --x %s --y METRIC)", st->cells->head[cand[0]],
+                 codec, ds, st->cells->head[cand[0]]);
         return FK_OK;
     }
-    if (ja > jb) {    /* cells.csv order: x the first */
-        int t = ja;
-        ja = jb;
-        jb = t;
-    }
-    const char *xa = st->cells->head[ja], *yb = st->cells->head[jb];
-    char skip[160], key[2048], best_key[2048] = "";
-    snprintf(skip, sizeof skip, ",%s,%s,", xa, yb);
-    int best = 0;
-    for (int i = 0; i < st->n; i++) {    /* the group with the most (a, b) pairs */
-        const struct cell *c = &st->c[i];
-        if (strcmp(c->dataset, ds) || strcmp(c->codec, codec))
-            continue;
-        other_opts(st, c, skip, key, sizeof key);
-        struct axis ax = {0}, ay = {0};
-        for (int j = 0; j < st->n; j++) {
-            const struct cell *d = &st->c[j];
-            char k2[2048];
-            if (strcmp(d->dataset, ds) || strcmp(d->codec, codec))
-                continue;
-            other_opts(st, d, skip, k2, sizeof k2);
-            if (!strcmp(k2, key)) {
-                axis_add(&ax, st->cells->rows[d->row][ja], 0, 0);
-                axis_add(&ay, st->cells->rows[d->row][jb], 0, 0);
+    int ja = -1, jb = -1, best = 0;
+    char key[2048], best_key[2048] = "";
+    for (int a = 0; a < nc; a++)
+        for (int b = a + 1; b < nc; b++) {
+            int k = pair_squares(st, ds, codec, cand[a], cand[b], key, sizeof key);
+            if (k > best) {
+                best = k;
+                ja = cand[a];
+                jb = cand[b];
+                snprintf(best_key, sizeof best_key, "%s", key);
             }
         }
-        if (ax.n > 1 && ay.n > 1 && ax.n * ay.n > best) {
-            best = ax.n * ay.n;
-            snprintf(best_key, sizeof best_key, "%s", key);
-        }
-    }
     if (!best) {
-        fig_skip(f, "%s and %s vary among the %s cells of dataset %s, but not together with "
-                 "every other option fixed", xa, yb, codec, ds);
+        fig_skip(f, "%s and %s vary among the %s cells of dataset %s, but no two of them "
+                 "together with every other option fixed", st->cells->head[cand[0]],
+                 st->cells->head[cand[1]], codec, ds);
         return FK_OK;
     }
+    const char *xa = st->cells->head[ja], *yb = st->cells->head[jb];
+    char skip[160];
+    snprintf(skip, sizeof skip, ",%s,%s,", xa, yb);
     struct axis ax = {0}, ay = {0};
     static struct hm_pt pt[4096];
     int np = 0;
