@@ -508,6 +508,27 @@ START_TEST(test_results_commit)
     double got;
     ck_assert_int_eq(fk_results_metric(out, m.id, "rel_err_mean", &got), FK_OK);
     ck_assert_double_eq_tol(got, want, 1e-8);
+    /* the correlation profile holds min(256, N) = 32 filled entries (no zero padding), the
+     * sorted |D^T x| / max: 1 first, non-increasing, positive; the cell file stores 32 */
+    struct fk_cell_series h;
+    ck_assert_int_eq(fk_store_series_open(out, m.id, &h), FK_OK);
+    for (int i = 0; i < 4; i++) {
+        const struct fk_stream_result *st = fk_cell_stream(&r, 0, i / 2, i % 2);
+        ck_assert_ptr_nonnull(st->corr_profile);
+        ck_assert_int_eq(st->corr_len, 32);
+        ck_assert_double_eq_tol(st->corr_profile[0], 1, 1e-12);
+        for (int q = 1; q < 32; q++)
+            ck_assert(st->corr_profile[q] <= st->corr_profile[q - 1] + 1e-12);
+        ck_assert(st->corr_profile[31] > 0);
+        double *v;
+        int nv;
+        ck_assert_int_eq(fk_store_series_read(&h, 0, i / 2, i % 2, "corr_profile", &v, &nv),
+                         FK_OK);
+        ck_assert_int_eq(nv, 32);
+        ck_assert(v[31] == st->corr_profile[31]);
+        free(v);
+    }
+    fk_store_series_close(&h);
     char csv[600];
     snprintf(csv, sizeof csv, "%s/cells.csv", out);
     ck_assert_int_eq(access(csv, F_OK), 0);
