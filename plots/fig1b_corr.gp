@@ -4,7 +4,9 @@
 load plotdir.'/common.gp'
 set title ttl('Correlation profile of KV vectors with the dictionary')
 set logscale x 2
-set xrange [1:300]
+# x axis up to the profile's length (nrank: min(256, live atoms), no padding drawn)
+if (!exists("nrank")) nrank = 256
+set xrange [1:nrank * 1.17]
 set xtics ('1' 1, '4' 4, '16' 16, '64' 64, '256' 256)
 set yrange [0:1.05]
 set xlabel 'rank of |d_j^T x| (log_2 scale)'

@@ -9,5 +9,11 @@ set xlabel sprintf('decode step (bins of %d steps)', bin)
 set ylabel 'relative error ||x - x̂|| / ||x||'
 set xrange [0:*]
 set yrange [0:*]
-plot for [i=1:words(codecs)] data index (i-1) u 2:3:4:5 w yerrorlines \
-         lt cstyle(word(codecs,i)) title ctitle(word(codecs,i))
+# nseq > 0: blocks with too few sequences for an interval have no error bars; their
+# sequences (columns 6..) are drawn as open circles
+if (!exists("nseq")) nseq = 0
+lo(c, m) = valid(c) ? column(c) : column(m)    # no interval: a bar of length 0
+# (an empty `for` still runs its clause once: the sequence clauses only when there are some)
+plot_seq = nseq > 0 ? ", for [i=1:words(codecs)] for [j=1:nseq] data index (i-1) u 2:(column(5+j)) w points pt 6 ps 0.8 lt cstyle(word(codecs,i)) notitle" : ''
+eval "plot for [i=1:words(codecs)] data index (i-1) u 2:3:(lo(4,3)):(lo(5,3)) w yerrorlines \
+         lt cstyle(word(codecs,i)) title ctitle(word(codecs,i))".plot_seq

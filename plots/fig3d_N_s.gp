@@ -4,7 +4,9 @@
 # when the dictionary's atom count cannot be read).
 wide = 1
 load plotdir.'/common.gp'
-main = 'Sensitivity to dictionary size N and sparsity s'
+# main, xtitle and ytitle come from the exporter when N and s do not vary together and
+# the figure shows the two options that do
+if (!exists("main")) main = 'Sensitivity to dictionary size N and sparsity s'
 if (!exists("xtitle")) xtitle = 'dictionary atoms N'
-ytitle = 'sparsity s (atoms per vector)'
+if (!exists("ytitle")) ytitle = 'sparsity s (atoms per vector)'
 load plotdir.'/heatmap.gp'

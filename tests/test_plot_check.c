@@ -14,6 +14,7 @@
  * The end-to-end merge / shard test is tests/test_sweep_tools.sh.
  */
 #include "fk_check_main.h"
+#include "fk_test_store.h"
 #include "common/fk_err.h"
 #include "common/fk_json.h"
 #include "common/fk_sha256.h"
@@ -45,40 +46,14 @@ static void make_dir(void)
 
 static void put(const char *name, const char *text)
 {
-    char p[512];
-    snprintf(p, sizeof p, "%s/%s", g_dir, name);
-    FILE *f = fopen(p, "w");
-    ck_assert_ptr_nonnull(f);
-    fputs(text, f);
-    fclose(f);
+    fk_test_put(g_dir, name, text);
 }
 
 /* Records cell `id` of results directory `res` (relative to g_dir) as a finished cell would
- * be: its .h5 and .summary.csv (empty when the test has none) and a .meta holding their
- * sizes and SHA-256, so that the store's integrity check accepts it. */
+ * be (fk_test_seal). */
 static void seal_cell(const char *res, const char *id)
 {
-    char p[512], meta[1024];
-    snprintf(p, sizeof p, "%s/%s/cells", g_dir, res);
-    mkdir(p, 0755);
-    int n = snprintf(meta, sizeof meta, "cell_id\t%s\nstatus\tok\n", id);
-    static const char *const ext[] = {"h5", "summary.csv"};
-    for (int i = 0; i < 2; i++) {
-        struct stat sb;
-        char hex[65];
-        snprintf(p, sizeof p, "%s/%s/cells/%s.%s", g_dir, res, id, ext[i]);
-        if (stat(p, &sb) != 0) {
-            FILE *f = fopen(p, "w");
-            ck_assert_ptr_nonnull(f);
-            fclose(f);
-            sb.st_size = 0;
-        }
-        ck_assert_int_eq(fk_sha256_file(p, hex), FK_OK);
-        n += snprintf(meta + n, sizeof meta - (size_t)n, "file.%s\t%ld %s\n", ext[i],
-                      (long)sb.st_size, hex);
-    }
-    snprintf(p, sizeof p, "%s/cells/%s.meta", res, id);
-    put(p, meta);
+    fk_test_seal(g_dir, res, id);
 }
 
 /* seal_cell for every row of res/cells.csv whose status is ok. */
@@ -97,9 +72,7 @@ static void seal_ok_rows(const char *res)
 
 static void rm_dir(void)
 {
-    char cmd[600];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_dir);
-    ck_assert_int_eq(system(cmd), 0);
+    fk_test_rm(g_dir);
 }
 
 /* ---- CSV --------------------------------------------------------------------------------- */

@@ -17,6 +17,7 @@
 #include "engine/fk_observe.h"
 #include "engine/fk_replay.h"
 #include "engine/fk_schedule.h"
+#include "store/fk_csv.h"
 #include "store/fk_results.h"
 #include "formats/fk_trace.h"
 #include "train/fk_train_basis.h"
@@ -507,11 +508,63 @@ START_TEST(test_results_commit)
     double got;
     ck_assert_int_eq(fk_results_metric(out, m.id, "rel_err_mean", &got), FK_OK);
     ck_assert_double_eq_tol(got, want, 1e-8);
+    /* the correlation profile holds min(256, N) = 32 filled entries (no zero padding), the
+     * sorted |D^T x| / max: 1 first, non-increasing, positive; the cell file stores 32 */
+    struct fk_cell_series h;
+    ck_assert_int_eq(fk_store_series_open(out, m.id, &h), FK_OK);
+    for (int i = 0; i < 4; i++) {
+        const struct fk_stream_result *st = fk_cell_stream(&r, 0, i / 2, i % 2);
+        ck_assert_ptr_nonnull(st->corr_profile);
+        ck_assert_int_eq(st->corr_len, 32);
+        ck_assert_double_eq_tol(st->corr_profile[0], 1, 1e-12);
+        for (int q = 1; q < 32; q++)
+            ck_assert(st->corr_profile[q] <= st->corr_profile[q - 1] + 1e-12);
+        ck_assert(st->corr_profile[31] > 0);
+        double *v;
+        int nv;
+        ck_assert_int_eq(fk_store_series_read(&h, 0, i / 2, i % 2, "corr_profile", &v, &nv),
+                         FK_OK);
+        ck_assert_int_eq(nv, 32);
+        ck_assert(v[31] == st->corr_profile[31]);
+        free(v);
+    }
+    fk_store_series_close(&h);
     char csv[600];
     snprintf(csv, sizeof csv, "%s/cells.csv", out);
     ck_assert_int_eq(access(csv, F_OK), 0);
     snprintf(csv, sizeof csv, "%s/cells.csv.tmp", out);
     ck_assert_int_ne(access(csv, F_OK), 0); /* nothing half-written left behind */
+    /* err_ratio is a ratio of means over the cell's recall vectors: the sum of the
+     * screened-OMP errors over the sum of the full-OMP errors of every stream, not the mean
+     * of per-stream ratios (which one stream with a near-zero OMP error dominates); the
+     * sums as the recall observer leaves them, stream (L0, K) with a ratio of 1000 */
+    static const double omp[4] = {0.001, 2.0, 3.0, 4.0}, scr[4] = {1.0, 2.2, 3.3, 4.4};
+    double so = 0, ss = 0, mean_of_ratios = 0;
+    for (int i = 0; i < 4; i++) {
+        struct fk_stream_result *st = fk_cell_stream(&r, 0, i / 2, i % 2);
+        st->screen_err_omp = omp[i];
+        st->screen_err_scr = scr[i];
+        st->err_ratio = scr[i] / omp[i];
+        so += omp[i];
+        ss += scr[i];
+        mean_of_ratios += scr[i] / omp[i] / 4;
+    }
+    struct fk_cell_meta m2 = m;
+    snprintf(m2.id, sizeof m2.id, "00000000000000e7");
+    m2.repeat = 3;
+    ck_assert_int_eq(fk_results_commit(out, &m2, &r), FK_OK);
+    const char *ids2[2] = {m.id, m2.id};
+    ck_assert_int_eq(fk_results_tables(out, ids2, 2, NULL), FK_OK);
+    struct fk_csv c;
+    snprintf(csv, sizeof csv, "%s/cells.csv", out);
+    ck_assert_int_eq(fk_csv_load(csv, &c), FK_OK);
+    ck_assert_int_eq(c.n_rows, 2);
+    double ratio = fk_csv_num(&c, 1, fk_csv_col(&c, "err_ratio"));
+    ck_assert_double_eq_tol(ratio, ss / so, 1e-8);          /* 10.9 / 9.001 = 1.211 */
+    ck_assert(fabs(ratio - mean_of_ratios) > 100);          /* not 250.8 */
+    ck_assert_str_eq(fk_csv_str(&c, 0, fk_csv_col(&c, "repeat")), "0");
+    ck_assert_str_eq(fk_csv_str(&c, 1, fk_csv_col(&c, "repeat")), "3");
+    fk_csv_free(&c);
     /* an unwritable location is refused with the path in the message */
     ck_assert_int_eq(fk_results_prepare("/proc/fadkv-results"), FK_EIO);
     ck_assert_ptr_nonnull(strstr(fk_errmsg(), "/proc"));

@@ -8,7 +8,8 @@
 #   3. check passes the merged run against a baseline taken from the unsharded run, and fails
 #      on a baseline value moved beyond rtol;
 #   4. plot writes the data files, Table 4 and the equal-budget table (and PNGs when gnuplot
-#      is on PATH).
+#      is on PATH); `plot --x` writes its figure under the final name only, `--heatmap`
+#      refuses squares holding several settings and `--x` an unknown option, naming them.
 # usage: test_sweep_tools.sh FADKV_BENCH [TOOLS_BINARY]   (exit 77 = skipped)
 set -eu
 B=$1
@@ -139,3 +140,24 @@ grep -q '"dk0.3 dv0.5 tc1" fadkv' "$T/m/figures/data/pareto_head_cos.dat"
 # fig3d needs two dictionaries or several s: skipped here, with a note
 grep -q "skip fig3d_N_s" "$T/plot.out"
 echo "ok: plot"
+
+# 4b. general plots: a figure written under its final name only (no temporary left), its
+# data file; a heatmap whose squares would hold several settings is refused, naming them
+if command -v gnuplot > /dev/null 2>&1; then
+    "$TOOLS" plot "$T/m" --x tau_c --y rel_err_mean --codec fadkv --out "$T/g/tau.png" \
+        > "$T/gen.out"
+    [ -s "$T/g/tau.png" ] && [ -s "$T/g/tau.dat" ] && [ -s "$T/g/tau.seq.dat" ]
+    [ "$(ls "$T/g" | grep -c tmp)" = 0 ]
+    grep -q '^# line 2: FAD-KV delta_k=0.5 delta_v=0.7$' "$T/g/tau.dat"
+fi
+if "$TOOLS" plot "$T/m" --heatmap tau_c,delta_k --z attn_kl --codec fadkv > "$T/gen.out" \
+    2> "$T/gen.err"; then
+    echo "FAIL: a heatmap with delta_v varying too was drawn"; exit 1
+fi
+grep -q "also vary delta_v (0.5 0.7)" "$T/gen.err"
+if "$TOOLS" plot "$T/m" --x nosuch --y attn_kl 2> "$T/gen.err"; then
+    echo "FAIL: an unknown option was accepted"; exit 1
+fi
+grep -q "^fadkv-bench plot: --x nosuch: not an option of .* (options: codec, dataset, n_b" \
+    "$T/gen.err"
+echo "ok: general plots"

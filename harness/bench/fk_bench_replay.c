@@ -200,7 +200,7 @@ static int bench_cell(struct bench *b, int c, const struct fk_bench_replay_hooks
                                 .traces = (const char *const *)b->ds->traces,
                                 .n_traces = b->ds->n_traces, .dict = b->ds->dict,
                                 .basis = (cell->ops->caps & FK_CAP_BASIS) ? b->ds->basis : NULL,
-                                .sweep = s->name,
+                                .sweep = s->name, .repeat = cell->repeat,
                                 .attn_stride = s->attention ? s->attn_stride : 0};
     memcpy(meta.id, cell->id, sizeof meta.id);
     int rc = fk_results_commit(s->output, &meta, &res);

@@ -19,6 +19,7 @@
 #include "common/fk_err.h"
 #include "core/fk_codec.h"
 #include "report/fk_plotdata.h"
+#include "report/fk_plotgen.h"
 #include "store/fk_results.h"
 
 
@@ -35,7 +36,23 @@ static void plot_usage(FILE *f)
                "  --format F     png, pdf or svg; repeatable (default: png and pdf)\n"
                "  --cost-baseline CODEC  codec Table 4's costs are relative to (default: the\n"
                "                 one cells.csv was computed with; with no baseline cell, the\n"
-               "                 exact-OMP codec with a growing dictionary)\n");
+               "                 exact-OMP codec with a growing dictionary)\n"
+               "\n"
+               "       fadkv-bench plot RESULTS_DIR --x OPTION --y METRIC [--by OPTION]\n"
+               "       fadkv-bench plot RESULTS_DIR --heatmap X,Y --z METRIC\n"
+               "                 [--dataset D] [--codec C] [--where OPTION=VALUE]...\n"
+               "                 [--out FILE] [--format png|pdf|svg]...\n"
+               "  One general figure: METRIC (a column of summary.csv, per sequence, or of\n"
+               "  cells.csv, per cell) against a swept OPTION, one line per value of --by\n"
+               "  (an option, codec or dataset; default codec; other options that vary make\n"
+               "  lines of their own), or a heatmap of METRIC over two swept options (one\n"
+               "  setting per square: narrow with --codec, --dataset, --where). A point is\n"
+               "  the mean over sequences (and repeats), with a 95%% bootstrap interval over\n"
+               "  sequences when it has >= %d of them, else the sequences drawn as points.\n"
+               "  --out FILE     figure file (default RESULTS_DIR/figures/plot_METRIC_OPTION\n"
+               "                 or heatmap_METRIC_X_Y); its extension, if png, pdf or svg,\n"
+               "                 is the format; the data file is FILE's stem + .dat\n",
+            FK_CI_MIN_SEQ);
 }
 
 static int is_file(const char *p)
@@ -184,17 +201,149 @@ static void draw_figures(const struct fk_plot_set *set, const char *plots, const
     }
 }
 
+/* Draws path (format fmt) with gnuplot through a temporary file renamed into place. */
+static int draw_atomic(const char *vars0, const char *plots, const char *script,
+                       const char *fmt, const char *path)
+{
+    char vars[20000], tmp[PATH_MAX + 64], sc[PATH_MAX + 80];
+    snprintf(tmp, sizeof tmp, "%s.%ld.tmp", path, (long)getpid());
+    snprintf(sc, sizeof sc, "%s/%s", plots, script);
+    snprintf(vars, sizeof vars, "%s", vars0);
+    add_var(vars, sizeof vars, "plotdir", plots);
+    add_var(vars, sizeof vars, "fmt", fmt);
+    add_var(vars, sizeof vars, "out", tmp);
+    int rc = run_gnuplot(vars, sc);
+    if (rc != 0) {
+        unlink(tmp);
+        fprintf(stderr, "fadkv-bench plot: gnuplot failed (status %d) on %s for %s\n", rc, sc,
+                path);
+        return 1;
+    }
+    if (rename(tmp, path) != 0) {
+        fprintf(stderr, "fadkv-bench plot: %s: cannot rename from %s (%s)\n", path, tmp,
+                strerror(errno));
+        unlink(tmp);
+        return 1;
+    }
+    printf("  wrote %s\n", path);
+    return 0;
+}
+
+/* The general figure of `plot --x/--heatmap`: data files, then one figure per format. */
+static int plot_general(const char *res, const struct fk_plot_general *g, const char *out,
+                        const char *const *fmts, int n_fmt)
+{
+    char plots[PATH_MAX];
+    if (find_plots(plots, sizeof plots) < 0) {
+        fprintf(stderr, "fadkv-bench plot: cannot find the gnuplot scripts (plots/common.gp): "
+                        "set FK_SRCDIR to the source tree\n");
+        return 1;
+    }
+    char stem[PATH_MAX];
+    const char *ext = NULL;
+    if (out) {
+        snprintf(stem, sizeof stem, "%s", out);
+        char *dot = strrchr(stem, '.'), *sl = strrchr(stem, '/');
+        if (dot && (!sl || dot > sl) &&
+            (!strcmp(dot, ".png") || !strcmp(dot, ".pdf") || !strcmp(dot, ".svg"))) {
+            ext = out + (dot - stem) + 1;
+            *dot = 0;
+        }
+        char dir[PATH_MAX];
+        snprintf(dir, sizeof dir, "%s", stem);
+        char *s = strrchr(dir, '/');
+        if (s && s != dir) {
+            *s = 0;
+            if (fk_store_mkdir_p(dir) < 0) {
+                fprintf(stderr, "fadkv-bench plot: --out %s: %s\n", out, fk_errmsg());
+                return 1;
+            }
+        }
+    } else {
+        char dir[PATH_MAX];
+        snprintf(dir, sizeof dir, "%s/figures", res);
+        if (fk_store_mkdir_p(dir) < 0) {
+            fprintf(stderr, "fadkv-bench plot: %s\n", fk_errmsg());
+            return 1;
+        }
+        if (g->heat_x)
+            snprintf(stem, sizeof stem, "%s/heatmap_%s_%s_%s", dir, g->y ? g->y : "", g->heat_x,
+                     g->heat_y);
+        else
+            snprintf(stem, sizeof stem, "%s/plot_%s_%s%s%s", dir, g->y ? g->y : "", g->x,
+                     g->by ? "_by_" : "", g->by ? g->by : "");
+    }
+    if (ext) {
+        fmts = &ext;
+        n_fmt = 1;
+    }
+    static struct fk_plot_titles titles;
+    struct fk_plot_general gg = *g;
+    char common[PATH_MAX + 16];
+    snprintf(common, sizeof common, "%s/common.gp", plots);
+    gg.titles = fk_plot_titles_load(common, &titles) == FK_OK ? &titles : NULL;
+    static struct fk_plot_gen_out o;
+    if (fk_plot_general(res, stem, &gg, &o) < 0) {
+        fprintf(stderr, "fadkv-bench plot: %s\n", fk_errmsg());
+        return 2;
+    }
+    printf("%s: %s; data in %s.dat\n", res, o.what, stem);
+    if (!gnuplot_on_path()) {
+        fprintf(stderr, "fadkv-bench plot: gnuplot not found on PATH (apt-get install "
+                        "gnuplot-nox); the data file is written, no figure drawn\n");
+        return 1;
+    }
+    int failed = 0;
+    for (int k = 0; k < n_fmt; k++) {
+        char path[PATH_MAX + 8];
+        snprintf(path, sizeof path, "%s.%s", stem, fmts[k]);
+        failed |= draw_atomic(o.vars, plots, o.script, fmts[k], path);
+    }
+    return failed;
+}
+
 int fk_cli_plot(int argc, char **argv)
 {
     const char *res = NULL, *out = NULL, *baseline = NULL;
     char dbase[128];
     const char *fmts[8];
     int n_fmt = 0;
+    static const char *where[64];
+    struct fk_plot_general g = {.where = where};
+    char hx[128] = "", hy[128] = "";
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
             plot_usage(stdout);
             return 0;
+        } else if (!strcmp(a, "--x") && i + 1 < argc) {
+            g.x = argv[++i];
+        } else if ((!strcmp(a, "--y") || !strcmp(a, "--z")) && i + 1 < argc) {
+            g.y = argv[++i];
+        } else if (!strcmp(a, "--by") && i + 1 < argc) {
+            g.by = argv[++i];
+        } else if (!strcmp(a, "--dataset") && i + 1 < argc) {
+            g.dataset = argv[++i];
+        } else if (!strcmp(a, "--codec") && i + 1 < argc) {
+            g.codec = argv[++i];
+        } else if (!strcmp(a, "--where") && i + 1 < argc) {
+            if (g.n_where == 64) {
+                fprintf(stderr, "fadkv-bench plot: --where: at most 64 filters\n");
+                return 2;
+            }
+            where[g.n_where++] = argv[++i];
+        } else if (!strcmp(a, "--heatmap") && i + 1 < argc) {
+            const char *v = argv[++i], *c = strchr(v, ',');
+            if (!c || c == v || !c[1] || strchr(c + 1, ',') || (size_t)(c - v) >= sizeof hx ||
+                strlen(c + 1) >= sizeof hy) {
+                fprintf(stderr, "fadkv-bench plot: --heatmap %s: expected two options X,Y "
+                                "(e.g. --heatmap s,n)\n", v);
+                return 2;
+            }
+            snprintf(hx, sizeof hx, "%.*s", (int)(c - v), v);
+            snprintf(hy, sizeof hy, "%s", c + 1);
+            g.heat_x = hx;
+            g.heat_y = hy;
         } else if (!strcmp(a, "--cost-baseline") && i + 1 < argc) {
             baseline = argv[++i];
         } else if (!strcmp(a, "--out") && i + 1 < argc) {
@@ -222,6 +371,17 @@ int fk_cli_plot(int argc, char **argv)
     if (!n_fmt) {
         fmts[n_fmt++] = "png";
         fmts[n_fmt++] = "pdf";
+    }
+    if (g.x && g.heat_x) {
+        fprintf(stderr, "fadkv-bench plot: --x and --heatmap: one figure at a time\n");
+        return 2;
+    }
+    if (g.x || g.heat_x)
+        return plot_general(res, &g, out, fmts, n_fmt);
+    if (g.y || g.by || g.dataset || g.codec || g.n_where) {
+        fprintf(stderr, "fadkv-bench plot: --y, --z, --by, --dataset, --codec and --where "
+                        "need --x OPTION or --heatmap X,Y\n");
+        return 2;
     }
     char outbuf[PATH_MAX];
     if (!out) {

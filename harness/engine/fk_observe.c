@@ -127,7 +127,7 @@ static int pool_recall(struct fk_stream_result *sr, const struct fk_unit *u, int
     struct fk_dict_view v = {.m = m, .n_atoms = N, .atoms = b->atoms, .dead = b->dead};
     double rec[FK_RECALL_NS] = {0}, agree = 0, e_omp = 0, e_scr = 0;
     long cnt = 0;
-    int rc = FK_OK;
+    int rc = FK_OK, prof_len = 0;
     for (int h = 0; h < H && rc == FK_OK; h++) {
         for (int t = 0; t < P && rc == FK_OK; t += every) {
             const float *x = fk_stored_row(X, enc, (size_t)h * T + t, m, xrow);
@@ -150,10 +150,16 @@ static int pool_recall(struct fk_stream_result *sr, const struct fk_unit *u, int
                 for (int q = 0; q < FK_RECALL_NS; q++)
                     rec[q] += rank < (8L << q) ? 1.0 / full.k : 0;
             }
-            /* screened coder at the cell's n: support agreement and error ratio */
-            int np = fk_topn(a, b->dead, N, n_cell, 1, pool, work);
+            /* the top max(n, 256) atoms by |a|, sorted: the first 256 (or every live atom)
+             * are the correlation profile, the first n the screened pool */
+            int n_prof = n_cell > 256 ? n_cell : 256 < N ? 256 : N;
+            int np = fk_topn(a, b->dead, N, n_prof, 1, pool, work);
             for (int q = 0; q < 256 && q < np; q++)
                 prof[q] += amax > 0 ? absa[pool[q]] / amax : 0;
+            if (cnt == 0 || (np < 256 ? np : 256) < prof_len)
+                prof_len = np < 256 ? np : 256;
+            np = np < n_cell ? np : n_cell;
+            /* screened coder at the cell's n: support agreement and error ratio */
             rc = fk_omp_naive(&v, x, a, pool, np, s, 0, work, &scr);
             if (rc < 0)
                 break;
@@ -172,9 +178,12 @@ static int pool_recall(struct fk_stream_result *sr, const struct fk_unit *u, int
             sr->recall[q] = rec[q] / cnt;
         sr->support_agree = agree / cnt;
         sr->err_ratio = e_omp > 0 ? e_scr / e_omp : NAN;
+        sr->screen_err_omp = e_omp;
+        sr->screen_err_scr = e_scr;
         for (int q = 0; q < 256; q++)
             prof[q] /= cnt;
         sr->corr_profile = prof;
+        sr->corr_len = prof_len;
         prof = NULL;
     }
     sr->recall_n = cnt;
@@ -459,6 +468,7 @@ static int recall_finish(void *self, const struct fk_unit *u, struct fk_unit_res
         for (int q = 0; q < FK_RECALL_NS; q++)
             sr->recall[q] = NAN;
         sr->support_agree = sr->err_ratio = NAN;
+        sr->screen_err_omp = sr->screen_err_scr = 0;
         if (!u->ro->recall || !u->bases || !(ops->caps & FK_CAP_DICT))
             continue;
         const struct fk_option *os = fk_codec_option(ops, "s"), *on = fk_codec_option(ops, "n");

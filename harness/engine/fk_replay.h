@@ -97,8 +97,10 @@ struct fk_stream_result {
     double recall[FK_RECALL_NS]; /* mean recall@n of full-OMP atoms (NaN: not computed) */
     double support_agree;        /* mean |S_screened & S_omp| / s at the cell's n */
     double err_ratio;            /* mean e_screened / mean e_omp at the cell's n */
+    double screen_err_omp, screen_err_scr; /* their sums over the recall_n vectors (0: none) */
     long recall_n;               /* vectors the recall was measured on */
     double *corr_profile;        /* [256] mean sorted |D^T x| / max, or NULL */
+    int corr_len;                /* entries of corr_profile filled: min(256, live atoms) */
     uint64_t support_hash;       /* FNV-1a of every stored row's atom ids (sparse codecs) */
     uint64_t *row_hash;          /* [n_row_hash] per stored row (head-major), when asked */
     long n_row_hash;

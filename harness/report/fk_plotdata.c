@@ -135,9 +135,39 @@ static void bnum(struct fk_sb *b, double v)
         fk_sb_printf(b, " NaN");
 }
 
+/* " mean lo hi" of x[0..n-1] (finite values) for a data file: the 95% bootstrap interval
+ * only with FK_CI_MIN_SEQ or more values, else lo and hi are NaN (the figure draws the
+ * values themselves: seq_cols). *m receives the mean. */
+static int ci_cols(struct fk_sb *b, const double *x, int n, double *m)
+{
+    double mean, lo, hi;
+    int k = 0;
+    for (int i = 0; i < n; i++)
+        k += isfinite(x[i]) != 0;
+    FK_TRY(fk_boot_mean_ci(x, n, FK_BOOT_RESAMPLES, FK_BOOT_SEED, &mean, &lo, &hi));
+    if (k < FK_CI_MIN_SEQ)
+        lo = hi = NAN;
+    bnum(b, mean);
+    bnum(b, lo);
+    bnum(b, hi);
+    if (m)
+        *m = mean;
+    return FK_OK;
+}
+
+/* The sequences' values x[0..n-1] as extra columns when there are too few for an interval
+ * (n < FK_CI_MIN_SEQ); nothing otherwise. */
+static void seq_cols(struct fk_sb *b, const double *x, int n)
+{
+    for (int i = 0; n < FK_CI_MIN_SEQ && i < n; i++)
+        bnum(b, x[i]);
+}
+
 /* ---- the store ------------------------------------------------------------------------- */
 
 #define MAX_TRACES 1024
+#define FK_STR_(x) #x
+#define FK_STR(x) FK_STR_(x)             /* a number macro as a string literal */
 
 int fk_plot_codec_style(const char *codec)
 {
@@ -178,6 +208,9 @@ struct cell {
                                   * + options off the codec's defaults */
     struct seqv *seq;            /* [n_seq] per-sequence values, summary.csv order */
     int n_seq;                   /* sequences (traces) of the cell */
+    int *reps;                   /* [n_rep] cells.csv rows of its repeats (itself first), or
+                                  * NULL for a single one: cells.csv values are their mean */
+    int n_rep;
 };
 
 struct store {
@@ -197,7 +230,19 @@ struct store {
 
 static double cnum(const struct store *st, const struct cell *c, const char *col)
 {
-    return fk_csv_num(st->cells, c->row, fk_csv_col(st->cells, col));
+    int j = fk_csv_col(st->cells, col);
+    if (c->n_rep < 2)
+        return fk_csv_num(st->cells, c->row, j);
+    double s = 0;    /* repeats of one setting: the mean of their finite values */
+    int k = 0;
+    for (int i = 0; i < c->n_rep; i++) {
+        double v = fk_csv_num(st->cells, c->reps[i], j);
+        if (isfinite(v)) {
+            s += v;
+            k++;
+        }
+    }
+    return k ? s / k : fk_csv_num(st->cells, c->row, j);
 }
 
 static const char *cstr(const struct store *st, const struct cell *c, const char *col)
@@ -329,6 +374,35 @@ static int load_seqs(struct store *st)
     return FK_OK;
 }
 
+/* The cell (index in st->c) of repeat 0 of the setting of cells.csv row i (same codec,
+ * dataset and options), or -1. */
+static int repeat_zero(const struct store *st, int i, int cr)
+{
+    const struct fk_csv *t = st->cells;
+    for (int a = 0; a < st->n; a++) {
+        int r = st->c[a].row, same = atoi(t->rows[r][cr]) == 0 &&
+                                     !strcmp(t->rows[r][st->fs->c_codec], t->rows[i][st->fs->c_codec]) &&
+                                     !strcmp(t->rows[r][st->fs->c_dataset], t->rows[i][st->fs->c_dataset]);
+        for (int j = st->col_first_opt; j < st->col_end_opt && same; j++)
+            same = !strcmp(t->rows[r][j], t->rows[i][j]);
+        if (same)
+            return a;
+    }
+    return -1;
+}
+
+static int add_repeat(struct cell *c, int row)
+{
+    int *nr = realloc(c->reps, sizeof(int) * (size_t)(c->n_rep ? c->n_rep + 1 : 2));
+    if (!nr)
+        return fk_err(FK_ENOMEM, "out of memory");
+    c->reps = nr;
+    if (!c->n_rep)
+        c->reps[c->n_rep++] = c->row;
+    c->reps[c->n_rep++] = row;
+    return FK_OK;
+}
+
 static int store_load(struct store *st, const char *dir, const char *data_dir)
 {
     memset(st, 0, sizeof *st);
@@ -345,9 +419,17 @@ static int store_load(struct store *st, const char *dir, const char *data_dir)
     st->datasets = calloc((size_t)t->n_rows + 1, sizeof(char *));
     if (!st->c || !st->datasets)
         return fk_err(FK_ENOMEM, "out of memory");
+    int cr = fk_csv_col(t, "repeat");
     for (int i = 0; i < t->n_rows; i++) {
         if (strcmp(t->rows[i][cs], "ok"))
             continue;
+        if (cr >= 0 && atoi(t->rows[i][cr]) > 0) {
+            int r0 = repeat_zero(st, i, cr);
+            if (r0 >= 0) {    /* a repeat of a setting: one cell, values averaged */
+                FK_TRY(add_repeat(&st->c[r0], i));
+                continue;
+            }
+        }
         struct cell *c = &st->c[st->n++];
         c->row = i;
         c->id = t->rows[i][ci];
@@ -368,8 +450,10 @@ static int store_load(struct store *st, const char *dir, const char *data_dir)
 
 static void store_free(struct store *st)
 {
-    for (int i = 0; i < st->n; i++)
+    for (int i = 0; i < st->n; i++) {
         free(st->c[i].seq);
+        free(st->c[i].reps);
+    }
     free(st->c);
     free(st->datasets);
     fk_store_close(&st->fs);
@@ -589,21 +673,20 @@ static int fig1a(struct store *st, struct fk_plot_set *set, const char *ds, stru
     struct fk_sb b = {0};
     fk_sb_printf(&b, "# Fig. 1a: recall of full-OMP atoms in the top-n screened pool\n"
                 "# cell %s (%s, dataset %s), %d sequence(s); mean over layers, then over "
-                "sequences, 95%% bootstrap interval\n# n K_mean K_lo K_hi V_mean V_lo V_hi\n",
-            c->id, c->codec, ds, T);
+                "sequences, 95%% bootstrap interval with >= %d sequences (else NaN, and the "
+                "sequences follow: K_seq..., V_seq...)\n# n K_mean K_lo K_hi V_mean V_lo V_hi\n",
+            c->id, c->codec, ds, T, FK_CI_MIN_SEQ);
     long N = dict_atoms(cstr(st, c, "dictionary"));
+    int nmax = 0;
     for (int q = 0; q < 8 && rc == FK_OK; q++) {
         if (N > 0 && recall_ns[q] > N)
             break;    /* a pool of all N atoms holds every atom: recall 1 by definition */
+        nmax = recall_ns[q];
         fk_sb_printf(&b, "%d", recall_ns[q]);
-        for (int k = 0; k < 2 && rc == FK_OK; k++) {
-            double m, lo, hi;
-            rc = fk_boot_mean_ci(seq + ((size_t)k * 8 + q) * (size_t)T, T, FK_BOOT_RESAMPLES,
-                                 FK_BOOT_SEED, &m, &lo, &hi);
-            bnum(&b, m);
-            bnum(&b, lo);
-            bnum(&b, hi);
-        }
+        for (int k = 0; k < 2 && rc == FK_OK; k++)
+            rc = ci_cols(&b, seq + ((size_t)k * 8 + q) * (size_t)T, T, NULL);
+        for (int k = 0; k < 2; k++)
+            seq_cols(&b, seq + ((size_t)k * 8 + q) * (size_t)T, T);
         fk_sb_printf(&b, "\n");
     }
     free(seq);
@@ -614,6 +697,8 @@ static int fig1a(struct store *st, struct fk_plot_set *set, const char *ds, stru
         return rc;
     }
     FK_TRY(fig_data(st, f, &b));
+    fig_num(f, "nmax", nmax);
+    fig_num(f, "nseq", T < FK_CI_MIN_SEQ ? T : 0);
     char t[512];
     if (N > 0)
         snprintf(t, sizeof t, "%s, %s, N = %ld, s = %s", ds, codec_display(st, c->codec), N,
@@ -645,7 +730,7 @@ static int fig1b(struct store *st, struct fk_plot_set *set, const char *ds, stru
         fig_skip(f, "%s", fk_errmsg());
         return FK_OK;
     }
-    int S = h.n_traces * h.n_layers, rc = FK_OK, R = 256;
+    int S = h.n_traces * h.n_layers, rc = FK_OK, R = 256, len = 256;
     double *prof = calloc((size_t)2 * (S ? S : 1) * R, sizeof(double));
     int cnt[2] = {0, 0};
     if (!prof) {
@@ -658,8 +743,12 @@ static int fig1b(struct store *st, struct fk_plot_set *set, const char *ds, stru
                 double *v;
                 int nv;
                 rc = fk_store_series_read(&h, t, l, k, "corr_profile", &v, &nv);
-                if (rc == FK_OK && v && nv >= R && isfinite(v[0])) {
-                    memcpy(prof + ((size_t)k * S + cnt[k]) * R, v, sizeof(double) * R);
+                /* the profile holds min(256, live atoms) entries; drawn up to the
+                 * shortest */
+                if (rc == FK_OK && v && nv >= 1 && isfinite(v[0])) {
+                    memcpy(prof + ((size_t)k * S + cnt[k]) * R, v,
+                           sizeof(double) * (size_t)(nv < R ? nv : R));
+                    len = nv < len ? nv : len;
                     cnt[k]++;
                 }
                 free(v);
@@ -677,7 +766,7 @@ static int fig1b(struct store *st, struct fk_plot_set *set, const char *ds, stru
                 "(layers x sequences) of cell %s (%s, dataset %s); band: 10%% and 90%% "
                 "quantiles over streams\n# rank K_mean K_p10 K_p90 V_mean V_p10 V_p90\n",
             cnt[0], cnt[1], c->id, c->codec, ds);
-    for (int r = 0; col && r < R; r++) {
+    for (int r = 0; col && r < len; r++) {
         fk_sb_printf(&b, "%d", r + 1);
         for (int k = 0; k < 2; k++) {
             double s = 0;
@@ -699,6 +788,7 @@ static int fig1b(struct store *st, struct fk_plot_set *set, const char *ds, stru
     }
     free(col);
     FK_TRY(fig_data(st, f, &b));
+    fig_num(f, "nrank", len);
     char t[512];
     snprintf(t, sizeof t, "%s, %s", ds, codec_display(st, c->codec));
     fig_text(f, "subtitle", t);
@@ -760,20 +850,20 @@ static int fig1c(struct store *st, struct fk_plot_set *set, const char *ds, stru
     FK_TRY(layer_values(st, c, "inactive_after_prefill", &L, &T, &v));
     struct fk_sb b = {0};
     fk_sb_printf(&b, "# Fig. 1c: fraction of atoms unused after prefill, cell %s (%s, dataset %s), "
-                "%d sequence(s); mean and 95%% bootstrap interval over sequences\n"
-                "# layer K_mean K_lo K_hi V_mean V_lo V_hi\n", c->id, c->codec, ds, T);
+                "%d sequence(s); mean and 95%% bootstrap interval over sequences with >= %d "
+                "sequences (else NaN, and the sequences follow: K_seq..., V_seq...)\n"
+                "# layer K_mean K_lo K_hi V_mean V_lo V_hi\n", c->id, c->codec, ds, T,
+                FK_CI_MIN_SEQ);
     int rc = FK_OK;
     for (int l = 0; l < L && rc == FK_OK; l++) {
         fk_sb_printf(&b, "%d", l);
         for (int k = 0; k < 2 && rc == FK_OK; k++) {
-            double m, lo, hi;
-            rc = fk_boot_mean_ci(v + ((size_t)k * L + l) * T, T, FK_BOOT_RESAMPLES,
-                                 FK_BOOT_SEED, &m, &lo, &hi);
+            double m;
+            rc = ci_cols(&b, v + ((size_t)k * L + l) * T, T, &m);
             any |= isfinite(m);
-            bnum(&b, m);
-            bnum(&b, lo);
-            bnum(&b, hi);
         }
+        for (int k = 0; k < 2; k++)
+            seq_cols(&b, v + ((size_t)k * L + l) * T, T);
         fk_sb_printf(&b, "\n");
     }
     free(v);
@@ -784,6 +874,7 @@ static int fig1c(struct store *st, struct fk_plot_set *set, const char *ds, stru
         return rc;
     }
     FK_TRY(fig_data(st, f, &b));
+    fig_num(f, "nseq", T < FK_CI_MIN_SEQ ? T : 0);
     char t[512];
     snprintf(t, sizeof t, "%s, %s", ds, codec_display(st, c->codec));
     fig_text(f, "subtitle", t);
@@ -919,13 +1010,15 @@ static int fig3_series(struct store *st, struct fk_plot_set *set, const char *ds
         return fk_err(FK_ENOMEM, "out of memory");
     const char *cod[64];
     int nc = codecs_in(st, ds, cod, 64), blocks = 0, rc = FK_OK, bin = BIN, steps = 0;
+    int nseq = 0;    /* sequence columns: the most of a block with too few for an interval */
     char names[1024] = "";
     struct fk_sb b = {0};
     fk_sb_printf(&b, "# Fig. 3%c: %s vs decode step, one block per codec (representative cell), "
                 "mean over layers and K/V per sequence, then mean and 95%% bootstrap interval "
-                "over sequences\n# %s mean lo hi\n", mode ? 'b' : 'a',
+                "over sequences with >= %d sequences (else NaN, and the sequences follow)\n"
+                "# %s mean lo hi [seq...]\n", mode ? 'b' : 'a',
             mode ? "relative reconstruction error (bins of decode steps)"
-                 : "normalised dictionary size N_t/N",
+                 : "normalised dictionary size N_t/N", FK_CI_MIN_SEQ,
             mode ? "bin_start bin_centre" : "step");
     for (int i = 0; i < nc && rc == FK_OK; i++) {
         const struct fk_codec_ops *ops = fk_codec_find(cod[i]);
@@ -952,21 +1045,23 @@ static int fig3_series(struct store *st, struct fk_plot_set *set, const char *ds
         for (int j = 0; j < N && rc == FK_OK; j++) {
             for (int t = 0; t < T; t++)
                 col[t] = v[(size_t)t * N + j];
-            double m, lo, hi;
-            rc = fk_boot_mean_ci(col, T, FK_BOOT_RESAMPLES, FK_BOOT_SEED, &m, &lo, &hi);
-            if (!isfinite(m))
+            int finite = 0;
+            for (int t = 0; t < T; t++)
+                finite |= isfinite(col[t]) != 0;
+            if (!finite)
                 continue;
             if (mode)
                 fk_sb_printf(&b, "%d %g", j * B, j * B + B / 2.0);
             else
                 fk_sb_printf(&b, "%d", j + 1);
-            bnum(&b, m);
-            bnum(&b, lo);
-            bnum(&b, hi);
+            rc = ci_cols(&b, col, T, NULL);
+            seq_cols(&b, col, T);
             fk_sb_printf(&b, "\n");
         }
         free(col);
         free(v);
+        if (T < FK_CI_MIN_SEQ && T > nseq)
+            nseq = T;
         size_t n = strlen(names);
         snprintf(names + n, sizeof names - n, "%s%s", blocks ? " " : "", c->codec);
         blocks++;
@@ -983,6 +1078,7 @@ static int fig3_series(struct store *st, struct fk_plot_set *set, const char *ds
     fig_text(f, "subtitle", ds);
     fig_num(f, "bin", bin);
     fig_num(f, "nsteps", steps);
+    fig_num(f, "nseq", nseq);
     return FK_OK;
 }
 
@@ -1054,6 +1150,16 @@ struct hm_pt {
     const struct cell *c;        /* the cell */
     int x, y;                    /* axis entries */
 };
+
+/* Adds cell d at square (x, y) unless an axis was full (x or y < 0) or the square is taken. */
+static void hm_add(struct hm_pt *pt, int *np, const struct cell *d, int x, int y)
+{
+    int dup = x < 0 || y < 0;
+    for (int i = 0; i < *np && !dup; i++)
+        dup = pt[i].x == x && pt[i].y == y;
+    if (!dup)
+        pt[(*np)++] = (struct hm_pt){d, x, y};
+}
 
 /* Writes a heatmap data file: blocks per y (ascending), rows per x (ascending). */
 static int heat_write(struct store *st, struct fk_plot_fig *f, const struct axis *ax,
@@ -1173,13 +1279,7 @@ static int fig3c(struct store *st, struct fk_plot_set *set, const char *ds)
         snprintf(yl, sizeof yl, "%s/%s", cstr(st, d, "delta_k"), cstr(st, d, "delta_v"));
         int x = axis_add(&ax, cstr(st, d, "tau_c"), cnum(st, d, "tau_c"), 0);
         int y = axis_add(&ay, yl, dk, dv);
-        if (x < 0 || y < 0)
-            continue;
-        int dup = 0;
-        for (int i = 0; i < np; i++)
-            dup |= pt[i].x == x && pt[i].y == y;
-        if (!dup)
-            pt[np++] = (struct hm_pt){d, x, y};
+        hm_add(pt, &np, d, x, y);
     }
     char what[2300];
     snprintf(what, sizeof what, "Fig. 3c: %s on dataset %s, tau_c (x) by delta_k/delta_v "
@@ -1189,6 +1289,142 @@ static int fig3c(struct store *st, struct fk_plot_set *set, const char *ds)
     snprintf(t, sizeof t, "%s, %s, s = %s, n = %s", ds, codec_display(st, codec),
              cstr(st, pt[0].c, "s"), cstr(st, pt[0].c, "n"));
     fig_text(f, "subtitle", t);
+    return FK_OK;
+}
+
+/* Distinct non-empty values of option column j among the cells of codec on dataset ds. */
+static int n_values(const struct store *st, const char *ds, const char *codec, int j)
+{
+    struct axis a = {0};
+    for (int i = 0; i < st->n; i++) {
+        const struct cell *c = &st->c[i];
+        const char *v = st->cells->rows[c->row][j];
+        if (v[0] && !strcmp(c->dataset, ds) && !strcmp(c->codec, codec))
+            axis_add(&a, v, 0, 0);
+    }
+    return a.n;
+}
+
+/* The group (cells of codec on ds sharing every option but ja and jb) with the most
+ * distinct (ja, jb) settings, both axes with two or more values: their count (0: none) and
+ * the group's key into key (cap bytes). */
+static int pair_squares(const struct store *st, const char *ds, const char *codec, int ja,
+                        int jb, char *key, size_t cap)
+{
+    char skip[160], k1[2048], k2[2048];
+    snprintf(skip, sizeof skip, ",%s,%s,", st->cells->head[ja], st->cells->head[jb]);
+    int best = 0;
+    for (int i = 0; i < st->n; i++) {
+        const struct cell *c = &st->c[i];
+        if (strcmp(c->dataset, ds) || strcmp(c->codec, codec))
+            continue;
+        other_opts(st, c, skip, k1, sizeof k1);
+        struct axis ax = {0}, ay = {0}, sq = {0};
+        for (int j = 0; j < st->n; j++) {
+            const struct cell *d = &st->c[j];
+            if (strcmp(d->dataset, ds) || strcmp(d->codec, codec))
+                continue;
+            other_opts(st, d, skip, k2, sizeof k2);
+            if (strcmp(k1, k2))
+                continue;
+            char both[100];
+            snprintf(both, sizeof both, "%s|%s", st->cells->rows[d->row][ja],
+                     st->cells->rows[d->row][jb]);
+            axis_add(&ax, st->cells->rows[d->row][ja], 0, 0);
+            axis_add(&ay, st->cells->rows[d->row][jb], 0, 0);
+            axis_add(&sq, both, 0, 0);
+        }
+        if (ax.n > 1 && ay.n > 1 && sq.n > best) {
+            best = sq.n;
+            snprintf(key, cap, "%s", k1);
+        }
+    }
+    return best;
+}
+
+/* Fig. 3d when a codec's cells do not vary N and s together: a heatmap over the two options
+ * whose settings fill the most squares with every other option fixed (ties: cells.csv
+ * order), on the dataset where the codec has most cells. Options of the Fig. 3c grid
+ * (tau_c, delta_k, delta_v) are left to Fig. 3c. Skipped with a note naming the option when
+ * only one varies. */
+static int heat_two_options(struct store *st, struct fk_plot_fig *f, const char *codec)
+{
+    const char *ds = NULL;
+    int most = 0;
+    for (int d = 0; d < st->n_ds; d++) {
+        int k = 0;
+        for (int i = 0; i < st->n; i++)
+            k += !strcmp(st->c[i].dataset, st->datasets[d]) && !strcmp(st->c[i].codec, codec);
+        if (k > most) {
+            most = k;
+            ds = st->datasets[d];
+        }
+    }
+    int cand[64], nc = 0, tau_delta = has_tau_delta(codec);
+    for (int j = st->col_first_opt; ds && j < st->col_end_opt && nc < 64; j++) {
+        char pat[80];
+        snprintf(pat, sizeof pat, ",%s,", st->cells->head[j]);
+        if (n_values(st, ds, codec, j) > 1 && !(tau_delta && strstr(fig3c_skip, pat)))
+            cand[nc++] = j;
+    }
+    if (nc == 0) {
+        fig_skip(f, "no %s cells varying the dictionary (N), s or two options (other than "
+                 "Fig. 3c's)", codec);
+        return FK_OK;
+    }
+    if (nc == 1) {
+        fig_skip(f, "only %s varies among the %s cells of dataset %s: a heatmap needs two "
+                 "options (draw it with plot --x %s --y METRIC)", st->cells->head[cand[0]],
+                 codec, ds, st->cells->head[cand[0]]);
+        return FK_OK;
+    }
+    int ja = -1, jb = -1, best = 0;
+    char key[2048], best_key[2048] = "";
+    for (int a = 0; a < nc; a++)
+        for (int b = a + 1; b < nc; b++) {
+            int k = pair_squares(st, ds, codec, cand[a], cand[b], key, sizeof key);
+            if (k > best) {
+                best = k;
+                ja = cand[a];
+                jb = cand[b];
+                snprintf(best_key, sizeof best_key, "%s", key);
+            }
+        }
+    if (!best) {
+        fig_skip(f, "%s and %s vary among the %s cells of dataset %s, but no two of them "
+                 "together with every other option fixed", st->cells->head[cand[0]],
+                 st->cells->head[cand[1]], codec, ds);
+        return FK_OK;
+    }
+    const char *xa = st->cells->head[ja], *yb = st->cells->head[jb];
+    char skip[160];
+    snprintf(skip, sizeof skip, ",%s,%s,", xa, yb);
+    struct axis ax = {0}, ay = {0};
+    static struct hm_pt pt[4096];
+    int np = 0;
+    for (int j = 0; j < st->n && np < 4096; j++) {
+        const struct cell *d = &st->c[j];
+        if (strcmp(d->dataset, ds) || strcmp(d->codec, codec))
+            continue;
+        other_opts(st, d, skip, key, sizeof key);
+        if (strcmp(key, best_key))
+            continue;
+        const char *va = st->cells->rows[d->row][ja], *vb = st->cells->rows[d->row][jb];
+        int x = axis_add(&ax, va, strtod(va, NULL), j), y = axis_add(&ay, vb, strtod(vb, NULL), j);
+        hm_add(pt, &np, d, x, y);
+    }
+    char what[2600];
+    snprintf(what, sizeof what, "Fig. 3d: %s on dataset %s, %s (x) by %s (y): the dictionary "
+             "size N and s do not vary together; other options: %s", codec, ds, xa, yb,
+             best_key);
+    FK_TRY(heat_write(st, f, &ax, &ay, pt, np, what));
+    char t[512], m[256];
+    snprintf(t, sizeof t, "%s, %s", ds, codec_display(st, codec));
+    fig_text(f, "subtitle", t);
+    snprintf(m, sizeof m, "Sensitivity to %s and %s", xa, yb);
+    fig_text(f, "main", m);
+    fig_text(f, "xtitle", xa);
+    fig_text(f, "ytitle", yb);
     return FK_OK;
 }
 
@@ -1233,15 +1469,14 @@ static int fig3d(struct store *st, struct fk_plot_set *set, const char *codec)
             axis_add(&ay, cstr(st, d, "s"), 0, 0);
         }
         int score = ax.n * ay.n;
-        if (ax.n * ay.n > 1 && score > best) {
+        if (ax.n > 1 && ay.n > 1 && score > best) {    /* both axes vary */
             best = score;
             snprintf(best_key, sizeof best_key, "%s", key);
         }
     }
-    if (!best) {
+    if (!best) {    /* N and s do not vary together: the two options that do, if any */
         free(natoms);
-        fig_skip(f, "no %s cells varying the dictionary (N) or s on the same traces", codec);
-        return FK_OK;
+        return heat_two_options(st, f, codec);
     }
     struct axis ax = {0}, ay = {0};
     struct hm_pt pt[4096];
@@ -1261,13 +1496,7 @@ static int fig3d(struct store *st, struct fk_plot_set *set, const char *codec)
         known &= natoms[j] > 0;
         int x = axis_add(&ax, xl, natoms[j] > 0 ? (double)natoms[j] : 1e18, j);
         int y = axis_add(&ay, cstr(st, d, "s"), cnum(st, d, "s"), 0);
-        if (x < 0 || y < 0)
-            continue;
-        int dup = 0;
-        for (int i = 0; i < np; i++)
-            dup |= pt[i].x == x && pt[i].y == y;
-        if (!dup)
-            pt[np++] = (struct hm_pt){d, x, y};
+        hm_add(pt, &np, d, x, y);
     }
     free(natoms);
     char what[4400];
@@ -1287,6 +1516,44 @@ static int fig3d(struct store *st, struct fk_plot_set *set, const char *codec)
 
 /* ---- Pareto ------------------------------------------------------------------------------ */
 
+static int label_cols(const struct store *st, const char *ds, const char *codec, int *cols,
+                      int *n_cols);
+static void cell_label(const struct store *st, const struct cell *c, const int *cols, int n,
+                       char *out, size_t cap);
+
+/* Label placement without overlap: boxes of labels placed so far in axis fractions (x
+ * linear, y logarithmic over the figure's range). */
+struct lbox {
+    double u0, u1, v0, v1;
+};
+#define LBOX_CW 0.0125           /* a label character, fraction of the data's x range */
+#define LBOX_H 0.032             /* a label line, fraction of the y axis (whole decades) */
+
+/* The y (data units) of the label of point (x, y), text len characters: right of the point,
+ * moved down or up a line at a time off every label placed before (at most 2 lines: a label
+ * further away would name the wrong point; then it stays at its point), then recorded in
+ * boxes. */
+static double place_label(struct lbox *boxes, int *nb, double x, double y, int len,
+                          const double *rng)
+{
+    double u = (x - rng[0]) / (rng[1] - rng[0] > 0 ? rng[1] - rng[0] : 1);
+    double lv = log(y), v = (lv - rng[2]) / (rng[3] - rng[2] > 0 ? rng[3] - rng[2] : 1);
+    struct lbox b = {u + 0.01, u + 0.01 + LBOX_CW * len, v, v + LBOX_H};
+    for (int k = 0; k <= 5; k++) {
+        double dv = k == 5 ? 0 : (k % 2 ? -1 : 1) * ((k + 1) / 2) * LBOX_H;
+        struct lbox t = {b.u0, b.u1, b.v0 - dv, b.v1 - dv};
+        int hit = 0;
+        for (int i = 0; i < *nb && !hit; i++)
+            hit = t.u0 < boxes[i].u1 && boxes[i].u0 < t.u1 && t.v0 < boxes[i].v1 &&
+                  boxes[i].v0 < t.v1;
+        if (!hit || k == 5) {
+            boxes[(*nb)++] = t;
+            return exp(rng[2] + (t.v0 + LBOX_H / 2) * (rng[3] - rng[2]));
+        }
+    }
+    return y;
+}
+
 static int pareto(struct store *st, struct fk_plot_set *set, const char *ds)
 {
     struct fk_plot_fig *f = fig_add(set, "pareto_bytes_kl", ds, st->n_ds, "pareto_bytes_kl");
@@ -1298,13 +1565,36 @@ static int pareto(struct store *st, struct fk_plot_set *set, const char *ds)
     struct fk_sb b = {0};
     fk_sb_printf(&b, "# Pareto: bytes per token vs attention KL, every finished cell of dataset %s; "
                 "one block per codec, the last block is the Pareto front\n"
-                "# bytes_per_token attn_kl rel_err_mean cell\n", ds);
+                "# label: the options that tell the codec's cells apart (as pareto_head)\n"
+                "# label_y: where the label sits (moved off the labels before it)\n"
+                "# bytes_per_token attn_kl rel_err_mean label cell label_y\n", ds);
     double (*front)[2] = malloc(sizeof *front * (size_t)(st->n ? st->n : 1));
-    int nf = 0;
-    if (!front)
+    struct lbox *boxes = malloc(sizeof *boxes * (size_t)(st->n ? st->n : 1));
+    int nf = 0, nbox = 0;
+    if (!front || !boxes) {
+        free(front);
+        free(boxes);
         return fk_err(FK_ENOMEM, "out of memory");
+    }
+    double rng[4] = {INFINITY, -INFINITY, INFINITY, -INFINITY};    /* x, log y ranges */
+    for (int j = 0; j < st->n; j++) {
+        double x = cnum(st, &st->c[j], "bytes_per_token"), y = cnum(st, &st->c[j], "attn_kl");
+        if (strcmp(st->c[j].dataset, ds) || !isfinite(x) || !isfinite(y) || y <= 0)
+            continue;
+        rng[0] = fmin(rng[0], x), rng[1] = fmax(rng[1], x);
+        rng[2] = fmin(rng[2], log(y)), rng[3] = fmax(rng[3], log(y));
+    }
+    /* the log y axis spans whole decades (gnuplot's autoscale) */
+    rng[2] = floor(rng[2] / log(10) + 1e-9) * log(10);
+    rng[3] = ceil(rng[3] / log(10) - 1e-9) * log(10);
     for (int i = 0; i < nc; i++) {
-        int rows = 0;
+        int rows = 0, cols[32], ncol = 0, rc = label_cols(st, ds, cod[i], cols, &ncol);
+        if (rc < 0) {
+            free(front);
+            free(boxes);
+            free(b.s);
+            return rc;
+        }
         for (int j = 0; j < st->n; j++) {
             const struct cell *c = &st->c[j];
             if (strcmp(c->dataset, ds) || strcmp(c->codec, cod[i]))
@@ -1319,7 +1609,11 @@ static int pareto(struct store *st, struct fk_plot_set *set, const char *ds)
             bnum(&b, x);
             bnum(&b, y);
             bnum(&b, cnum(st, c, "rel_err_mean"));
-            fk_sb_printf(&b, " %s\n", c->id);
+            char label[64];
+            cell_label(st, c, cols, ncol, label, sizeof label);
+            fk_sb_printf(&b, " \"%s\" %s", label, c->id);
+            bnum(&b, label[0] ? place_label(boxes, &nbox, x, y, (int)strlen(label), rng) : y);
+            fk_sb_printf(&b, "\n");
             front[nf][0] = x;
             front[nf][1] = y;
             nf++;
@@ -1331,6 +1625,7 @@ static int pareto(struct store *st, struct fk_plot_set *set, const char *ds)
             blocks++;
         }
     }
+    free(boxes);
     if (!blocks) {
         free(front);
         free(b.s);
@@ -1346,7 +1641,7 @@ static int pareto(struct store *st, struct fk_plot_set *set, const char *ds)
             lowest = front[i][1];
             bnum(&b, front[i][0]);
             bnum(&b, front[i][1]);
-            fk_sb_printf(&b, " NaN front\n");
+            fk_sb_printf(&b, " NaN \"\" front NaN\n");
         }
     free(front);
     FK_TRY(fig_data(st, f, &b));
@@ -1972,7 +2267,7 @@ static int table4(struct store *st, struct fk_plot_set *set, const char *out_dir
             fk_sb_printf(&tex, "%s & %s", ds, codec_display(st, c->codec));
             for (int j = 0; j < nc && rc == FK_OK; j++) {
                 double v = cnum(st, c, t4cols[j].col) * t4cols[j].scale, half = NAN;
-                if (c->n_seq > 1) {
+                if (c->n_seq >= FK_CI_MIN_SEQ) {    /* an interval needs enough sequences */
                     double *x = malloc(sizeof(double) * (size_t)c->n_seq);
                     if (!x) {
                         rc = fk_err(FK_ENOMEM, "out of memory");
@@ -2009,8 +2304,10 @@ static int table4(struct store *st, struct fk_plot_set *set, const char *out_dir
                  "relative to the %s cell of the same dataset and s. Bytes/token and GB/seq are "
                  "replay memory (codes + buffer + appended atoms; the shared universal "
                  "dictionary excluded). Rel. error: mean over K/V, layers and sequences.%s\n",
-            base, multi ? " ± is half the 95% bootstrap interval over sequences (2000 resamples)."
-                  : "");
+            base, multi ? " ± is half the 95% bootstrap interval over sequences (2000 "
+                  "resamples), shown for cells with at least " FK_STR(FK_CI_MIN_SEQ)
+                  " sequences." : " No ±: no cell has the " FK_STR(FK_CI_MIN_SEQ)
+                  " sequences an interval needs.");
     if (rc < 0 || !rows) {
         free(md.s);
         free(tex.s);
@@ -2080,9 +2377,18 @@ int fk_plotdata_export(const char *results_dir, const char *out_dir,
         if (set->figs[i].note[0] && (drawn3d || k3d > first3d))
             continue;
         if (set->figs[i].note[0]) {
+            /* the note of a codec whose cells vary one option (or two, not together), else
+             * the general one */
+            const char *why = NULL;
+            for (int j = first3d; j < set->n_figs && !why; j++)
+                if (!strncmp(set->figs[j].note, "only ", 5) ||
+                    strstr(set->figs[j].note, "not together"))
+                    why = set->figs[j].note;
+            char note[sizeof set->figs[i].note];
+            snprintf(note, sizeof note, "%s", why ? why : "no codec has cells varying the "
+                     "dictionary (N) or s, or any two options, on the same traces");
             snprintf(set->figs[i].name, sizeof set->figs[i].name, "fig3d_N_s");
-            snprintf(set->figs[i].note, sizeof set->figs[i].note, "no codec has cells varying "
-                     "the dictionary (N) or s on the same traces");
+            snprintf(set->figs[i].note, sizeof set->figs[i].note, "%s", note);
         }
         if (k3d != i)
             set->figs[k3d] = set->figs[i];

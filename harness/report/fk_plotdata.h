@@ -21,6 +21,8 @@
 
 #define FK_BOOT_RESAMPLES 2000   /* resamples of the 95% intervals */
 #define FK_BOOT_SEED 20250101UL  /* gsl_rng_mt19937 seed: the intervals are reproducible */
+#define FK_CI_MIN_SEQ 5          /* sequences a 95% interval needs: with fewer, figures draw
+                                  * the sequences themselves and tables print no +- */
 
 /* Mean of the finite x[0..n-1] and the 2.5% / 97.5% quantiles of the means of `resamples`
  * resamples with replacement (gsl_rng_mt19937 seeded with seed). With fewer than two finite

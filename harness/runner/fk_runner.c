@@ -343,6 +343,7 @@ static void cell_meta(const struct run *r, const struct fk_sweep_cell *cell,
                                   .basis = (cell->ops->caps & FK_CAP_BASIS) ? ds->basis : NULL,
                                   .attn_stride = s->attention ? s->attn_stride : 0,
                                   .seed = (long)(cell->seed & 0x7fffffffffffffffULL),
+                                  .repeat = cell->repeat,
                                   .sweep = s->name};
     memcpy(meta->id, cell->id, sizeof meta->id);
 }

@@ -272,8 +272,9 @@ static int cmp_double(const void *a, const void *b)
 /* Means over the streams of a cell (per-stream values, K and V apart where needed). */
 struct stream_means {
     struct mean kind_err[2], enc, fin, nnz, dict, inact[2], gini, ad, rec[FK_RECALL_NS];
-    struct mean agree, ratio, overlap;
+    struct mean agree, overlap;
     double res2, x2, macs, cpu;
+    double scr_err, omp_err;     /* screened and full OMP errors summed over every stream */
 };
 
 /* Inactive-set overlap (Jaccard) of stream s with the same stream of later prompts, Fig. 1d. */
@@ -312,7 +313,8 @@ static void add_stream(const struct fk_cell_result *r, int t, int l, int k,
     for (int q = 0; q < FK_RECALL_NS; q++)
         mean_add(&m->rec[q], s->recall[q]);
     mean_add(&m->agree, s->support_agree);
-    mean_add(&m->ratio, s->err_ratio);
+    m->scr_err += s->screen_err_scr;
+    m->omp_err += s->screen_err_omp;
     m->res2 += s->res2_sum;
     m->x2 += s->x2_sum;
     m->macs += s->st.macs;
@@ -376,7 +378,9 @@ static void aggregate_streams(const struct fk_cell_result *r, struct headline *h
     for (int q = 0; q < FK_RECALL_NS; q++)
         h->pool_recall[q] = mean_get(&m.rec[q]);
     h->support_agree = mean_get(&m.agree);
-    h->err_ratio = mean_get(&m.ratio);
+    /* a ratio of means over every recall vector of the cell: sum e_screened / sum e_omp
+     * (a mean of per-stream ratios lets one stream with a near-zero OMP error dominate) */
+    h->err_ratio = m.omp_err > 0 ? m.scr_err / m.omp_err : NAN;
     h->bytes_per_seq = h->bytes_codes + h->bytes_buf + h->bytes_dict_seq;
     for (int t = 0; t < T; t++)
         h->tokens_per_seq += (double)r->streams[(size_t)t * L * 2].n_tokens / T;
@@ -481,6 +485,7 @@ static void meta_head(struct fk_sb *b, const struct fk_cell_meta *m, const char 
     fk_sb_printf(b, "dictionary\t%s\nbasis\t%s\nn_traces\t%d\nseed\t%ld\nattn_stride\t%d\n",
               m->dict ? m->dict : "", m->basis ? m->basis : "", m->n_traces, m->seed,
               m->attn_stride);
+    fk_sb_printf(b, "repeat\t%d\n", m->repeat);
     fk_sb_printf(b, "sweep\t");
     for (const char *p = m->sweep ? m->sweep : ""; *p; p++)
         fk_sb_printf(b, "%c", *p == '\n' || *p == '\t' ? ' ' : *p);
@@ -566,8 +571,8 @@ static int write_h5(const char *path, const struct fk_cell_meta *m,
                 hsize_t rn[1] = {FK_RECALL_NS};
                 if (!rc) rc = fk_h5_write(gk, "pool_recall", H5T_IEEE_F64LE, H5T_NATIVE_DOUBLE,
                                           1, rn, 0, 0, s->recall);
-                if (!rc && s->corr_profile) {
-                    hsize_t cp[1] = {256};
+                if (!rc && s->corr_profile && s->corr_len > 0) {
+                    hsize_t cp[1] = {(hsize_t)s->corr_len}; /* the filled entries */
                     rc = fk_h5_write(gk, "corr_profile", H5T_IEEE_F64LE, H5T_NATIVE_DOUBLE, 1,
                                      cp, 0, 0, s->corr_profile);
                 }
@@ -892,7 +897,7 @@ static void cells_header(struct fk_sb *b, const char *const *opt_cols, int n_opt
     fk_sb_printf(b, "cell_id,codec,dataset,status");
     for (int j = 0; j < n_opt; j++)
         fk_sb_printf(b, ",%s", opt_cols[j]);
-    fk_sb_printf(b, ",n_traces,traces,dictionary,basis,seed,attn_stride");
+    fk_sb_printf(b, ",n_traces,traces,dictionary,basis,seed,attn_stride,repeat");
     for (int j = 0; cell_metrics[j]; j++)
         fk_sb_printf(b, ",%s", cell_metrics[j]);
     fk_sb_printf(b, ",bytes_ratio_full,cost_mac_rel,cpu_time_rel,error\n");
@@ -935,7 +940,8 @@ static void cells_row(struct fk_sb *b, const struct kv *m, const char *const *op
     fk_csv_field(b, kv_get(m, "dictionary"));
     fk_sb_printf(b, ",");
     fk_csv_field(b, kv_get(m, "basis"));
-    fk_sb_printf(b, ",%s,%s", kv_get(m, "seed"), kv_get(m, "attn_stride"));
+    fk_sb_printf(b, ",%s,%s,%s", kv_get(m, "seed"), kv_get(m, "attn_stride"),
+                 kv_get(m, "repeat"));
     for (int j = 0; cell_metrics[j]; j++) {
         fk_sb_printf(b, ",");
         sb_num(b, kv_num(m, cell_metrics[j]));

@@ -37,6 +37,7 @@ struct fk_cell_meta {
     const char *basis;           /* basis file path or NULL */
     int attn_stride;             /* 0 = no attention */
     long seed;                   /* the cell's seed */
+    int repeat;                  /* 0 .. repeats-1 of the sweep (cells.csv column repeat) */
     const char *sweep;           /* name of the sweep that computed it (NULL: none) */
 };
 
