@@ -13,7 +13,7 @@
  * This file includes GSL and never <cblas.h>.
  */
 #include "fk_check_main.h"
-#include "fk_test_basis.h"
+#include "conformance/fk_test_basis.h"
 #include "core/fk_codec.h"
 #include "engine/fk_schedule.h"
 #include "formats/fk_dict.h"

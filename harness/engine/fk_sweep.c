@@ -156,8 +156,8 @@ static int set_text(const struct fk_codec_ops *ops, void *opts, const char *key,
 
 static int is_known_option(const char *key)
 {
-    for (int c = 0; fk_codecs[c]; c++)
-        if (fk_codec_option(fk_codecs[c], key))
+    for (int c = 0; fk_codec_at(c); c++)
+        if (fk_codec_option(fk_codec_at(c), key))
             return 1;
     return 0;
 }
@@ -535,9 +535,9 @@ static int resolve_codec(struct fk_sweep *s, struct cellvec *cv, const struct fk
     const struct fk_codec_ops *ops = fk_codec_find(name);
     if (!ops) {
         char allowed[512] = "";
-        for (int i = 0; fk_codecs[i]; i++) {
+        for (int i = 0; fk_codec_at(i); i++) {
             size_t n = strlen(allowed);
-            snprintf(allowed + n, sizeof allowed - n, "%s%s", i ? ", " : "", fk_codecs[i]->name);
+            snprintf(allowed + n, sizeof allowed - n, "%s%s", i ? ", " : "", fk_codec_at(i)->name);
         }
         return cfg_err(nv, "unknown codec '%s' (registered: %s)", name, allowed);
     }
@@ -798,8 +798,8 @@ static int check_defaults_excludes(const struct fk_toml_value *defs,
             if (strcmp(e->key, "codec") && strcmp(e->key, "dataset") && !is_known_option(e->key))
                 return entry_err(e, "[[exclude]] keys are codec, dataset or codec options");
             int want_str = !strcmp(e->key, "codec") || !strcmp(e->key, "dataset");
-            for (int c = 0; fk_codecs[c] && !want_str; c++) {
-                const struct fk_option *o = fk_codec_option(fk_codecs[c], e->key);
+            for (int c = 0; fk_codec_at(c) && !want_str; c++) {
+                const struct fk_option *o = fk_codec_option(fk_codec_at(c), e->key);
                 want_str = o && o->type == FK_OPT_ENUM;
             }
             if (want_str && fk_toml_type(e->value) != FK_TOML_STRING)
