@@ -7,7 +7,8 @@
 set -euo pipefail
 bin=$(realpath "$1") tree_plugin=$(realpath "$2")
 shift 2
-broken=("$@")
+broken=()
+for b in "$@"; do broken+=("$(realpath "$b")"); done
 src=${FK_SRCDIR:?} build=${FK_BUILDDIR:?}
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
@@ -46,7 +47,7 @@ expect 0 "full: 8 of 8 rules kept" "$bin" conformance full
 
 # 4. a tiny sweep: plugins = [...] in [sweep], the family column, the file's hash in the ids
 "$bin" synth --out "$tmp/traces" --sequences 1 --layers 2 --q-heads 4 --kv-heads 2 \
-    --head-dim 16 --prefill 24 --decode 16 >/dev/null
+    --head-dim 64 --prefill 24 --decode 16 >/dev/null
 mkdir -p "$tmp/cfg"
 cp "$plugin" "$tmp/cfg/absmax8.so"
 cat >"$tmp/cfg/sweep.toml" <<TOML
@@ -72,8 +73,9 @@ rows = {r["codec"]: r for r in csv.DictReader(open(sys.argv[1]))}
 a = rows["absmax8"]
 assert a["status"] == "ok", a["status"]
 e = float(a["rel_err_mean"])
-# int8 absmax: error per coordinate at most s/254, so the relative error is below 1/127
-assert 0 < e < 1 / 127, e
+# int8 absmax: each coordinate within s/254 of x (s = max |x_i| <= |x|), so a row's relative
+# error is at most sqrt(head_dim) / 254 = 8/254 at head_dim 64
+assert 0 < e <= 8 / 254, e
 assert float(rows["full"]["rel_err_mean"]) == 0
 PY
 grep -q "plugin_sha256=$(sha256sum "$tmp/cfg/absmax8.so" | cut -c1-64)" "$tmp/results/resolved.txt" ||

@@ -319,6 +319,8 @@ static int canon_opts(const struct fk_codec_ops *ops, const void *opts, char *bu
         fk_opts_format(opts, o, v, sizeof v);
         n += (size_t)snprintf(buf + n, cap - n, ";%s=%s", o->name, v);
     }
+    if (fk_codec_plugin_sha256(ops) && n < cap) /* a changed plugin file is another cell */
+        n += (size_t)snprintf(buf + n, cap - n, ";plugin_sha256=%s", fk_codec_plugin_sha256(ops));
     return n < cap ? FK_OK : fk_err(FK_ENOMEM, "canonical cell text too long");
 }
 
@@ -686,10 +688,10 @@ static int load_sweep_table(struct fk_sweep *s, const struct fk_toml_value *tab)
             free(s->cost_baseline);
             s->cost_baseline = xstrdup(str);
         } else if (strcmp(k, "traces") && strcmp(k, "dictionary") && strcmp(k, "basis") &&
-                   strcmp(k, "reconstructions")) {
+                   strcmp(k, "reconstructions") && strcmp(k, "plugins")) {
             return entry_err(e, "unknown key in [sweep] (allowed: name, traces, dictionary, basis, "
                                 "output, jobs, attention, attn_stride, attn_layers, recall, "
-                                "recall_every, repeats, base_seed, cost_baseline)");
+                                "recall_every, repeats, base_seed, cost_baseline, plugins)");
         }
     }
     return FK_OK;
@@ -864,6 +866,37 @@ static int identify(struct fk_sweep *s)
     return FK_OK;
 }
 
+/* [sweep] plugins = ["FILE.so", ...]: codec plugins (core/fk_codec.h), loaded before any
+ * codec is looked up. A relative file is relative to the config file's folder (a --set
+ * value: to the current directory). */
+static int load_plugins(const struct fk_sweep *s, const struct fk_toml_value *sw)
+{
+    const struct fk_toml_value *pl = fk_toml_table_get(sw, "plugins");
+    if (!pl)
+        return FK_OK;
+    int one = fk_toml_type(pl) == FK_TOML_STRING;
+    if (!one && fk_toml_type(pl) != FK_TOML_ARRAY)
+        return cfg_err(pl, "plugins: expected a list of shared library files, e.g. "
+                       "[\"plugins/my_codec.so\"]%s%s", "", "");
+    size_t n = one ? 1 : fk_toml_array_len(pl);
+    for (size_t i = 0; i < n; i++) {
+        const struct fk_toml_value *v = one ? pl : fk_toml_array_at(pl, i);
+        const char *p;
+        if (fk_toml_type(v) != FK_TOML_STRING || get_str(v, &p) < 0)
+            return cfg_err(v, "plugins: expected a file name (a string)%s%s", "", "");
+        char full[PATH_MAX * 2];
+        const char *slash = strrchr(s->path, '/');
+        if (p[0] == '/' || !slash || !strcmp(fk_toml_origin(v), "--set"))
+            snprintf(full, sizeof full, "%s", p);
+        else
+            snprintf(full, sizeof full, "%.*s/%s", (int)(slash - s->path), s->path, p);
+        if (fk_plugin_load(full) < 0)
+            return fk_err_context(FK_ECONFIG, "%s:%d:%d: plugins", fk_toml_origin(v),
+                                  fk_toml_line(v), fk_toml_col(v));
+    }
+    return FK_OK;
+}
+
 static int resolve(struct fk_sweep *s, const struct fk_toml_value *root, int hash_content)
 {
     FK_TRY(check_top_keys(root));
@@ -871,6 +904,7 @@ static int resolve(struct fk_sweep *s, const struct fk_toml_value *root, int has
     if (!sw || fk_toml_type(sw) != FK_TOML_TABLE)
         return fk_err(FK_ECONFIG, "%s: missing [sweep] table (name, traces, output, ...)",
                       s->path);
+    FK_TRY(load_plugins(s, sw));
     FK_TRY(load_sweep_table(s, sw));
     if (!s->output)
         return cfg_err(sw, "[sweep] needs output = \"results/NAME\"%s%s", "", "");
