@@ -540,6 +540,26 @@ static void check_stream_outcome(struct cx *cx, const struct fk_conf_run *r,
                 "declare FK_CAP_ADAPTS", (unsigned long long)adapted);
 }
 
+int fk_conf_check_outcome(const struct fk_conf_run *r, const struct fk_conf_stream *s,
+                          const void *opts)
+{
+    struct cx *cx = calloc(1, sizeof *cx);
+    if (!cx)
+        return fk_err(FK_ENOMEM, "conformance: out of memory");
+    int failed = 0;
+    if (setjmp(cx->jb) == 0)
+        check_stream_outcome(cx, r, s, opts);
+    else
+        failed = 1;
+    cx_release(cx);
+    int rc = failed ? fk_err(cx->oom ? FK_ENOMEM : FK_EINVAL, "%s: rule errors: %s",
+                             r->ops->name, cx->msg)
+                    : FK_OK;
+    free(cx->held);
+    free(cx);
+    return rc;
+}
+
 /* The stream of the errors and determinism rules: 96 atoms of head_dim 24 (6 coordinates
  * held out for novelty), 3 heads, 60 prefill + 100 decode tokens, every 17th vector zero. */
 static void stream_a(struct cx *cx, struct fk_conf_dict **d, struct fk_conf_stream **s,

@@ -104,6 +104,11 @@ void fk_conf_run_close(struct fk_conf_run *r); /* accepts a closed or zeroed run
 int fk_conf_row_err(const struct fk_conf_run *r, const float *x, int h, int t, float *xh,
                     double *err);
 
+/* The outcome checks of rule "errors" on a finished run over s with options opts: FK_OK,
+ * or FK_EINVAL with the first violation in fk_errmsg. */
+int fk_conf_check_outcome(const struct fk_conf_run *r, const struct fk_conf_stream *s,
+                          const void *opts);
+
 /* ---- the suite ------------------------------------------------------------------------ */
 
 struct fk_conf_rule {
