@@ -16,6 +16,7 @@
 #include "common/fk_sha256.h"
 #include "common/fk_toml.h"
 #include "formats/fk_trace.h"
+#include "engine/fk_schedule.h"
 
 #define FK_HARNESS_VERSION "fadkv-bench-0.1"
 
@@ -494,6 +495,23 @@ static int add_dims(const struct fk_toml_value *tab, int zip, struct dim *dims, 
     return FK_OK;
 }
 
+/* Adds warning w once (the same text twice is said once). */
+static int add_warning(struct fk_sweep *s, const char *w)
+{
+    for (int i = 0; i < s->n_warnings; i++)
+        if (!strcmp(s->warnings[i], w))
+            return FK_OK;
+    char **nw = realloc(s->warnings, sizeof(char *) * (size_t)(s->n_warnings + 1));
+    if (!nw || !(nw[s->n_warnings] = strdup(w))) {
+        if (nw)
+            s->warnings = nw;
+        return fk_err(FK_ENOMEM, "out of memory");
+    }
+    s->warnings = nw;
+    s->n_warnings++;
+    return FK_OK;
+}
+
 /* A --set default (defaults.KEY or a dataset's) that the codec block sets itself never
  * reaches the block's cells: said once, as a warning (the caller prints them). */
 static int warn_overridden(struct fk_sweep *s, const struct fk_toml_value *const layers[2],
@@ -508,17 +526,7 @@ static int warn_overridden(struct fk_sweep *s, const struct fk_toml_value *const
         snprintf(w, sizeof w, "the %s value of '%s' is overridden by the %s at %s:%d, so it "
                  "changes none of the cells it reaches", fk_toml_origin(v), be->key, be->key,
                  be->origin, be->line);
-        for (int i = 0; i < s->n_warnings; i++)
-            if (!strcmp(s->warnings[i], w))
-                return FK_OK;
-        char **nw = realloc(s->warnings, sizeof(char *) * (size_t)(s->n_warnings + 1));
-        if (!nw || !(nw[s->n_warnings] = strdup(w))) {
-            if (nw)
-                s->warnings = nw;
-            return fk_err(FK_ENOMEM, "out of memory");
-        }
-        s->warnings = nw;
-        s->n_warnings++;
+        FK_TRY(add_warning(s, w));
     }
     return FK_OK;
 }
@@ -866,6 +874,50 @@ static int identify(struct fk_sweep *s)
     return FK_OK;
 }
 
+/* A trace that no cell's buffer rule compresses a token of (T <= n_b): the cell runs and is
+ * exact (every attention metric is that of the exact cache, bytes are the buffer's), but
+ * its reconstruction errors are means over no vector (empty in cells.csv). Said once per
+ * dataset, trace, codec and buffer rule, at load (so by --dry-run too). */
+static int warn_uncompressed(struct fk_sweep *s)
+{
+    for (int d = 0; d < s->n_datasets; d++) {
+        const struct fk_dataset *ds = &s->datasets[d];
+        for (int i = 0; i < ds->n_traces; i++) {
+            struct fk_trace *t;
+            if (fk_trace_open(ds->traces[i], &t) < 0) {
+                fk_err_clear(); /* the runner reports an unreadable trace, with its cell */
+                continue;
+            }
+            const struct fk_trace_info *in = fk_trace_get_info(t);
+            int T = in->n_tokens, P = in->prompt_len;
+            fk_trace_close(&t);
+            for (int c = 0; c < s->n_cells; c++) {
+                const struct fk_sweep_cell *cell = &s->cells[c];
+                if (cell->dataset != d)
+                    continue;
+                int done = 0, nb = 0;
+                for (int kind = 0; kind < 2; kind++) {
+                    struct fk_buffer b;
+                    fk_codec_buffer(cell->ops, cell->opts, kind, &b);
+                    struct fk_sched sc = {.n_tokens = T, .prompt_len = P, .n_b = b.n_b,
+                                          .a_len = b.a_len, .mode = b.mode};
+                    done += fk_sched_final(&sc);
+                    nb = b.n_b > nb ? b.n_b : nb;
+                }
+                if (done)
+                    continue;
+                char w[PATH_MAX + 512];
+                snprintf(w, sizeof w, "dataset '%s', trace %s: codec '%s' with n_b = %d keeps "
+                         "all T = %d tokens exact (T <= n_b), so nothing is compressed: its "
+                         "cells run exact and their reconstruction errors are empty",
+                         ds->name, ds->traces[i], cell->ops->name, nb, T);
+                FK_TRY(add_warning(s, w));
+            }
+        }
+    }
+    return FK_OK;
+}
+
 /* [sweep] plugins = ["FILE.so", ...]: codec plugins (core/fk_codec.h), loaded before any
  * codec is looked up. A relative file is relative to the config file's folder (a --set
  * value: to the current directory). */
@@ -927,6 +979,8 @@ static int resolve(struct fk_sweep *s, const struct fk_toml_value *root, int has
     if (s->n_cells == 0)
         return fk_err(FK_ECONFIG, "%s: no cells left to run ([[exclude]] rules drop every cell)",
                       s->path);
+    if (hash_content)
+        FK_TRY(warn_uncompressed(s));
     return identify(s);
 }
 
