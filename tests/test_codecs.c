@@ -74,17 +74,7 @@ static gsl_rng *rng_new(unsigned long seed)
     return r;
 }
 
-/* A random direction of the given norm (fp8_saturation_counted's large vectors). */
-static void random_dir(gsl_rng *r, int m, double norm, float *u)
-{
-    double s = 0;
-    for (int i = 0; i < m; i++) {
-        u[i] = (float)gsl_ran_gaussian(r, 1.0);
-        s += (double)u[i] * u[i];
-    }
-    for (int i = 0; i < m; i++)
-        u[i] = (float)(u[i] * norm / sqrt(s));
-}
+#define random_dir fk_conf_random_dir
 
 static void tdict_init(struct tdict *d, int N, int m, int hold, int with_gram,
                        unsigned long seed)
@@ -185,21 +175,8 @@ static void trun_close(struct trun *r)
     fk_conf_run_close(r);
 }
 
-static struct fk_stream_stats stats_of(const struct trun *r)
-{
-    struct fk_stream_stats st;
-    memset(&st, 0, sizeof st);
-    r->ops->stats(r->st, &st);
-    return st;
-}
-
-static double dot_fd(const float *a, const float *b, int m)
-{
-    double s = 0;
-    for (int i = 0; i < m; i++)
-        s += (double)a[i] * b[i];
-    return s;
-}
+#define stats_of fk_conf_stats
+#define dot_fd fk_conf_dot
 
 /* The conformance suite's check of a run's outcome (its rule "errors"). */
 static void check_stream_outcome(const struct trun *r, const struct tstream *s, const void *opts)

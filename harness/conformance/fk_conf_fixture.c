@@ -23,8 +23,7 @@ static gsl_rng *rng_new(unsigned long seed)
     return r;
 }
 
-/* A random direction of the given norm. */
-static void random_dir(gsl_rng *r, int m, double norm, float *u)
+void fk_conf_random_dir(gsl_rng *r, int m, double norm, float *u)
 {
     double s = 0;
     for (int i = 0; i < m; i++) {
@@ -38,7 +37,7 @@ static void random_dir(gsl_rng *r, int m, double norm, float *u)
 /* A direction far from the dictionary: most of its energy in the held-out coordinates. */
 static void novel_dir(gsl_rng *r, const struct fk_conf_dict *d, double norm, float *u)
 {
-    random_dir(r, d->m, 1.0, u);
+    fk_conf_random_dir(r, d->m, 1.0, u);
     for (int c = d->m - d->hold; c < d->m; c++)
         u[c] *= 4;
     double s = 0;
@@ -46,6 +45,22 @@ static void novel_dir(gsl_rng *r, const struct fk_conf_dict *d, double norm, flo
         s += (double)u[c] * u[c];
     for (int c = 0; c < d->m; c++)
         u[c] = (float)(u[c] * norm / sqrt(s));
+}
+
+struct fk_stream_stats fk_conf_stats(const struct fk_conf_run *r)
+{
+    struct fk_stream_stats st;
+    memset(&st, 0, sizeof st);
+    r->ops->stats(r->st, &st);
+    return st;
+}
+
+double fk_conf_dot(const float *a, const float *b, int m)
+{
+    double s = 0;
+    for (int i = 0; i < m; i++)
+        s += (double)a[i] * b[i];
+    return s;
 }
 
 void fk_conf_dict_free(struct fk_conf_dict *d)
@@ -74,7 +89,7 @@ int fk_conf_dict_init(struct fk_conf_dict *d, int N, int m, int hold, int with_g
     }
     for (int j = 0; j < N; j++) {
         float *a = d->atoms + (size_t)j * m;
-        random_dir(r, m - hold, 1.0, a);
+        fk_conf_random_dir(r, m - hold, 1.0, a);
         for (int c = m - hold; c < m; c++)
             a[c] = 0;
     }

@@ -183,21 +183,8 @@ static double row_err(struct cx *cx, const struct fk_conf_run *r, const float *x
     return e;
 }
 
-static struct fk_stream_stats stats_of(const struct fk_conf_run *r)
-{
-    struct fk_stream_stats st;
-    memset(&st, 0, sizeof st);
-    r->ops->stats(r->st, &st);
-    return st;
-}
-
-static double dot_fd(const float *a, const float *b, int m)
-{
-    double s = 0;
-    for (int i = 0; i < m; i++)
-        s += (double)a[i] * b[i];
-    return s;
-}
+#define stats_of fk_conf_stats
+#define dot_fd fk_conf_dot
 
 /* ---- options -------------------------------------------------------------------------- */
 

@@ -13,6 +13,7 @@
 #ifndef FK_CONFORMANCE_H
 #define FK_CONFORMANCE_H
 
+#include <gsl/gsl_rng.h>
 #include <stdint.h>
 
 #include "core/fk_codec.h"
@@ -70,6 +71,12 @@ struct fk_conf_run {
 /* Called before (after = 0) and after (after = 1) every event. */
 typedef void (*fk_conf_hook)(void *ctx, struct fk_conf_run *r, const struct fk_event *ev,
                              int after);
+
+/* A random direction of the given norm into u[m] (Gaussian coordinates, scaled). */
+void fk_conf_random_dir(gsl_rng *r, int m, double norm, float *u);
+/* ops->stats of a run's state; the dot product of two float vectors in double. */
+struct fk_stream_stats fk_conf_stats(const struct fk_conf_run *r);
+double fk_conf_dot(const float *a, const float *b, int m);
 
 int fk_conf_dict_init(struct fk_conf_dict *d, int N, int m, int hold, int with_gram,
                       unsigned long seed);
