@@ -44,6 +44,70 @@ static char *xstrdup(const char *s)
     return d;
 }
 
+/* Collapses "." and "seg/.." segments of a path in place (lexically). */
+static void path_normalise(char *path)
+{
+    int abs = path[0] == '/', n = 0;
+    char *seg[PATH_MAX / 2], *save = NULL, *copy = strdup(path);
+    if (!copy)
+        return;
+    for (char *t = strtok_r(copy, "/", &save); t && n < PATH_MAX / 2;
+         t = strtok_r(NULL, "/", &save)) {
+        if (!strcmp(t, "."))
+            continue;
+        if (!strcmp(t, "..") && n > 0 && strcmp(seg[n - 1], "..")) {
+            n--;
+            continue;
+        }
+        if (!strcmp(t, "..") && abs)
+            continue; /* /.. is / */
+        seg[n++] = t;
+    }
+    size_t len = 0, cap = strlen(path) + 1;
+    if (abs)
+        path[len++] = '/';
+    for (int i = 0; i < n; i++)
+        len += (size_t)snprintf(path + len, cap - len, "%s%s", i ? "/" : "", seg[i]);
+    if (len == 0)
+        snprintf(path, cap, ".");
+    path[cap - 1] = 0;
+    free(copy);
+}
+
+/* THE path rule of a sweep file: a relative path (traces, dictionary, basis,
+ * reconstructions, output, plugins) is relative to the folder of the config file that
+ * names it; absolute paths and --set values (relative to the current directory) are kept.
+ * NULL out of memory. */
+static char *sweep_path(const struct fk_toml_value *v, const char *p)
+{
+    const char *base = fk_toml_origin(v);
+    const char *slash = base ? strrchr(base, '/') : NULL;
+    if (p[0] == '/' || !slash || !strcmp(base, "--set"))
+        return xstrdup(p);
+    size_t n = (size_t)(slash - base) + strlen(p) + 2;
+    char *j = malloc(n);
+    if (!j)
+        return NULL;
+    snprintf(j, n, "%.*s/%s", (int)(slash - base), base, p);
+    path_normalise(j);
+    return j;
+}
+
+/* " (relative to ...)" for a message about path p of value v. */
+static void path_rule_note(const struct fk_toml_value *v, const char *p, char *buf, size_t cap)
+{
+    char cwd[PATH_MAX];
+    const char *base = fk_toml_origin(v);
+    if (p[0] == '/')
+        buf[0] = 0;
+    else if (base && strcmp(base, "--set") && strrchr(base, '/'))
+        snprintf(buf, cap, " (relative paths in a sweep file resolve against the folder of "
+                 "that file, here %.*s)", (int)(strrchr(base, '/') - base), base);
+    else
+        snprintf(buf, cap, " (relative to the current directory, %s)",
+                 getcwd(cwd, sizeof cwd) ? cwd : "?");
+}
+
 static int where(const struct fk_toml_value *v, char *buf, size_t cap)
 {
     snprintf(buf, cap, "%s:%d:%d", fk_toml_origin(v), fk_toml_line(v), fk_toml_col(v));
@@ -173,20 +237,24 @@ static int cmp_str(const void *a, const void *b)
 static int expand_traces(const struct fk_toml_value *arr, struct fk_dataset *ds)
 {
     if (fk_toml_type(arr) == FK_TOML_STRING) {
-        const char *p;
-        get_str(arr, &p);
+        const char *p0;
+        get_str(arr, &p0);
+        char *p = sweep_path(arr, p0);
+        if (!p)
+            return fk_err(FK_ENOMEM, "out of memory");
         glob_t g;
         int gr = glob(p, 0, NULL, &g);
         if (gr != 0 || g.gl_pathc == 0) {
             if (gr == 0)
                 globfree(&g);
-            char where[PATH_MAX + 64] = "";
-            char cwd[PATH_MAX];
-            if (p[0] != '/' && getcwd(cwd, sizeof cwd))
-                snprintf(where, sizeof where, " (looked in %s: relative paths resolve against "
-                         "the directory fadkv-bench runs in)", cwd);
-            return cfg_err(arr, "traces: '%s' matches no file%s", p, where);
+            char note[PATH_MAX + 128], looked[2 * PATH_MAX + 160];
+            path_rule_note(arr, p0, note, sizeof note);
+            snprintf(looked, sizeof looked, "%s%s", p, note);
+            int rc = cfg_err(arr, "traces: '%s' matches no file: looked for %s", p0, looked);
+            free(p);
+            return rc;
         }
+        free(p);
         for (size_t i = 0; i < g.gl_pathc; i++) {
             char **nt = realloc(ds->traces, sizeof(char *) * (size_t)(ds->n_traces + 1));
             if (!nt) {
@@ -221,15 +289,18 @@ static int load_dataset(const struct fk_toml_value *tab, const char *name, int i
         } else if (!strcmp(e->key, "dictionary")) {
             const char *p;
             FK_TRY(get_str(e->value, &p));
-            ds->dict = xstrdup(p);
+            if (!(ds->dict = sweep_path(e->value, p)))
+                return fk_err(FK_ENOMEM, "out of memory");
         } else if (!strcmp(e->key, "basis")) {
             const char *p;
             FK_TRY(get_str(e->value, &p));
-            ds->basis = xstrdup(p);
+            if (!(ds->basis = sweep_path(e->value, p)))
+                return fk_err(FK_ENOMEM, "out of memory");
         } else if (!strcmp(e->key, "reconstructions")) {
             const char *p;
             FK_TRY(get_str(e->value, &p));
-            ds->recon_dir = xstrdup(p);
+            if (!(ds->recon_dir = sweep_path(e->value, p)))
+                return fk_err(FK_ENOMEM, "out of memory");
         } else if (!is_sweep && !strcmp(e->key, "defaults")) {
             if (fk_toml_type(e->value) != FK_TOML_TABLE)
                 return entry_err(e, "expected a table of codec options, e.g. { s = 4, n = 64 }");
@@ -651,7 +722,8 @@ static int load_sweep_table(struct fk_sweep *s, const struct fk_toml_value *tab)
         } else if (!strcmp(k, "output")) {
             FK_TRY(get_str(e->value, &str));
             free(s->output);
-            s->output = xstrdup(str);
+            if (!(s->output = sweep_path(e->value, str)))
+                return fk_err(FK_ENOMEM, "out of memory");
         } else if (!strcmp(k, "jobs")) {
             FK_TRY(get_int_range(e, 1, 256, &v));
             s->jobs = (int)v;
@@ -919,9 +991,8 @@ static int warn_uncompressed(struct fk_sweep *s)
 }
 
 /* [sweep] plugins = ["FILE.so", ...]: codec plugins (core/fk_codec.h), loaded before any
- * codec is looked up. A relative file is relative to the config file's folder (a --set
- * value: to the current directory). */
-static int load_plugins(const struct fk_sweep *s, const struct fk_toml_value *sw)
+ * codec is looked up (paths: sweep_path). */
+static int load_plugins(const struct fk_toml_value *sw)
 {
     const struct fk_toml_value *pl = fk_toml_table_get(sw, "plugins");
     if (!pl)
@@ -936,13 +1007,12 @@ static int load_plugins(const struct fk_sweep *s, const struct fk_toml_value *sw
         const char *p;
         if (fk_toml_type(v) != FK_TOML_STRING || get_str(v, &p) < 0)
             return cfg_err(v, "plugins: expected a file name (a string)%s%s", "", "");
-        char full[PATH_MAX * 2];
-        const char *slash = strrchr(s->path, '/');
-        if (p[0] == '/' || !slash || !strcmp(fk_toml_origin(v), "--set"))
-            snprintf(full, sizeof full, "%s", p);
-        else
-            snprintf(full, sizeof full, "%.*s/%s", (int)(slash - s->path), s->path, p);
-        if (fk_plugin_load(full) < 0)
+        char *full = sweep_path(v, p);
+        if (!full)
+            return fk_err(FK_ENOMEM, "out of memory");
+        int rc = fk_plugin_load(full);
+        free(full);
+        if (rc < 0)
             return fk_err_context(FK_ECONFIG, "%s:%d:%d: plugins", fk_toml_origin(v),
                                   fk_toml_line(v), fk_toml_col(v));
     }
@@ -956,7 +1026,7 @@ static int resolve(struct fk_sweep *s, const struct fk_toml_value *root, int has
     if (!sw || fk_toml_type(sw) != FK_TOML_TABLE)
         return fk_err(FK_ECONFIG, "%s: missing [sweep] table (name, traces, output, ...)",
                       s->path);
-    FK_TRY(load_plugins(s, sw));
+    FK_TRY(load_plugins(sw));
     FK_TRY(load_sweep_table(s, sw));
     if (!s->output)
         return cfg_err(sw, "[sweep] needs output = \"results/NAME\"%s%s", "", "");
