@@ -533,7 +533,7 @@ int fk_conf_check_outcome(const struct fk_conf_run *r, const struct fk_conf_stre
     struct cx *cx = calloc(1, sizeof *cx);
     if (!cx)
         return fk_err(FK_ENOMEM, "conformance: out of memory");
-    int failed = 0;
+    volatile int failed = 0; /* set after a longjmp */
     if (setjmp(cx->jb) == 0)
         check_stream_outcome(cx, r, s, opts);
     else
@@ -1029,7 +1029,7 @@ int fk_conformance_run(const struct fk_codec_ops *ops, fk_conf_report_fn report,
         if (!interface_ok) /* the other rules would call what the interface lacks */
             break;
         cx->msg[0] = 0;
-        int failed = 0;
+        volatile int failed = 0; /* set after a longjmp */
         if (setjmp(cx->jb) == 0)
             rule_fns[i](cx, ops);
         else
