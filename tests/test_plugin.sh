@@ -103,6 +103,8 @@ expect 1 "plugin ${broken[3]} is no fadkv-bench plugin: it exports no fk_plugin_
     "$bin" --plugin "${broken[3]}" codecs
 expect 1 "plugin ${broken[4]}: its codec 'full' clashes with the built-in codec full" \
     "$bin" --plugin "${broken[4]}" codecs
+expect 1 "plugin ${broken[5]} says ABI version 1, but its struct fk_codec_ops is [0-9]+ bytes and this fadkv-bench's [0-9]+: it was built against another core/fk_codec.h" \
+    "$bin" --plugin "${broken[5]}" codecs
 expect 1 "plugin $tmp/nothing.so: no such file" "$bin" --plugin "$tmp/nothing.so" codecs
 expect 1 "codec 'absmax8' clashes with the codec of plugin $plugin" \
     "$bin" --plugin "$plugin" --plugin "$tree_plugin" codecs

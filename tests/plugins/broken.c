@@ -8,6 +8,8 @@
  *   3  built for plugin ABI version 99
  *   4  exports no fk_plugin_abi()
  *   5  its codec is named "full", the name of a built-in codec
+ *   6  says the current ABI version but was built against a struct fk_codec_ops 8 bytes
+ *      larger (another fk_codec.h)
  */
 #include <math.h>
 #include <stdlib.h>
@@ -17,7 +19,7 @@
 #include "core/fk_codec.h"
 
 #ifndef BREAK
-#error "compile with -DBREAK=1..5"
+#error "compile with -DBREAK=1..6"
 #endif
 
 struct copy_opts {
@@ -116,8 +118,16 @@ static const struct fk_codec_ops copy32 = {
 
 #if BREAK != 4
 static const struct fk_codec_ops *const codecs[] = {&copy32, NULL};
+#if BREAK == 6
+static const struct fk_plugin plugin = {
+    FK_PLUGIN_ABI_VERSION,
+    {(unsigned)sizeof(struct fk_codec_ops) + 8, (unsigned)sizeof(struct fk_stream_env),
+     (unsigned)sizeof(struct fk_vec_out), (unsigned)sizeof(struct fk_stream_stats)},
+    NULL, codecs};
+#else
 static const struct fk_plugin plugin = {BREAK == 3 ? 99 : FK_PLUGIN_ABI_VERSION, FK_PLUGIN_SIZES,
                                         NULL, codecs};
+#endif
 
 const struct fk_plugin *fk_plugin_abi(void)
 {
