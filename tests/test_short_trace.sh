@@ -1,9 +1,8 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: MIT
 # A trace of T tokens with cells whose buffer keeps n_b >= T tokens exact: --dry-run and the
-# run warn once per (dataset, trace, codec, n_b), naming all of them; the cells run, exact
-# (bytes_ratio_full 1), with empty reconstruction errors; a cell that compresses is not
-# named. usage: test_short_trace.sh FADKV_BENCH
+# run warn once per (dataset, trace, codec, n_b), naming all of them; the cells run with
+# bytes_ratio_full 1 and empty reconstruction errors; a cell that compresses is not named. usage: test_short_trace.sh FADKV_BENCH
 set -euo pipefail
 bin=$(realpath "$1")
 tmp=$(mktemp -d)

@@ -946,10 +946,10 @@ static int identify(struct fk_sweep *s)
     return FK_OK;
 }
 
-/* A trace that no cell's buffer rule compresses a token of (T <= n_b): the cell runs and is
- * exact (every attention metric is that of the exact cache, bytes are the buffer's), but
- * its reconstruction errors are means over no vector (empty in cells.csv). Said once per
- * dataset, trace, codec and buffer rule, at load (so by --dry-run too). */
+/* A trace that a cell's buffer rule compresses no token of (T <= n_b): the cell runs, but
+ * with nothing compressed its bytes are the full cache's (bytes_ratio_full 1) and its
+ * reconstruction errors and attention metrics are means over nothing (empty in cells.csv).
+ * Said once per dataset, trace, codec and buffer rule, at load (so by --dry-run too). */
 static int warn_uncompressed(struct fk_sweep *s)
 {
     for (int d = 0; d < s->n_datasets; d++) {
@@ -981,7 +981,8 @@ static int warn_uncompressed(struct fk_sweep *s)
                 char w[PATH_MAX + 512];
                 snprintf(w, sizeof w, "dataset '%s', trace %s: codec '%s' with n_b = %d keeps "
                          "all T = %d tokens exact (T <= n_b), so nothing is compressed: its "
-                         "cells run exact and their reconstruction errors are empty",
+                         "cells run, with bytes_ratio_full 1 and empty errors and attention "
+                         "metrics",
                          ds->name, ds->traces[i], cell->ops->name, nb, T);
                 FK_TRY(add_warning(s, w));
             }
