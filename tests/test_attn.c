@@ -6,7 +6,7 @@
  * oracle (log-ratio KL, sorted top-k).
  */
 #include "fk_check_main.h"
-#include "fk_test_basis.h"
+#include "conformance/fk_test_basis.h"
 #include "engine/fk_attn.h"
 #include "core/fk_codec.h"
 #include "formats/fk_dict.h"

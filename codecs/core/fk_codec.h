@@ -245,14 +245,56 @@ struct fk_codec_ops {
     void (*close)(void *state); /* accepts NULL and half-opened states */
 };
 
+/* ---- plugins ----------------------------------------------------------------------------
+ * A plugin is a shared library of codecs built against this header (and common/fk_err.h),
+ * loaded with `--plugin FILE.so` or `plugins = ["FILE.so"]` in a sweep's [sweep] table. It
+ * exports one function, fk_plugin_abi(), returning its description:
+ *
+ *     static const struct fk_codec_ops *const codecs[] = {&my_codec, NULL};
+ *     static const struct fk_plugin plugin = {FK_PLUGIN_ABI_VERSION, FK_PLUGIN_SIZES,
+ *                                             "plugin", codecs};
+ *     const struct fk_plugin *fk_plugin_abi(void) { return &plugin; }
+ *
+ * The harness refuses a plugin built for another ABI version or against structs of other
+ * sizes (another fk_codec.h), and a codec whose name is taken. The functions this header
+ * declares (fk_opts_*, fk_codec_option, fk_coef_names, fk_err) are the executable's: a
+ * plugin links against nothing of fadkv-bench. FK_PLUGIN_ABI_VERSION changes with any
+ * change of the structs of this header. */
+#define FK_PLUGIN_ABI_VERSION 1
+#define FK_PLUGIN_ENTRY "fk_plugin_abi"
+struct fk_plugin {
+    int abi_version;             /* FK_PLUGIN_ABI_VERSION the plugin was built with */
+    unsigned sizes[4];           /* FK_PLUGIN_SIZES the plugin was built with */
+    const char *family;          /* family column and figure style of its codecs; NULL or ""
+                                  * = "plugin" */
+    const struct fk_codec_ops *const *codecs; /* NULL-terminated */
+};
+#define FK_PLUGIN_SIZES                                                                   \
+    {(unsigned)sizeof(struct fk_codec_ops), (unsigned)sizeof(struct fk_stream_env),        \
+     (unsigned)sizeof(struct fk_vec_out), (unsigned)sizeof(struct fk_stream_stats)}
+const struct fk_plugin *fk_plugin_abi(void); /* what a plugin defines */
+
+/* Loads a plugin and registers its codecs (a file already loaded is not loaded again).
+ * Errors name the file and what is wrong (cannot be opened, no fk_plugin_abi, ABI version
+ * or struct sizes differ, a codec name taken by a built-in codec or another plugin). */
+int fk_plugin_load(const char *path);
+/* Every codec: the built-in ones (fk_codecs), then the plugins' in loading order. */
+int fk_codec_count(void);
+const struct fk_codec_ops *fk_codec_at(int i);
+/* The plugin file of a codec (as loaded, made absolute) and its sha256, or NULL for a
+ * built-in codec. */
+const char *fk_codec_plugin(const struct fk_codec_ops *ops);
+const char *fk_codec_plugin_sha256(const struct fk_codec_ops *ops);
+
 /* Registry (codecs/fk_registry.c, generated from the list in codecs/meson.build). */
-extern const struct fk_codec_ops *const fk_codecs[]; /* NULL-terminated */
+extern const struct fk_codec_ops *const fk_codecs[]; /* NULL-terminated: built-in codecs */
 /* The codec whose cost the relative cost columns divide by, unless a sweep says otherwise
  * ([sweep] cost_baseline): set next to the list in codecs/meson.build. */
 extern const char *const fk_default_cost_baseline;
 const struct fk_codec_ops *fk_codec_find(const char *name);
-/* The family of a registered codec: the folder of its source ("dict", "quant", ...), "" if
- * ops is not registered. */
+/* The family of a registered codec: the folder of its source ("dict", "quant", ...), a
+ * plugin's declared family ("plugin" unless it names one), "" if ops is not registered.
+ * fk_codec_find looks through the plugins' codecs too. */
 const char *fk_codec_family(const struct fk_codec_ops *ops);
 const struct fk_option *fk_codec_option(const struct fk_codec_ops *ops, const char *name);
 /* The buffer rule of stream `kind`: ops->buffer, or SLIDE with the common n_b and a_len. */

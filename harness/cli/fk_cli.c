@@ -64,6 +64,8 @@ static const struct command commands[] = {
     {"merge", "OUT_DIR SHARD_DIR...", "combine shard results", fk_cli_merge},
     {"prune", "RESULTS_DIR [--dry-run]", "remove the cells of earlier sweeps from a directory",
      fk_cli_prune},
+    {"conformance", "FILE.so|CODEC...", "the codec conformance suite on a plugin or codecs",
+     fk_cli_conformance},
     {NULL, NULL, NULL, NULL},
 };
 
@@ -81,7 +83,8 @@ static void usage(FILE *f)
             "usage:\n"
             "  fadkv-bench --config SWEEP.toml [--set KEY=VALUE]... [--jobs N] [--force]\n"
             "              [--shard I/N] [--dry-run] [--print-config] [--quiet]\n"
-            "              [--attn-layers L,L,...] [--no-attention]\n",
+            "              [--attn-layers L,L,...] [--no-attention]\n"
+            "  --plugin FILE.so (any command, repeatable): load a codec plugin first\n",
             FK_VERSION);
     for (const struct command *c = commands; c->name; c++)
         fprintf(f, "  fadkv-bench %s%s%s\n      %s\n", c->name, *c->args ? " " : "", c->args,
@@ -100,9 +103,13 @@ int fk_cli_codecs(int argc, char **argv)
 {
     (void)argc;
     (void)argv;
-    for (int i = 0; fk_codecs[i]; i++) {
-        const struct fk_codec_ops *c = fk_codecs[i];
+    for (int i = 0; fk_codec_at(i); i++) {
+        const struct fk_codec_ops *c = fk_codec_at(i);
+        const char *file = fk_codec_plugin(c);
         printf("%s: %s\n", c->name, c->summary);
+        if (file)
+            printf("    (plugin %s, family %s, sha256 %.16s...)\n", file, fk_codec_family(c),
+                   fk_codec_plugin_sha256(c));
         for (const struct fk_option *o = c->options; o->name; o++) {
             char def[64];
             void *tmp = calloc(1, c->opts_size);
@@ -732,9 +739,34 @@ static int cmd_bench(int argc, char **argv)
     return c->run(argc - 1, argv + 1);
 }
 
+/* --plugin FILE (anywhere on the line, repeatable): loads each plugin and removes the pair
+ * from argv. Returns 0, or the exit status of a failure (printed). */
+static int load_plugins(int *argc, char **argv)
+{
+    int k = 1;
+    for (int i = 1; i < *argc; i++) {
+        if (strcmp(argv[i], "--plugin")) {
+            argv[k++] = argv[i];
+            continue;
+        }
+        if (i + 1 >= *argc) {
+            fprintf(stderr, "fadkv-bench: --plugin needs a file (a shared library of codecs)\n");
+            return 2;
+        }
+        if (fk_plugin_load(argv[++i]) < 0)
+            return fail("--plugin");
+    }
+    argv[k] = NULL;
+    *argc = k;
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     fk_cli_init();
+    int prc = load_plugins(&argc, argv);
+    if (prc)
+        return prc;
     if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
         usage(argc < 2 ? stderr : stdout);
         return argc < 2 ? 2 : 0;

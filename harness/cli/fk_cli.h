@@ -27,5 +27,6 @@ int fk_cli_plot(int argc, char **argv);
 int fk_cli_check(int argc, char **argv);
 int fk_cli_merge(int argc, char **argv);
 int fk_cli_prune(int argc, char **argv);
+int fk_cli_conformance(int argc, char **argv);
 
 #endif

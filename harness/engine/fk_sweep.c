@@ -16,6 +16,7 @@
 #include "common/fk_sha256.h"
 #include "common/fk_toml.h"
 #include "formats/fk_trace.h"
+#include "engine/fk_schedule.h"
 
 #define FK_HARNESS_VERSION "fadkv-bench-0.1"
 
@@ -41,6 +42,70 @@ static char *xstrdup(const char *s)
 {
     char *d = s ? strdup(s) : NULL;
     return d;
+}
+
+/* Collapses "." and "seg/.." segments of a path in place (lexically). */
+static void path_normalise(char *path)
+{
+    int abs = path[0] == '/', n = 0;
+    char *seg[PATH_MAX / 2], *save = NULL, *copy = strdup(path);
+    if (!copy)
+        return;
+    for (char *t = strtok_r(copy, "/", &save); t && n < PATH_MAX / 2;
+         t = strtok_r(NULL, "/", &save)) {
+        if (!strcmp(t, "."))
+            continue;
+        if (!strcmp(t, "..") && n > 0 && strcmp(seg[n - 1], "..")) {
+            n--;
+            continue;
+        }
+        if (!strcmp(t, "..") && abs)
+            continue; /* /.. is / */
+        seg[n++] = t;
+    }
+    size_t len = 0, cap = strlen(path) + 1;
+    if (abs)
+        path[len++] = '/';
+    for (int i = 0; i < n; i++)
+        len += (size_t)snprintf(path + len, cap - len, "%s%s", i ? "/" : "", seg[i]);
+    if (len == 0)
+        snprintf(path, cap, ".");
+    path[cap - 1] = 0;
+    free(copy);
+}
+
+/* THE path rule of a sweep file: a relative path (traces, dictionary, basis,
+ * reconstructions, output, plugins) is relative to the folder of the config file that
+ * names it; absolute paths and --set values (relative to the current directory) are kept.
+ * NULL out of memory. */
+static char *sweep_path(const struct fk_toml_value *v, const char *p)
+{
+    const char *base = fk_toml_origin(v);
+    const char *slash = base ? strrchr(base, '/') : NULL;
+    if (p[0] == '/' || !slash || !strcmp(base, "--set"))
+        return xstrdup(p);
+    size_t n = (size_t)(slash - base) + strlen(p) + 2;
+    char *j = malloc(n);
+    if (!j)
+        return NULL;
+    snprintf(j, n, "%.*s/%s", (int)(slash - base), base, p);
+    path_normalise(j);
+    return j;
+}
+
+/* " (relative to ...)" for a message about path p of value v. */
+static void path_rule_note(const struct fk_toml_value *v, const char *p, char *buf, size_t cap)
+{
+    char cwd[PATH_MAX];
+    const char *base = fk_toml_origin(v);
+    if (p[0] == '/')
+        buf[0] = 0;
+    else if (base && strcmp(base, "--set") && strrchr(base, '/'))
+        snprintf(buf, cap, " (relative paths in a sweep file resolve against the folder of "
+                 "that file, here %.*s)", (int)(strrchr(base, '/') - base), base);
+    else
+        snprintf(buf, cap, " (relative to the current directory, %s)",
+                 getcwd(cwd, sizeof cwd) ? cwd : "?");
 }
 
 static int where(const struct fk_toml_value *v, char *buf, size_t cap)
@@ -156,8 +221,8 @@ static int set_text(const struct fk_codec_ops *ops, void *opts, const char *key,
 
 static int is_known_option(const char *key)
 {
-    for (int c = 0; fk_codecs[c]; c++)
-        if (fk_codec_option(fk_codecs[c], key))
+    for (int c = 0; fk_codec_at(c); c++)
+        if (fk_codec_option(fk_codec_at(c), key))
             return 1;
     return 0;
 }
@@ -172,20 +237,24 @@ static int cmp_str(const void *a, const void *b)
 static int expand_traces(const struct fk_toml_value *arr, struct fk_dataset *ds)
 {
     if (fk_toml_type(arr) == FK_TOML_STRING) {
-        const char *p;
-        get_str(arr, &p);
+        const char *p0;
+        get_str(arr, &p0);
+        char *p = sweep_path(arr, p0);
+        if (!p)
+            return fk_err(FK_ENOMEM, "out of memory");
         glob_t g;
         int gr = glob(p, 0, NULL, &g);
         if (gr != 0 || g.gl_pathc == 0) {
             if (gr == 0)
                 globfree(&g);
-            char where[PATH_MAX + 64] = "";
-            char cwd[PATH_MAX];
-            if (p[0] != '/' && getcwd(cwd, sizeof cwd))
-                snprintf(where, sizeof where, " (looked in %s: relative paths resolve against "
-                         "the directory fadkv-bench runs in)", cwd);
-            return cfg_err(arr, "traces: '%s' matches no file%s", p, where);
+            char note[PATH_MAX + 128], looked[2 * PATH_MAX + 160];
+            path_rule_note(arr, p0, note, sizeof note);
+            snprintf(looked, sizeof looked, "%s%s", p, note);
+            int rc = cfg_err(arr, "traces: '%s' matches no file: looked for %s", p0, looked);
+            free(p);
+            return rc;
         }
+        free(p);
         for (size_t i = 0; i < g.gl_pathc; i++) {
             char **nt = realloc(ds->traces, sizeof(char *) * (size_t)(ds->n_traces + 1));
             if (!nt) {
@@ -220,15 +289,18 @@ static int load_dataset(const struct fk_toml_value *tab, const char *name, int i
         } else if (!strcmp(e->key, "dictionary")) {
             const char *p;
             FK_TRY(get_str(e->value, &p));
-            ds->dict = xstrdup(p);
+            if (!(ds->dict = sweep_path(e->value, p)))
+                return fk_err(FK_ENOMEM, "out of memory");
         } else if (!strcmp(e->key, "basis")) {
             const char *p;
             FK_TRY(get_str(e->value, &p));
-            ds->basis = xstrdup(p);
+            if (!(ds->basis = sweep_path(e->value, p)))
+                return fk_err(FK_ENOMEM, "out of memory");
         } else if (!strcmp(e->key, "reconstructions")) {
             const char *p;
             FK_TRY(get_str(e->value, &p));
-            ds->recon_dir = xstrdup(p);
+            if (!(ds->recon_dir = sweep_path(e->value, p)))
+                return fk_err(FK_ENOMEM, "out of memory");
         } else if (!is_sweep && !strcmp(e->key, "defaults")) {
             if (fk_toml_type(e->value) != FK_TOML_TABLE)
                 return entry_err(e, "expected a table of codec options, e.g. { s = 4, n = 64 }");
@@ -319,6 +391,8 @@ static int canon_opts(const struct fk_codec_ops *ops, const void *opts, char *bu
         fk_opts_format(opts, o, v, sizeof v);
         n += (size_t)snprintf(buf + n, cap - n, ";%s=%s", o->name, v);
     }
+    if (fk_codec_plugin_sha256(ops) && n < cap) /* a changed plugin file is another cell */
+        n += (size_t)snprintf(buf + n, cap - n, ";plugin_sha256=%s", fk_codec_plugin_sha256(ops));
     return n < cap ? FK_OK : fk_err(FK_ENOMEM, "canonical cell text too long");
 }
 
@@ -492,6 +566,23 @@ static int add_dims(const struct fk_toml_value *tab, int zip, struct dim *dims, 
     return FK_OK;
 }
 
+/* Adds warning w once (the same text twice is said once). */
+static int add_warning(struct fk_sweep *s, const char *w)
+{
+    for (int i = 0; i < s->n_warnings; i++)
+        if (!strcmp(s->warnings[i], w))
+            return FK_OK;
+    char **nw = realloc(s->warnings, sizeof(char *) * (size_t)(s->n_warnings + 1));
+    if (!nw || !(nw[s->n_warnings] = strdup(w))) {
+        if (nw)
+            s->warnings = nw;
+        return fk_err(FK_ENOMEM, "out of memory");
+    }
+    s->warnings = nw;
+    s->n_warnings++;
+    return FK_OK;
+}
+
 /* A --set default (defaults.KEY or a dataset's) that the codec block sets itself never
  * reaches the block's cells: said once, as a warning (the caller prints them). */
 static int warn_overridden(struct fk_sweep *s, const struct fk_toml_value *const layers[2],
@@ -506,17 +597,7 @@ static int warn_overridden(struct fk_sweep *s, const struct fk_toml_value *const
         snprintf(w, sizeof w, "the %s value of '%s' is overridden by the %s at %s:%d, so it "
                  "changes none of the cells it reaches", fk_toml_origin(v), be->key, be->key,
                  be->origin, be->line);
-        for (int i = 0; i < s->n_warnings; i++)
-            if (!strcmp(s->warnings[i], w))
-                return FK_OK;
-        char **nw = realloc(s->warnings, sizeof(char *) * (size_t)(s->n_warnings + 1));
-        if (!nw || !(nw[s->n_warnings] = strdup(w))) {
-            if (nw)
-                s->warnings = nw;
-            return fk_err(FK_ENOMEM, "out of memory");
-        }
-        s->warnings = nw;
-        s->n_warnings++;
+        FK_TRY(add_warning(s, w));
     }
     return FK_OK;
 }
@@ -535,9 +616,9 @@ static int resolve_codec(struct fk_sweep *s, struct cellvec *cv, const struct fk
     const struct fk_codec_ops *ops = fk_codec_find(name);
     if (!ops) {
         char allowed[512] = "";
-        for (int i = 0; fk_codecs[i]; i++) {
+        for (int i = 0; fk_codec_at(i); i++) {
             size_t n = strlen(allowed);
-            snprintf(allowed + n, sizeof allowed - n, "%s%s", i ? ", " : "", fk_codecs[i]->name);
+            snprintf(allowed + n, sizeof allowed - n, "%s%s", i ? ", " : "", fk_codec_at(i)->name);
         }
         return cfg_err(nv, "unknown codec '%s' (registered: %s)", name, allowed);
     }
@@ -641,7 +722,8 @@ static int load_sweep_table(struct fk_sweep *s, const struct fk_toml_value *tab)
         } else if (!strcmp(k, "output")) {
             FK_TRY(get_str(e->value, &str));
             free(s->output);
-            s->output = xstrdup(str);
+            if (!(s->output = sweep_path(e->value, str)))
+                return fk_err(FK_ENOMEM, "out of memory");
         } else if (!strcmp(k, "jobs")) {
             FK_TRY(get_int_range(e, 1, 256, &v));
             s->jobs = (int)v;
@@ -686,10 +768,10 @@ static int load_sweep_table(struct fk_sweep *s, const struct fk_toml_value *tab)
             free(s->cost_baseline);
             s->cost_baseline = xstrdup(str);
         } else if (strcmp(k, "traces") && strcmp(k, "dictionary") && strcmp(k, "basis") &&
-                   strcmp(k, "reconstructions")) {
+                   strcmp(k, "reconstructions") && strcmp(k, "plugins")) {
             return entry_err(e, "unknown key in [sweep] (allowed: name, traces, dictionary, basis, "
                                 "output, jobs, attention, attn_stride, attn_layers, recall, "
-                                "recall_every, repeats, base_seed, cost_baseline)");
+                                "recall_every, repeats, base_seed, cost_baseline, plugins)");
         }
     }
     return FK_OK;
@@ -798,8 +880,8 @@ static int check_defaults_excludes(const struct fk_toml_value *defs,
             if (strcmp(e->key, "codec") && strcmp(e->key, "dataset") && !is_known_option(e->key))
                 return entry_err(e, "[[exclude]] keys are codec, dataset or codec options");
             int want_str = !strcmp(e->key, "codec") || !strcmp(e->key, "dataset");
-            for (int c = 0; fk_codecs[c] && !want_str; c++) {
-                const struct fk_option *o = fk_codec_option(fk_codecs[c], e->key);
+            for (int c = 0; fk_codec_at(c) && !want_str; c++) {
+                const struct fk_option *o = fk_codec_option(fk_codec_at(c), e->key);
                 want_str = o && o->type == FK_OPT_ENUM;
             }
             if (want_str && fk_toml_type(e->value) != FK_TOML_STRING)
@@ -864,6 +946,80 @@ static int identify(struct fk_sweep *s)
     return FK_OK;
 }
 
+/* A trace that a cell's buffer rule compresses no token of (T <= n_b): the cell runs, but
+ * with nothing compressed its bytes are the full cache's (bytes_ratio_full 1) and its
+ * reconstruction errors and attention metrics are means over nothing (empty in cells.csv).
+ * Said once per dataset, trace, codec and buffer rule, at load (so by --dry-run too). */
+static int warn_uncompressed(struct fk_sweep *s)
+{
+    for (int d = 0; d < s->n_datasets; d++) {
+        const struct fk_dataset *ds = &s->datasets[d];
+        for (int i = 0; i < ds->n_traces; i++) {
+            struct fk_trace *t;
+            if (fk_trace_open(ds->traces[i], &t) < 0) {
+                fk_err_clear(); /* the runner reports an unreadable trace, with its cell */
+                continue;
+            }
+            const struct fk_trace_info *in = fk_trace_get_info(t);
+            int T = in->n_tokens, P = in->prompt_len;
+            fk_trace_close(&t);
+            for (int c = 0; c < s->n_cells; c++) {
+                const struct fk_sweep_cell *cell = &s->cells[c];
+                if (cell->dataset != d)
+                    continue;
+                int done = 0, nb = 0;
+                for (int kind = 0; kind < 2; kind++) {
+                    struct fk_buffer b;
+                    fk_codec_buffer(cell->ops, cell->opts, kind, &b);
+                    struct fk_sched sc = {.n_tokens = T, .prompt_len = P, .n_b = b.n_b,
+                                          .a_len = b.a_len, .mode = b.mode};
+                    done += fk_sched_final(&sc);
+                    nb = b.n_b > nb ? b.n_b : nb;
+                }
+                if (done)
+                    continue;
+                char w[PATH_MAX + 512];
+                snprintf(w, sizeof w, "dataset '%s', trace %s: codec '%s' with n_b = %d keeps "
+                         "all T = %d tokens exact (T <= n_b), so nothing is compressed: its "
+                         "cells run, with bytes_ratio_full 1 and empty errors and attention "
+                         "metrics",
+                         ds->name, ds->traces[i], cell->ops->name, nb, T);
+                FK_TRY(add_warning(s, w));
+            }
+        }
+    }
+    return FK_OK;
+}
+
+/* [sweep] plugins = ["FILE.so", ...]: codec plugins (core/fk_codec.h), loaded before any
+ * codec is looked up (paths: sweep_path). */
+static int load_plugins(const struct fk_toml_value *sw)
+{
+    const struct fk_toml_value *pl = fk_toml_table_get(sw, "plugins");
+    if (!pl)
+        return FK_OK;
+    int one = fk_toml_type(pl) == FK_TOML_STRING;
+    if (!one && fk_toml_type(pl) != FK_TOML_ARRAY)
+        return cfg_err(pl, "plugins: expected a list of shared library files, e.g. "
+                       "[\"plugins/my_codec.so\"]%s%s", "", "");
+    size_t n = one ? 1 : fk_toml_array_len(pl);
+    for (size_t i = 0; i < n; i++) {
+        const struct fk_toml_value *v = one ? pl : fk_toml_array_at(pl, i);
+        const char *p;
+        if (fk_toml_type(v) != FK_TOML_STRING || get_str(v, &p) < 0)
+            return cfg_err(v, "plugins: expected a file name (a string)%s%s", "", "");
+        char *full = sweep_path(v, p);
+        if (!full)
+            return fk_err(FK_ENOMEM, "out of memory");
+        int rc = fk_plugin_load(full);
+        free(full);
+        if (rc < 0)
+            return fk_err_context(FK_ECONFIG, "%s:%d:%d: plugins", fk_toml_origin(v),
+                                  fk_toml_line(v), fk_toml_col(v));
+    }
+    return FK_OK;
+}
+
 static int resolve(struct fk_sweep *s, const struct fk_toml_value *root, int hash_content)
 {
     FK_TRY(check_top_keys(root));
@@ -871,6 +1027,7 @@ static int resolve(struct fk_sweep *s, const struct fk_toml_value *root, int has
     if (!sw || fk_toml_type(sw) != FK_TOML_TABLE)
         return fk_err(FK_ECONFIG, "%s: missing [sweep] table (name, traces, output, ...)",
                       s->path);
+    FK_TRY(load_plugins(sw));
     FK_TRY(load_sweep_table(s, sw));
     if (!s->output)
         return cfg_err(sw, "[sweep] needs output = \"results/NAME\"%s%s", "", "");
@@ -893,6 +1050,8 @@ static int resolve(struct fk_sweep *s, const struct fk_toml_value *root, int has
     if (s->n_cells == 0)
         return fk_err(FK_ECONFIG, "%s: no cells left to run ([[exclude]] rules drop every cell)",
                       s->path);
+    if (hash_content)
+        FK_TRY(warn_uncompressed(s));
     return identify(s);
 }
 

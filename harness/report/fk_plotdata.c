@@ -171,8 +171,8 @@ static void seq_cols(struct fk_sb *b, const double *x, int n)
 
 int fk_plot_codec_style(const char *codec)
 {
-    for (int i = 0; fk_codecs[i]; i++)
-        if (!strcmp(fk_codecs[i]->name, codec))
+    for (int i = 0; fk_codec_at(i); i++)
+        if (!strcmp(fk_codec_at(i)->name, codec))
             return i + 1 < FK_PLOT_STYLES ? i + 1 : FK_PLOT_STYLES;
     return FK_PLOT_STYLES;
 }
@@ -180,8 +180,8 @@ int fk_plot_codec_style(const char *codec)
 /* Registry position of a codec, or -1 when this build does not know it. */
 static int registry_index(const char *codec)
 {
-    for (int i = 0; fk_codecs[i]; i++)
-        if (!strcmp(fk_codecs[i]->name, codec))
+    for (int i = 0; fk_codec_at(i); i++)
+        if (!strcmp(fk_codec_at(i)->name, codec))
             return i;
     return -1;
 }
@@ -252,9 +252,9 @@ static const char *cstr(const struct store *st, const struct cell *c, const char
 
 static const struct fk_codec_ops *find_ops(const char *name)
 {
-    for (int i = 0; fk_codecs[i]; i++)
-        if (!strcmp(fk_codecs[i]->name, name))
-            return fk_codecs[i];
+    for (int i = 0; fk_codec_at(i); i++)
+        if (!strcmp(fk_codec_at(i)->name, name))
+            return fk_codec_at(i);
     return NULL;
 }
 
@@ -477,9 +477,9 @@ static struct cell *representative(struct store *st, const char *ds, const char 
 static int codecs_in(struct store *st, const char *ds, const char **out, int cap)
 {
     int n = 0;
-    for (int k = 0; fk_codecs[k]; k++)
-        if (representative(st, ds, fk_codecs[k]->name) && n < cap)
-            out[n++] = fk_codecs[k]->name;
+    for (int k = 0; fk_codec_at(k); k++)
+        if (representative(st, ds, fk_codec_at(k)->name) && n < cap)
+            out[n++] = fk_codec_at(k)->name;
     for (int i = 0; i < st->n; i++) {
         struct cell *c = &st->c[i];
         if (strcmp(c->dataset, ds) || registry_index(c->codec) >= 0)
@@ -615,11 +615,11 @@ static struct cell *diag_cell(struct store *st, const char *ds)
 {
     struct cell *best = NULL;
     int best_rank = -1;
-    for (int i = 0; fk_codecs[i]; i++) {
-        int r = diag_rank(fk_codecs[i], i);
+    for (int i = 0; fk_codec_at(i); i++) {
+        int r = diag_rank(fk_codec_at(i), i);
         if (r < 0 || (best && r >= best_rank))
             continue;
-        struct cell *c = representative(st, ds, fk_codecs[i]->name);
+        struct cell *c = representative(st, ds, fk_codec_at(i)->name);
         if (c) {
             best = c;
             best_rank = r;
@@ -1669,11 +1669,11 @@ static const char *family_style(const char *codec, int *colour, int *marker)
     *marker = 1;
     if (!fam[0])
         return "-";
-    for (int i = 0; fk_codecs[i]; i++) {
-        const char *f = fk_codec_family(fk_codecs[i]);
+    for (int i = 0; fk_codec_at(i); i++) {
+        const char *f = fk_codec_family(fk_codec_at(i));
         int seen = 0;
         for (int j = 0; j < i && !seen; j++)
-            seen = !strcmp(fk_codec_family(fk_codecs[j]), f);
+            seen = !strcmp(fk_codec_family(fk_codec_at(j)), f);
         nf += !seen;
         if (!strcmp(f, fam)) {
             if (!seen)

@@ -881,8 +881,8 @@ static const char summary_header[] =
 static int option_columns(const char **cols, int cap)
 {
     int n = 0;
-    for (int c = 0; fk_codecs[c]; c++)
-        for (const struct fk_option *o = fk_codecs[c]->options; o->name; o++) {
+    for (int c = 0; fk_codec_at(c); c++)
+        for (const struct fk_option *o = fk_codec_at(c)->options; o->name; o++) {
             int seen = 0;
             for (int j = 0; j < n; j++)
                 seen |= !strcmp(cols[j], o->name);

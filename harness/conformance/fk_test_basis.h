@@ -1,5 +1,6 @@
 /* SPDX-License-Identifier: MIT
- * A seeded random projection basis for the suites that open every codec with a struct
+ * A seeded random projection basis for the conformance suite and the unit suites that open
+ * every codec with a struct
  * fk_stream_env (FK_CAP_BASIS codecs need one): one group of all the stream's heads
  * (g = n_heads, so that pca's default rank fits small head_dims), orthonormal rows (modified
  * Gram-Schmidt in double on Gaussian vectors), a random mean, a pre-RoPE variant, and the
@@ -25,12 +26,12 @@ struct fk_test_basis {
     struct fk_rope rope;
 };
 
-/* n orthonormal rows of dim values (n <= dim) into u. */
-static inline void fk_test_orthonormal(gsl_rng *r, int n, int dim, float *u)
+/* n orthonormal rows of dim values (n <= dim) into u. Returns 0, or -1 out of memory. */
+static inline int fk_test_orthonormal(gsl_rng *r, int n, int dim, float *u)
 {
     double *w = malloc(sizeof(double) * (size_t)n * dim);
     if (!w)
-        abort();
+        return -1;
     for (int i = 0; i < n; i++) {
         double *wi = w + (size_t)i * dim;
         for (int c = 0; c < dim; c++)
@@ -52,30 +53,44 @@ static inline void fk_test_orthonormal(gsl_rng *r, int n, int dim, float *u)
         }
     }
     free(w);
+    return 0;
 }
 
-/* A basis for a stream of n_heads heads of head_dim m and T tokens. */
-static inline void fk_test_basis_init(struct fk_test_basis *t, int n_heads, int m, int T,
+static inline void fk_test_basis_free(struct fk_test_basis *t);
+
+/* A basis for a stream of n_heads heads of head_dim m and T tokens. Returns 0, or -1 out
+ * of memory (nothing left allocated). */
+static inline int fk_test_basis_init(struct fk_test_basis *t, int n_heads, int m, int T,
                                       unsigned long seed)
 {
     int dim = n_heads * m;
     gsl_rng *r = gsl_rng_alloc(gsl_rng_mt19937);
-    gsl_rng_set(r, seed);
+    if (r)
+        gsl_rng_set(r, seed);
     t->mean = malloc(sizeof(float) * (size_t)dim);
     t->pmean = malloc(sizeof(float) * (size_t)dim);
     t->vec = malloc(sizeof(float) * 2 * (size_t)dim * dim);
     t->pvec = malloc(sizeof(float) * 2 * (size_t)dim * dim);
     t->eig = malloc(sizeof(double) * (size_t)dim);
     t->pos = malloc(sizeof(int32_t) * (size_t)(T > 0 ? T : 1));
-    if (!r || !t->mean || !t->pmean || !t->vec || !t->pvec || !t->eig || !t->pos)
-        abort();
+    if (!r || !t->mean || !t->pmean || !t->vec || !t->pvec || !t->eig || !t->pos) {
+        if (r)
+            gsl_rng_free(r);
+        fk_test_basis_free(t);
+        return -1;
+    }
     for (int c = 0; c < dim; c++) {
         t->mean[c] = (float)gsl_ran_gaussian(r, 0.1);
         t->pmean[c] = (float)gsl_ran_gaussian(r, 0.1);
         t->eig[c] = 1.0 / (c + 1);
     }
     for (int v = 0; v < 4; v++)
-        fk_test_orthonormal(r, dim, dim, (v < 2 ? t->vec : t->pvec) + (size_t)(v % 2) * dim * dim);
+        if (fk_test_orthonormal(r, dim, dim, (v < 2 ? t->vec : t->pvec) +
+                                                 (size_t)(v % 2) * dim * dim) < 0) {
+            gsl_rng_free(r);
+            fk_test_basis_free(t);
+            return -1;
+        }
     for (int i = 0; i < T; i++)
         t->pos[i] = i;
     gsl_rng_free(r);
@@ -88,6 +103,7 @@ static inline void fk_test_basis_init(struct fk_test_basis *t, int n_heads, int 
     t->b.vec[1] = t->vec + (size_t)dim * dim;
     t->b.pre_rope = &t->pre;
     t->rope = (struct fk_rope){.theta = 10000, .layout = FK_ROPE_INTERLEAVED};
+    return 0;
 }
 
 /* Sets env's basis, positions and rope for a FK_CAP_BASIS codec (else leaves env alone). */
@@ -109,6 +125,9 @@ static inline void fk_test_basis_free(struct fk_test_basis *t)
     free(t->pvec);
     free(t->eig);
     free(t->pos);
+    t->mean = t->pmean = t->vec = t->pvec = NULL;
+    t->eig = NULL;
+    t->pos = NULL;
 }
 
 #endif
