@@ -181,6 +181,74 @@ START_TEST(test_compare_keeps_requested_method)
 }
 END_TEST
 
+/* --keep-best: each dictionary is the one of its epoch with the lowest held-out error. The
+ * oracle: a plain run stopped at that epoch (training is deterministic) gives the same atoms,
+ * and the reported error is the mean of the per-dictionary minima. */
+struct per_epoch {
+    double he[10][5];
+    double mean;
+};
+
+static void on_epoch(void *ctx, int layer, int kind, int epoch, double he, double te,
+                     double s)
+{
+    struct per_epoch *w = ctx;
+    (void)te, (void)s;
+    ck_assert(epoch >= 0 && epoch < 5);
+    w->he[layer * 2 + kind][epoch] = he;
+}
+
+static void on_mean(void *ctx, enum fk_train_method m, int epochs, double err, int n,
+                    double s)
+{
+    (void)m, (void)epochs, (void)n, (void)s;
+    ((struct per_epoch *)ctx)->mean = err;
+}
+
+START_TEST(test_keep_best_keeps_lowest_heldout_epoch)
+{
+    struct fk_train_dict_cfg c;
+    cfg_init(&c, "best");
+    c.o.epochs = 4;
+    c.o.keep_best = 1;
+    static struct per_epoch w;
+    struct fk_train_dict_hooks h = {.ctx = &w, .progress = on_epoch, .method_done = on_mean};
+    ck_assert_msg(fk_train_dict_run(&c, &h) == FK_OK, "%s", fk_errmsg());
+    char out[128];
+    snprintf(out, sizeof out, "%s", c.out); /* cfg_init reuses its two name buffers */
+    struct fk_dict *best;
+    ck_assert_int_eq(fk_dict_load(out, &best), FK_OK);
+    double sum = 0;
+    int not_last = 0;
+    for (int slot = 0; slot < 10; slot++) {
+        int e_min = 0;
+        for (int e = 1; e <= 4; e++)
+            if (w.he[slot][e] < w.he[slot][e_min])
+                e_min = e;
+        sum += w.he[slot][e_min];
+        not_last += e_min != 4;
+        struct fk_train_dict_cfg p;
+        cfg_init(&p, "plain");
+        p.o.epochs = e_min;
+        if (e_min == 0)
+            p.o.method = FK_TRAIN_SAMPLE; /* the initialisation alone */
+        ck_assert_int_eq(fk_train_dict_run(&p, NULL), FK_OK);
+        struct fk_dict *d;
+        ck_assert_int_eq(fk_dict_load(p.out, &d), FK_OK);
+        size_t off = (size_t)slot * 32 * 16;
+        ck_assert_msg(!memcmp(best->atoms + off, d->atoms + off, sizeof(float) * 32 * 16),
+                      "dictionary %d: not the atoms of epoch %d", slot, e_min);
+        fk_dict_free(&d);
+    }
+    fk_dict_free(&best);
+    ck_assert(fabs(w.mean - sum / 10) < 1e-12);
+    char buf[256];
+    attr(out, "selection", buf, sizeof buf);
+    ck_assert_str_eq(buf, "lowest held-out epoch");
+    ck_assert_int_gt(not_last, 0); /* the data exercise the selection */
+}
+END_TEST
+
 START_TEST(test_bad_options)
 {
     struct fk_train_dict_cfg c;
@@ -211,6 +279,7 @@ int main(void)
     tcase_add_test(tc, test_writes_dictionary_with_provenance);
     tcase_add_test(tc, test_compare_keeps_requested_method);
     tcase_add_test(tc, test_bad_options);
+    tcase_add_test(tc, test_keep_best_keeps_lowest_heldout_epoch);
     suite_add_tcase(s, tc);
     return fk_suite_run(s);
 }

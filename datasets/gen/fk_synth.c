@@ -12,6 +12,7 @@
  * Internals run in double; outputs are float.
  */
 #include "gen/fk_synth.h"
+#include "gen/fk_synth_fit.h"
 
 #include <math.h>
 #include <stddef.h>
@@ -56,7 +57,7 @@ static const struct fk_synth_knob knobs[] = {
     KD("key_decay", key_decay, 0.5, 0, 8, "key latent std ~ (j+1)^-decay"),
     KD("key_noise", key_noise, 0.15, 0, 100, "key isotropic noise std per channel"),
     KD("key_mean", key_mean, 0.5, 0, 100, "key mean norm / sqrt(d)"),
-    KD("key_freq_tilt", key_freq_tilt, 1.5, 0, 20, "key energy tilt to low-frequency pairs"),
+    KD("key_freq_tilt", key_freq_tilt, 1.5, -20, 20, "key energy tilt to low-frequency pairs"),
     KI("key_outlier_pairs", key_outlier_pairs, 2, 0, 2048, "outlier RoPE pairs per head"),
     KD("key_outlier_scale", key_outlier_scale, 6, 0, 1e4, "outlier channel magnitude"),
     KD("key_outlier_jitter", key_outlier_jitter, 0.1, 0, 10, "outlier per-token rel. std"),
@@ -815,6 +816,14 @@ int fk_synth_layer(const struct fk_synth_opts *o, int seq_index, int layer, floa
     FK_TRY(fk_synth_validate(o));
     if (layer < 0 || layer >= o->n_layers)
         return fk_err(FK_EINVAL, "synth: layer %d out of range [0, %d)", layer, o->n_layers);
+    struct fk_synth_opts lo;
+    if (o->profile) { /* this layer's fitted knobs */
+        lo = *o;
+        lo.profile = NULL;
+        FK_TRY(fk_synth_profile_apply(o->profile, layer, &lo));
+        FK_TRY(fk_synth_validate(&lo));
+        o = &lo;
+    }
     int d = o->head_dim, hd = d / 2, T = o->prefill + o->decode, nq = fk_synth_n_queries(o);
     int group = o->n_q_heads / o->n_kv_heads;
     double *cs = malloc(sizeof(double) * (size_t)T * hd);
@@ -881,6 +890,8 @@ static int put_attrs(struct fk_trace_writer *w, const struct fk_synth_opts *o, i
                              "fk_synth/v1/<purpose>/<seed>/<seq>/<layer>/<head>/<kind>"));
     snprintf(val, sizeof val, "%d", seq);
     FK_TRY(fk_trace_put_attr(w, "synth.seq_index", val));
+    if (o->profile) /* its knobs replace the synth.<knob> values above, layer by layer */
+        FK_TRY(fk_trace_put_attr(w, "synth.profile", o->profile->path));
     return FK_OK;
 }
 

@@ -19,6 +19,8 @@
 
 #include "formats/fk_trace.h"
 
+struct fk_synth_profile;
+
 struct fk_synth_opts {
     /* shape */
     int n_layers;            /* L */
@@ -65,6 +67,9 @@ struct fk_synth_opts {
     double query_recent_frac;  /* share of targets drawn from the recent window */
     int query_recent_window; /* tokens in the recent window */
     double query_noise;      /* query noise std relative to its signal rms */
+    /* per-layer knobs fitted to real traces (synth --profile, gen/fk_synth_fit.h); NULL (the
+     * default) = the knobs above for every layer */
+    const struct fk_synth_profile *profile;
 };
 
 /* Kind of a knob in the table. */

@@ -12,6 +12,7 @@
 #include "common/fk_clock.h"
 #include "common/fk_err.h"
 #include "gen/fk_synth.h"
+#include "gen/fk_synth_fit.h"
 
 static void usage(FILE *f)
 {
@@ -21,9 +22,13 @@ static void usage(FILE *f)
             "usage: fadkv-bench synth --out DIR [--sequences K] [--first-seq F]\n"
             "       [--shape llama-3.2-3b|llama-3.1-8b|qwen3-4b]\n"
             "       [--encoding float32|float16|bfloat16] [--no-queries] [--no-rope]\n"
-            "       [--KNOB VALUE ...]\n"
+            "       [--profile PROFILE.h5] [--KNOB VALUE ...]\n"
+            "   or: fadkv-bench synth --fit TRACE.h5... --out PROFILE.h5\n"
             "Writes DIR/synth-<shape>-s<seed>-<k>.h5 for k = F .. F+K-1 (defaults K = 1,\n"
             "F = 0). Calibration data: same --model-seed, another --seed or --first-seq.\n"
+            "--fit estimates the per-layer knobs of real traces into a profile; --profile\n"
+            "uses them (profile layer floor(l x L_profile / L) for output layer l; the\n"
+            "knobs it sets override the flags). See datasets/SYNTH.md, Fitted profiles.\n"
             "Knobs (default; range) -- see datasets/SYNTH.md:\n");
     int n;
     const struct fk_synth_knob *k = fk_synth_knobs(&n);
@@ -50,7 +55,58 @@ static int parse_int(const char *flag, const char *s, int lo, int *out)
     return 0;
 }
 
-int fk_cli_synth(int argc, char **argv)
+/* synth --fit TRACE... --out PROFILE.h5: prints the fitted knobs per layer. */
+static int synth_fit(int argc, char **argv)
+{
+    const char *out = NULL;
+    const char **paths = calloc((size_t)argc, sizeof *paths);
+    int n = 0;
+    if (!paths)
+        return 1;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--fit"))
+            continue;
+        if (!strcmp(argv[i], "--out") && i + 1 < argc)
+            out = argv[++i];
+        else if (!strncmp(argv[i], "--", 2)) {
+            fprintf(stderr, "fadkv-bench synth --fit: unexpected option '%s' (takes traces "
+                            "and --out PROFILE.h5)\n", argv[i]);
+            free(paths);
+            return 2;
+        } else
+            paths[n++] = argv[i];
+    }
+    if (!out || !n) {
+        fprintf(stderr, "fadkv-bench synth --fit: need traces and --out PROFILE.h5\n");
+        free(paths);
+        return 2;
+    }
+    struct fk_synth_profile *p = NULL;
+    int rc = fk_synth_fit(paths, n, &p);
+    if (!rc)
+        rc = fk_synth_profile_write(p, out);
+    free(paths);
+    if (rc) {
+        fprintf(stderr, "fadkv-bench: %s\n", fk_errmsg());
+        fk_synth_profile_free(&p);
+        return 1;
+    }
+    printf("layer");
+    for (int k = 0; k < FK_PROFILE_NKNOBS; k++)
+        printf(" %s", fk_synth_profile_knobs[k]);
+    printf("\n");
+    for (int l = 0; l < p->n_layers; l++) {
+        printf("%d", l);
+        for (int k = 0; k < FK_PROFILE_NKNOBS; k++)
+            printf(" %.4g", p->knob[(size_t)l * FK_PROFILE_NKNOBS + k]);
+        printf("\n");
+    }
+    printf("wrote %s (%d traces, %ld tokens)\n", out, p->n_traces, p->tokens);
+    fk_synth_profile_free(&p);
+    return 0;
+}
+
+static int synth_gen(int argc, char **argv, struct fk_synth_profile **pr)
 {
     struct fk_synth_opts o;
     fk_synth_defaults(&o);
@@ -94,6 +150,11 @@ int fk_cli_synth(int argc, char **argv)
             rc = parse_int(a, v, 0, &first);
         else if (!strcmp(a, "--encoding"))
             rc = fk_synth_parse_encoding(v, &o.encoding);
+        else if (!strcmp(a, "--profile")) {
+            fk_synth_profile_free(pr);
+            rc = fk_synth_profile_read(v, pr);
+            o.profile = *pr; /* freed by the caller */
+        }
         else
             rc = fk_synth_set(&o, a + 2, v);
         if (rc) {
@@ -138,4 +199,15 @@ int fk_cli_synth(int argc, char **argv)
         free(path);
     }
     return 0;
+}
+
+int fk_cli_synth(int argc, char **argv)
+{
+    for (int i = 1; i < argc; i++)
+        if (!strcmp(argv[i], "--fit"))
+            return synth_fit(argc, argv);
+    struct fk_synth_profile *pr = NULL;
+    int rc = synth_gen(argc, argv, &pr);
+    fk_synth_profile_free(&pr);
+    return rc;
 }

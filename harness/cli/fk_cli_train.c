@@ -20,11 +20,13 @@ static void usage(FILE *f)
             "usage: fadkv-bench train-dict --out DICT.h5 [--atoms N] [--sparsity s]\n"
             "       [--method bcd|lexico|sample|random] [--epochs E] [--seed S]\n"
             "       [--heldout FRAC] [--max-train n] [--lr LR] [--batch B] [--jobs J]\n"
-            "       [--compare] [--quiet] TRACE.h5...\n"
+            "       [--keep-best] [--compare] [--quiet] TRACE.h5...\n"
             "Trains one dictionary of N unit atoms per (layer, kind) on the keys and values of\n"
             "the calibration traces (never the evaluation traces), holding out every\n"
             "1/FRAC-th vector to report the held-out relative OMP error after each epoch.\n"
             "--compare trains with every method and prints held-out error and time of each.\n"
+            "--keep-best keeps each dictionary's epoch (initialisation included) with the\n"
+            "lowest held-out error instead of the last epoch.\n"
             "Defaults: N 4096, s 8, method bcd, 8 epochs, seed 1, heldout 0.1, lr 1e-3.\n");
 }
 
@@ -89,6 +91,8 @@ static int parse_one(struct fk_train_dict_cfg *c, struct progress *p, char **arg
         c->compare = 1;
     else if (!strcmp(a, "--quiet"))
         p->quiet = 1;
+    else if (!strcmp(a, "--keep-best"))
+        o->keep_best = 1;
     else if ((num || real) && v)
         num ? (void)(*num = atoi(argv[++*i])) : (void)(*real = atof(argv[++*i]));
     else if (!strcmp(a, "--out") && v)

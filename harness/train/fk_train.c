@@ -332,6 +332,14 @@ static int train_one(struct job *jb, int slot)
         jb->cb(jb->cb_ctx, layer, kind, 0, he, te, fk_wall_s() - t0);
         pthread_mutex_unlock(jb->lock);
     }
+    /* --keep-best: the dictionary of the epoch with the lowest held-out error */
+    float *best = rc == FK_OK && o->keep_best && n_ho > 0
+                      ? malloc(sizeof(float) * (size_t)N * m) : NULL;
+    double best_he = he;
+    if (rc == FK_OK && o->keep_best && n_ho > 0 && !best)
+        rc = fk_err(FK_ENOMEM, "out of memory");
+    if (best)
+        memcpy(best, D, sizeof(float) * (size_t)N * m);
     double *mom = NULL, *vel = NULL;
     long t_adam = 0;
     if (o->method == FK_TRAIN_LEXICO) {
@@ -355,7 +363,16 @@ static int train_one(struct job *jb, int slot)
             jb->cb(jb->cb_ctx, layer, kind, e, he, te, fk_wall_s() - t0);
             pthread_mutex_unlock(jb->lock);
         }
+        if (rc == FK_OK && best && he < best_he) {
+            best_he = he;
+            memcpy(best, D, sizeof(float) * (size_t)N * m);
+        }
     }
+    if (rc == FK_OK && best) {
+        memcpy(D, best, sizeof(float) * (size_t)N * m);
+        he = best_he;
+    }
+    free(best);
     jb->heldout[slot] = he;
     free(mom);
     free(vel);

@@ -30,6 +30,8 @@ struct fk_train_opts {
     double lr;                   /* lexico: Adam learning rate */
     int batch;                   /* lexico: mini-batch size */
     int jobs;                    /* dictionaries trained in parallel */
+    int keep_best;               /* 1: keep the epoch (0 = initialisation included) with
+                                    the lowest held-out error, not the last one */
 };
 
 void fk_train_defaults(struct fk_train_opts *o);

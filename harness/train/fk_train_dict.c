@@ -197,7 +197,7 @@ static int write_dict(const struct fk_train_dict_cfg *c, const struct fk_train_d
                            "epochs", eps, "seed", seed, "training_traces", tl,
                            "training_vectors", n_tr, "heldout_fraction", hl,
                            "heldout_rel_err", herr, "generator", "fadkv-bench train-dict",
-                           NULL};
+                           o->keep_best ? "selection" : NULL, "lowest held-out epoch", NULL};
     int rc = fk_dict_save(c->out, d->n_layers, d->m, o->n_atoms, atoms, attrs);
     free(tl);
     return rc;
