@@ -550,6 +550,7 @@ struct fk_llama2c_run {
     float *hb2;                       /* [hidden] w3 x */
     float *att;                       /* [seq_len] attention scores */
     float *logits;                    /* [vocab] */
+    struct fk_llama2c_tap tap;        /* optional copies of attention outputs / weights */
 };
 
 int fk_llama2c_run_create(const struct fk_llama2c_model *m, struct fk_llama2c_run **out)
@@ -681,6 +682,9 @@ int fk_llama2c_forward(struct fk_llama2c_run *r, int token, int pos, const float
             /* scores[t] = q_h . k_t / sqrt(hd) for t = 0..pos */
             cblas_sgemv(CblasRowMajor, CblasNoTrans, pos + 1, hd, scale, kl + (size_t)kvh * hd,
                         kvd, q + (size_t)h * hd, 1, 0.0f, r->att, 1);
+            if (r->tap.att_logit)
+                memcpy(r->tap.att_logit + (lo * (size_t)c->n_heads + (size_t)h) * S, r->att,
+                       (size_t)(pos + 1) * sizeof(float));
             float mx = r->att[0];
             for (int t = 1; t <= pos; t++)
                 mx = r->att[t] > mx ? r->att[t] : mx;
@@ -696,6 +700,8 @@ int fk_llama2c_forward(struct fk_llama2c_run *r, int token, int pos, const float
             cblas_sgemv(CblasRowMajor, CblasTrans, pos + 1, hd, 1.0f, vl + (size_t)kvh * hd,
                         kvd, r->att, 1, 0.0f, r->xb + (size_t)h * hd, 1);
         }
+        if (r->tap.att_out)
+            memcpy(r->tap.att_out + lo * d, r->xb, (size_t)d * sizeof(float));
         matvec(r->xb2, m->wo + lo * d * d, r->xb, d, d);
         for (int i = 0; i < d; i++)
             r->x[i] += r->xb2[i];
@@ -716,6 +722,24 @@ int fk_llama2c_forward(struct fk_llama2c_run *r, int token, int pos, const float
     if (logits)
         *logits = r->logits;
     return FK_OK;
+}
+
+float *fk_llama2c_kv_row(struct fk_llama2c_run *r, int layer, enum fk_kind kind, int pos)
+{
+    const struct fk_llama2c_config *c = &r->m->cfg;
+    if (layer < 0 || layer >= c->n_layers || pos < 0 || pos >= c->seq_len
+        || (kind != FK_KIND_K && kind != FK_KIND_V))
+        return NULL;
+    float *base = kind == FK_KIND_K ? r->kc : r->vc;
+    return base + ((size_t)layer * (size_t)c->seq_len + (size_t)pos) * (size_t)c->kv_dim;
+}
+
+void fk_llama2c_set_tap(struct fk_llama2c_run *r, const struct fk_llama2c_tap *tap)
+{
+    if (tap)
+        r->tap = *tap;
+    else
+        memset(&r->tap, 0, sizeof r->tap);
 }
 
 int fk_llama2c_gather(const struct fk_llama2c_run *r, int layer, enum fk_kind kind, int n,

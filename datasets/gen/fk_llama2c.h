@@ -87,6 +87,23 @@ int fk_llama2c_run_len(const struct fk_llama2c_run *r);
 int fk_llama2c_gather(const struct fk_llama2c_run *r, int layer, enum fk_kind kind, int n,
                       float *dst);
 
+/* The cache row of one layer at position pos ([kv_dim], head h at h * head_dim), writable:
+ * the closed loop (harness/loop) replaces a compressed token's exact row by the codec's
+ * reconstruction, which every later forward's attention then reads. NULL when layer or pos
+ * is out of range (pos < seq_len; rows at or after the tokens fed are scratch). */
+float *fk_llama2c_kv_row(struct fk_llama2c_run *r, int layer, enum fk_kind kind, int pos);
+
+/* Optional taps of a forward pass (each pointer may be NULL): att_out [L][dim] receives each
+ * layer's attention output (the heads' softmax-weighted values, before wo), att_logit
+ * [L][n_heads][seq_len] each query head's attention logits q.k / sqrt(head_dim) over
+ * positions 0..pos (entries after pos untouched). tap NULL turns them off; the struct is
+ * copied. */
+struct fk_llama2c_tap {
+    float *att_out;
+    float *att_logit;
+};
+void fk_llama2c_set_tap(struct fk_llama2c_run *r, const struct fk_llama2c_tap *tap);
+
 /* ---- sampling and generation ---- */
 struct fk_llama2c_sampling {
     double temperature;    /* 0 = greedy (argmax, lowest id on ties) */

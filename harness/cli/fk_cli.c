@@ -52,6 +52,8 @@ static const struct command commands[] = {
     {"synth", "--out DIR [...]", "write synthetic traces (--help)", fk_cli_synth},
     {"trace", "--model M --tokenizer T --prompt TEXT --steps N --out DIR",
      "decode with a llama2.c model and write its trace", fk_cli_trace},
+    {"loop", "--model M --prompt TEXT --steps N --codec NAME [...]",
+     "one codec in the loop of a llama2.c model (--help)", fk_cli_loop},
     {"train-dict", "[...]", "train per-layer dictionaries (--help)", fk_cli_train_dict},
     {"train-basis", "--out BASIS.h5 [--group g] [--max-rank k] TRACES...",
      "per-layer PCA bases for the low-rank codecs (--help)", fk_cli_train_basis},

@@ -19,6 +19,7 @@ int fk_cli_codecs(int argc, char **argv);
 int fk_cli_info(int argc, char **argv);
 int fk_cli_synth(int argc, char **argv);
 int fk_cli_trace(int argc, char **argv);
+int fk_cli_loop(int argc, char **argv);
 int fk_cli_train_dict(int argc, char **argv);
 int fk_cli_train_basis(int argc, char **argv);
 int fk_cli_bench_omp(int argc, char **argv);
