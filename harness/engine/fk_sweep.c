@@ -210,12 +210,17 @@ static int expand_traces(const struct fk_toml_value *arr, struct fk_dataset *ds)
 }
 
 static int load_dataset(const struct fk_toml_value *tab, const char *name, int is_sweep,
-                        struct fk_dataset *ds)
+                        const char *output, struct fk_dataset *ds)
 {
     ds->name = xstrdup(name);
     for (size_t i = 0; i < fk_toml_table_len(tab); i++) {
         const struct fk_toml_entry *e = fk_toml_table_at(tab, i);
-        if (!strcmp(e->key, "traces")) {
+        int model_key = 0;
+        if (!is_sweep)
+            FK_TRY(fk_sweep_model_key(e, ds, &model_key));
+        if (model_key) {
+            continue;
+        } else if (!strcmp(e->key, "traces")) {
             FK_TRY(expand_traces(e->value, ds));
         } else if (!strcmp(e->key, "dictionary")) {
             const char *p;
@@ -240,9 +245,12 @@ static int load_dataset(const struct fk_toml_value *tab, const char *name, int i
             ds->defaults = e->value;
         } else if (!is_sweep && strcmp(e->key, "name")) {
             return entry_err(e, "unknown key in [[dataset]] (allowed: name, traces, dictionary, "
-                                "basis, reconstructions, defaults)");
+                                "basis, reconstructions, defaults; model, tokenizer, prompts, "
+                                "steps)");
         }
     }
+    if (!is_sweep)
+        FK_TRY(fk_sweep_model_finish(tab, output, ds));
     if (ds->n_traces == 0)
         return cfg_err(tab, "dataset '%s' has no traces (set traces = [\"...\"])%s", name, "");
     qsort(ds->traces, (size_t)ds->n_traces, sizeof(char *), cmp_str);
@@ -276,10 +284,12 @@ static int hash_dataset(struct fk_dataset *ds)
     struct fk_sha256_ctx c;
     fk_sha256_init(&c);
     char hex[65];
-    for (int i = 0; i < ds->n_traces; i++) {
+    for (int i = 0; !ds->model && i < ds->n_traces; i++) {
         FK_TRY(fk_sha256_file(ds->traces[i], hex));
         fk_sha256_update(&c, hex, 64);
     }
+    if (ds->model) /* its traces are written later, from what this hashes */
+        FK_TRY(fk_sweep_model_hash(ds, &c));
     if (ds->dict) {
         FK_TRY(fk_sha256_file(ds->dict, hex));
         fk_sha256_update(&c, hex, 64);
@@ -716,6 +726,7 @@ void fk_sweep_free(struct fk_sweep **sp)
         free(ds->recon);
         free(ds->recon_dir);
         free(ds->content_hash);
+        fk_sweep_model_free(ds);
     }
     for (int c = 0; c < s->n_cells; c++) {
         free(s->cells[c].opts);
@@ -762,7 +773,7 @@ static int load_datasets(struct fk_sweep *s, const struct fk_toml_value *root,
     if (!s->datasets)
         return fk_err(FK_ENOMEM, "out of memory");
     if (fk_toml_table_get(sw, "traces"))
-        FK_TRY(load_dataset(sw, "default", 1, &s->datasets[s->n_datasets++]));
+        FK_TRY(load_dataset(sw, "default", 1, s->output, &s->datasets[s->n_datasets++]));
     for (size_t i = 0; i < fk_toml_array_len(dsa); i++) {
         const struct fk_toml_value *t = fk_toml_array_at(dsa, i);
         const struct fk_toml_value *nm = fk_toml_table_get(t, "name");
@@ -773,7 +784,7 @@ static int load_datasets(struct fk_sweep *s, const struct fk_toml_value *root,
         for (int d = 0; d < s->n_datasets; d++)
             if (!strcmp(s->datasets[d].name, name))
                 return cfg_err(nm, "dataset name '%s' is used twice%s", name, "");
-        FK_TRY(load_dataset(t, name, 0, &s->datasets[s->n_datasets++]));
+        FK_TRY(load_dataset(t, name, 0, s->output, &s->datasets[s->n_datasets++]));
     }
     if (hash_content)
         for (int d = 0; d < s->n_datasets; d++)

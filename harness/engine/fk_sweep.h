@@ -29,7 +29,27 @@ struct fk_dataset {
     char **recon;                /* [n_traces] those paths (recon_dir set), else NULL */
     char *content_hash;          /* sha256 over the traces', dictionary's and basis's hashes */
     const struct fk_toml_value *defaults; /* dataset's option defaults (resolution only) */
+    /* A model dataset (closed loop, harness/loop): a llama2.c checkpoint instead of traces;
+     * traces[i] is then where the runner writes prompt i's exact decode
+     * (<output>/loop-traces/<name>-<iiii>.h5), and content_hash covers the model, tokenizer,
+     * prompts and steps instead of those files. */
+    char *model, *tokenizer;     /* checkpoint and tokenizer paths, or NULL */
+    int n_prompts, steps;        /* prompts, decode positions per prompt */
+    char **prompt_text;          /* [n_prompts] a text, or NULL for a token-id prompt */
+    int32_t **prompt_ids;        /* [n_prompts] its ids (token-id prompts) */
+    int *prompt_n;               /* [n_prompts] their count */
 };
+
+/* Model-dataset keys (fk_sweep_model.c): model, tokenizer, prompts, steps of one [[dataset]]
+ * entry (*handled 0 for any other key); finish checks them and names the traces; hash adds
+ * them to the content hash. */
+struct fk_toml_entry;
+struct fk_sha256_ctx;
+int fk_sweep_model_key(const struct fk_toml_entry *e, struct fk_dataset *ds, int *handled);
+int fk_sweep_model_finish(const struct fk_toml_value *tab, const char *output,
+                          struct fk_dataset *ds);
+int fk_sweep_model_hash(const struct fk_dataset *ds, struct fk_sha256_ctx *c);
+void fk_sweep_model_free(struct fk_dataset *ds);
 
 struct fk_sweep_cell {
     char id[17];                 /* 16 hex digits of the cell hash */

@@ -468,10 +468,10 @@ static void summarise(struct fk_loop_result *r, const struct fk_loop_ref *ref, d
     } else {
         r->nll_exact_mean = r->nll_codec_mean = r->ppl_ratio = NAN;
     }
-    int H = ref->n_heads;
+    double n = (double)r->attn_steps * ref->n_heads;
     for (int l = 0; l < r->n_layers; l++) {
-        r->attn_cos[l] = cs ? cs[l] / ((double)S * H) : NAN;
-        r->attn_kl[l] = ks ? ks[l] / ((double)S * H) : NAN;
+        r->attn_cos[l] = cs && n > 0 ? cs[l] / n : NAN;
+        r->attn_kl[l] = ks && n > 0 ? ks[l] / n : NAN;
     }
 }
 
@@ -525,8 +525,11 @@ static int loop_decode(struct loop *lp, const struct fk_loop_ref *ref, enum fk_l
         } else {
             r->nll_exact[j] = r->nll_codec[j] = NAN;
         }
-        if (cs)
+        if (cs && (lp->n_comp[0] > 0 || lp->n_comp[1] > 0)) { /* as replay: steps with
+                                                               * something compressed */
             attn_step(ref, j, c->head_dim, tap_out, tap_logit, c->seq_len, cs, ks);
+            r->attn_steps++;
+        }
         fed = r->tokens[j];
         keep_rows(lp, t);
         for (int k = 0; k < 2; k++) {
@@ -593,5 +596,80 @@ int fk_loop_run(const struct fk_llama2c_model *m, const struct fk_loop_ref *ref,
     loop_free(&lp);
     if (rc < 0)
         fk_loop_result_free(out);
+    return rc;
+}
+
+/* ---------------------------------------------------------------- model datasets ---- */
+
+void fk_loop_set_free(struct fk_loop_set **sp)
+{
+    struct fk_loop_set *s = sp ? *sp : NULL;
+    if (!s)
+        return;
+    for (int i = 0; s->refs && i < s->n; i++)
+        fk_loop_ref_free(&s->refs[i]);
+    free(s->refs);
+    fk_llama2c_tokenizer_free(&s->tok);
+    fk_llama2c_model_free(&s->m);
+    free(s);
+    *sp = NULL;
+}
+
+int fk_loop_set_open(const char *model, const char *tokenizer, const struct fk_loop_prompt *p,
+                     int n, int steps, struct fk_loop_set **out)
+{
+    *out = NULL;
+    struct fk_loop_set *s = calloc(1, sizeof *s);
+    if (!s || !(s->refs = calloc((size_t)(n > 0 ? n : 1), sizeof *s->refs))) {
+        free(s);
+        return fk_err(FK_ENOMEM, "out of memory");
+    }
+    s->n = n;
+    int rc = fk_llama2c_model_load(model, &s->m);
+    if (rc == FK_OK && tokenizer)
+        rc = fk_llama2c_tokenizer_load(tokenizer, fk_llama2c_model_config(s->m)->vocab_size,
+                                       &s->tok);
+    for (int i = 0; rc == FK_OK && i < n; i++) {
+        int32_t *ids = NULL;
+        int n_ids = p[i].n_ids;
+        if (p[i].text && !s->tok)
+            rc = fk_err(FK_ECONFIG, "model %s: prompt %d is a text but no tokenizer is named "
+                        "(give tokenizer, or the prompt's token ids)", model, i);
+        else if (p[i].text)
+            rc = fk_llama2c_encode(s->tok, p[i].text, 1, &ids, &n_ids);
+        if (rc == FK_OK)
+            rc = fk_loop_ref_build(s->m, p[i].text ? ids : p[i].ids, n_ids, NULL, 0, steps, 1,
+                                   &s->refs[i]);
+        if (rc < 0)
+            rc = fk_err_context(rc, "prompt %d", i);
+        free(ids);
+    }
+    if (rc < 0) {
+        fk_loop_set_free(&s);
+        return rc;
+    }
+    *out = s;
+    return FK_OK;
+}
+
+int fk_loop_set_write_trace(const struct fk_loop_set *s, int i, const char *path,
+                            const char *model_id)
+{
+    const struct fk_loop_ref *ref = &s->refs[i];
+    int T = ref->prompt_len + ref->n_steps;
+    struct fk_llama2c_run *run = NULL;
+    FK_TRY(fk_llama2c_run_create(s->m, &run));
+    int rc = FK_OK;
+    for (int t = 0; t < T && rc == FK_OK; t++)
+        rc = fk_llama2c_forward(run, ref->ids[t], t, NULL);
+    struct fk_llama2c_gen g = {.ids = ref->ids, .n_tokens = T, .prompt_len = ref->prompt_len,
+                               .text = "", .text_len = 0};
+    const struct fk_llama2c_sampling greedy = {0.0, 1.0, 0, 1};
+    struct fk_llama2c_trace_meta meta = {.model_id = model_id, .prompt = "",
+                                         .sampling = &greedy,
+                                         .generator = "fadkv-bench closed loop"};
+    if (rc == FK_OK)
+        rc = fk_llama2c_write_trace(run, &g, path, FK_ENC_F32, &meta);
+    fk_llama2c_run_free(&run);
     return rc;
 }

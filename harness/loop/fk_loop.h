@@ -85,8 +85,10 @@ struct fk_loop_result {
                                   * greedy id (teacher: first step with top1 = 0); -1: none */
     /* per layer, teacher-forced with reference taps (NaN otherwise): means over steps and
      * query heads of cos(o_exact, o_codec) of the attention outputs and of KL(a_exact ||
-     * a_codec) of the attention weights, both runs fed the same ids */
+     * a_codec) of the attention weights, both runs fed the same ids; as replay's attention
+     * metrics, over the steps that see a compressed row (NaN when none does) */
     double *attn_cos, *attn_kl;  /* [L] */
+    int attn_steps;              /* steps those means are over */
     float *logits;               /* [S][V] the codec run's logits (keep_logits), or NULL */
     double t_forward, t_codec;   /* thread CPU seconds in the forward pass / in the codec */
     /* summaries */
@@ -103,6 +105,34 @@ int fk_loop_run(const struct fk_llama2c_model *m, const struct fk_loop_ref *ref,
                 const struct fk_loop_codec *c, enum fk_loop_mode mode, int keep_logits,
                 struct fk_loop_result *out);
 void fk_loop_result_free(struct fk_loop_result *r);
+
+/* ---- a sweep's model dataset ---- */
+
+/* One prompt: a text (BPE with BOS through the tokenizer) or token ids as given. */
+struct fk_loop_prompt {
+    const char *text;            /* NULL: ids */
+    const int32_t *ids;
+    int n_ids;
+};
+
+/* The model, its tokenizer and the exact decode of every prompt of a dataset. */
+struct fk_loop_set {
+    struct fk_llama2c_model *m;
+    struct fk_llama2c_tokenizer *tok; /* NULL when no tokenizer is named */
+    int n;                       /* prompts */
+    struct fk_loop_ref *refs;    /* [n] exact greedy decodes, with attention taps */
+};
+
+/* Loads model (and tokenizer, nullable unless a prompt is a text) and decodes each prompt
+ * exactly for steps positions. Messages name the model and the prompt's index. */
+int fk_loop_set_open(const char *model, const char *tokenizer, const struct fk_loop_prompt *p,
+                     int n, int steps, struct fk_loop_set **out);
+void fk_loop_set_free(struct fk_loop_set **s);
+/* Writes prompt i's exact decode (T = P + S tokens, post-RoPE keys, values and queries of
+ * every token, float32) as a fadkv-trace at path (atomically, fk_trace_create's rename):
+ * what replay reads for the open-loop numbers of the same decode. model_id names it. */
+int fk_loop_set_write_trace(const struct fk_loop_set *s, int i, const char *path,
+                            const char *model_id);
 
 /* KL(softmax(p) || softmax(q)) of two logit vectors [n], in double, nats. */
 double fk_loop_kl(const float *p, const float *q, int n);

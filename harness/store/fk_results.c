@@ -19,6 +19,7 @@
 #include "formats/fk_h5.h"
 #include "common/fk_sha256.h"
 #include "common/fk_str.h"
+#include "store/fk_results_loop.h"
 
 /* ---- text helpers ------------------------------------------------------------------ */
 
@@ -537,6 +538,8 @@ static int write_h5(const char *path, const struct fk_cell_meta *m,
         snprintf(g, sizeof g, "T%02d", t);
         hid_t gt = H5Gcreate2(f, g, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
         rc = fk_h5_put_str(gt, "trace", m->traces[t]);
+        if (!rc)
+            rc = fk_results_loop_h5(gt, m->loop, t);
         for (int l = 0; !rc && l < r->n_layers; l++) {
             char gl[32];
             snprintf(gl, sizeof gl, "L%02d", l);
@@ -619,6 +622,8 @@ static int summary_rows(const struct fk_cell_meta *m, const struct fk_cell_resul
                 const struct fk_stream_result *s =
                     &r->streams[((size_t)t * r->n_layers + l) * 2 + k];
                 const struct fk_attn_acc *a = &r->attn[(size_t)t * r->n_layers + l];
+                double lv[2]; /* closed loop: loop_attn_cos, loop_attn_kl */
+                fk_results_loop_layer(m->loop, t, l, lv);
                 fk_sb_printf(b, "%s,%s,", m->id, m->ops->name);
                 fk_csv_field(b, base_name(m->traces[t]));
                 fk_sb_printf(b, ",%d,%s,%ld,%ld,", l, k ? "V" : "K", s->n_vectors, s->n_zero);
@@ -636,7 +641,7 @@ static int summary_rows(const struct fk_cell_meta *m, const struct fk_cell_resul
                     s->support_agree, s->err_ratio,
                     s->st.bytes_codes + s->bytes_buf + s->st.bytes_dict_seq, s->bytes_full,
                     (double)s->st.appends, (double)s->st.replacements, (double)s->st.adapt_failed,
-                    s->cpu_s, s->st.macs,
+                    s->cpu_s, s->st.macs, lv[0], lv[1],
                 };
                 for (size_t i = 0; i < sizeof v / sizeof v[0]; i++) {
                     sb_num(b, v[i]);
@@ -677,6 +682,7 @@ static int meta_text(const struct fk_cell_meta *m, const struct fk_cell_result *
 #define X(name) fk_sb_printf(mb, #name "\t%.9g\n", (double)h.name);
     H_ITEMS(X)
 #undef X
+    fk_results_loop_meta(mb, m->loop);
     fk_sb_printf(mb, "top1_overlap\t%.9g\ntop8_overlap\t%.9g\ntop32_overlap\t%.9g\n", h.top[0],
               h.top[1], h.top[2]);
     for (int q = 0; q < FK_RECALL_NS; q++)
@@ -870,7 +876,7 @@ static const char summary_header[] =
     "rel_err_final_mean,energy_ratio,nnz_mean,attn_cos,attn_kl,top1_overlap,top8_overlap,"
     "top32_overlap,attn_relerr,attn_mass,dict_size_norm_final,inactive_after_prefill,gini,"
     "adapted_share,pool_recall_256,support_agree,err_ratio,bytes,bytes_full,appends,"
-    "replacements,adapt_failed,cpu_s,macs\n";
+    "replacements,adapt_failed,cpu_s,macs,loop_attn_cos,loop_attn_kl\n";
 
 /* The union of the option columns of every registered codec, in registry order. */
 static int option_columns(const char **cols, int cap)
@@ -895,6 +901,8 @@ static void cells_header(struct fk_sb *b, const char *const *opt_cols, int n_opt
     fk_sb_printf(b, ",n_traces,traces,dictionary,basis,seed,attn_stride");
     for (int j = 0; cell_metrics[j]; j++)
         fk_sb_printf(b, ",%s", cell_metrics[j]);
+    for (int j = 0; fk_loop_metric_names[j]; j++)
+        fk_sb_printf(b, ",%s", fk_loop_metric_names[j]);
     fk_sb_printf(b, ",bytes_ratio_full,cost_mac_rel,cpu_time_rel,error\n");
 }
 
@@ -939,6 +947,10 @@ static void cells_row(struct fk_sb *b, const struct kv *m, const char *const *op
     for (int j = 0; cell_metrics[j]; j++) {
         fk_sb_printf(b, ",");
         sb_num(b, kv_num(m, cell_metrics[j]));
+    }
+    for (int j = 0; fk_loop_metric_names[j]; j++) {
+        fk_sb_printf(b, ",");
+        sb_num(b, kv_num(m, fk_loop_metric_names[j]));
     }
     /* bytes per token: per sequence bytes over the mean trace length */
     double full = kv_num(m, "bytes_full_per_seq"), seq = kv_num(m, "bytes_per_seq");
