@@ -622,7 +622,7 @@ static int summary_rows(const struct fk_cell_meta *m, const struct fk_cell_resul
                 const struct fk_stream_result *s =
                     &r->streams[((size_t)t * r->n_layers + l) * 2 + k];
                 const struct fk_attn_acc *a = &r->attn[(size_t)t * r->n_layers + l];
-                double lv[2]; /* closed loop: loop_attn_cos, loop_attn_kl */
+                double lv[5]; /* closed loop (fk_results_loop_layer) */
                 fk_results_loop_layer(m->loop, t, l, lv);
                 fk_sb_printf(b, "%s,%s,", m->id, m->ops->name);
                 fk_csv_field(b, base_name(m->traces[t]));
@@ -641,7 +641,7 @@ static int summary_rows(const struct fk_cell_meta *m, const struct fk_cell_resul
                     s->support_agree, s->err_ratio,
                     s->st.bytes_codes + s->bytes_buf + s->st.bytes_dict_seq, s->bytes_full,
                     (double)s->st.appends, (double)s->st.replacements, (double)s->st.adapt_failed,
-                    s->cpu_s, s->st.macs, lv[0], lv[1],
+                    s->cpu_s, s->st.macs, lv[0], lv[1], lv[2], lv[3], lv[4],
                 };
                 for (size_t i = 0; i < sizeof v / sizeof v[0]; i++) {
                     sb_num(b, v[i]);
@@ -876,7 +876,7 @@ static const char summary_header[] =
     "rel_err_final_mean,energy_ratio,nnz_mean,attn_cos,attn_kl,top1_overlap,top8_overlap,"
     "top32_overlap,attn_relerr,attn_mass,dict_size_norm_final,inactive_after_prefill,gini,"
     "adapted_share,pool_recall_256,support_agree,err_ratio,bytes,bytes_full,appends,"
-    "replacements,adapt_failed,cpu_s,macs,loop_attn_cos,loop_attn_kl\n";
+    "replacements,adapt_failed,cpu_s,macs,loop_attn_cos,loop_attn_kl,e2e_kl,e2e_top1,e2e_nll_diff\n";
 
 /* The union of the option columns of every registered codec, in registry order. */
 static int option_columns(const char **cols, int cap)

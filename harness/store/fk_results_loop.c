@@ -85,9 +85,21 @@ int fk_results_loop_h5(int64_t trace_group, const struct fk_cell_loop *L, int p)
     return rc;
 }
 
-void fk_results_loop_layer(const struct fk_cell_loop *L, int p, int l, double v[2])
+void fk_results_loop_layer(const struct fk_cell_loop *L, int p, int l, double v[5])
 {
-    int ok = L && p < L->n_prompts && l < L->n_layers;
-    v[0] = ok ? L->attn_cos[(size_t)p * L->n_layers + l] : NAN;
-    v[1] = ok ? L->attn_kl[(size_t)p * L->n_layers + l] : NAN;
+    for (int i = 0; i < 5; i++)
+        v[i] = NAN;
+    if (!L || p >= L->n_prompts || l >= L->n_layers || L->n_steps < 1)
+        return;
+    v[0] = L->attn_cos[(size_t)p * L->n_layers + l];
+    v[1] = L->attn_kl[(size_t)p * L->n_layers + l];
+    double kl = 0, top = 0, d = 0;
+    for (size_t j = (size_t)p * L->n_steps; j < (size_t)(p + 1) * L->n_steps; j++) {
+        kl += L->kl[j];
+        top += L->top1[j];
+        d += L->nll_codec[j] - L->nll_exact[j];
+    }
+    v[2] = kl / L->n_steps;
+    v[3] = top / L->n_steps;
+    v[4] = d / L->n_steps;
 }

@@ -17,7 +17,8 @@ void fk_results_loop_meta(struct fk_sb *b, const struct fk_cell_loop *L);
 /* Writes prompt p's series into group loop of the cell HDF5's trace group (nothing when L
  * is NULL). */
 int fk_results_loop_h5(int64_t trace_group, const struct fk_cell_loop *L, int p);
-/* summary.csv's loop_attn_cos and loop_attn_kl of prompt p, layer l (NaN without L). */
-void fk_results_loop_layer(const struct fk_cell_loop *L, int p, int l, double v[2]);
+/* summary.csv's closed-loop columns of prompt p, layer l (NaN without L): loop_attn_cos,
+ * loop_attn_kl (this layer), e2e_kl, e2e_top1, e2e_nll_diff (this prompt's means). */
+void fk_results_loop_layer(const struct fk_cell_loop *L, int p, int l, double v[5]);
 
 #endif
