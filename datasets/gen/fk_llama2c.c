@@ -38,7 +38,14 @@ struct fk_llama2c_model {
     const float *w3;              /* [L, hidden, dim] */
     const float *rms_final;       /* [dim] */
     const float *wcls;            /* [vocab, dim] (= emb when shared) */
+    const float *freq_re, *freq_im; /* [seq_len, head_dim/2] the file's RoPE tables */
+    int rope_default;             /* 1: the tables are theta 10000's (ROPE_DEFAULT_TOL) */
 };
+
+/* A checkpoint's RoPE tables within this of cos/sin(pos 10000^(-2i/d)) are the default ones
+ * (exporters compute the angles in float32: the shipped models' tables are up to 2.9e-5 off
+ * at 512 positions); the runner then uses those values in double, as before it read them. */
+#define ROPE_DEFAULT_TOL 1e-3
 
 static int read_i32le(const unsigned char *p)
 {
@@ -123,7 +130,10 @@ static void map_weights(struct fk_llama2c_model *m)
     p += L * hid * d;
     m->rms_final = p;
     p += d;
-    p += 2 * (size_t)c->seq_len * (size_t)(c->head_dim / 2); /* freq_cis: recomputed */
+    m->freq_re = p;
+    p += (size_t)c->seq_len * (size_t)(c->head_dim / 2);
+    m->freq_im = p;
+    p += (size_t)c->seq_len * (size_t)(c->head_dim / 2);
     m->wcls = c->shared_classifier ? m->emb : p;
 }
 
@@ -193,9 +203,23 @@ int fk_llama2c_model_load(const char *path, struct fk_llama2c_model **out)
         }
     }
     map_weights(m);
+    m->rope_default = 1;
+    int half = cfg.head_dim / 2;
+    for (int p = 0; p < cfg.seq_len && m->rope_default; p++)
+        for (int i = 0; i < half; i++) {
+            double ang = (double)p * pow(ROPE_THETA, -(2.0 * i) / cfg.head_dim);
+            size_t k = (size_t)p * half + i;
+            if (fabs(m->freq_re[k] - cos(ang)) > ROPE_DEFAULT_TOL
+                || fabs(m->freq_im[k] - sin(ang)) > ROPE_DEFAULT_TOL) {
+                m->rope_default = 0;
+                break;
+            }
+        }
     *out = m;
     return FK_OK;
 }
+
+int fk_llama2c_model_rope_default(const struct fk_llama2c_model *m) { return m->rope_default; }
 
 void fk_llama2c_model_free(struct fk_llama2c_model **m)
 {
@@ -583,8 +607,9 @@ int fk_llama2c_run_create(const struct fk_llama2c_model *m, struct fk_llama2c_ru
         for (size_t i = 0; i < half; i++) {
             double freq = pow(ROPE_THETA, -(2.0 * (double)i) / (double)c->head_dim);
             double ang = (double)p * freq;
-            r->rope_cos[p * half + i] = cos(ang);
-            r->rope_sin[p * half + i] = sin(ang);
+            /* the checkpoint's own tables unless they are the default ones */
+            r->rope_cos[p * half + i] = m->rope_default ? cos(ang) : m->freq_re[p * half + i];
+            r->rope_sin[p * half + i] = m->rope_default ? sin(ang) : m->freq_im[p * half + i];
         }
     }
     *out = r;
@@ -840,9 +865,10 @@ int fk_llama2c_write_trace(const struct fk_llama2c_run *r, const struct fk_llama
     info.n_tokens = T;
     info.prompt_len = g->prompt_len;
     info.keys_post_rope = 1;
-    info.rope_theta = ROPE_THETA;
-    /* rope(): pairs (2i, 2i+1), f_i = theta^(-2i/d), no scaling */
-    info.has_rope = 1;
+    info.rope_theta = r->m->rope_default ? ROPE_THETA : 0.0;
+    /* rope(): pairs (2i, 2i+1), f_i = theta^(-2i/d), no scaling; other tables (another
+     * base, a scaling) are not described by a theta: the trace leaves its RoPE out */
+    info.has_rope = r->m->rope_default;
     info.rope = (struct fk_rope){.theta = ROPE_THETA, .layout = FK_ROPE_INTERLEAVED,
                                  .type = FK_ROPE_DEFAULT};
     info.has_queries = 1;

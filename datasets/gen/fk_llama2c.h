@@ -40,6 +40,11 @@ int fk_llama2c_model_load(const char *path, struct fk_llama2c_model **out);
 void fk_llama2c_model_free(struct fk_llama2c_model **m);
 const struct fk_llama2c_config *fk_llama2c_model_config(const struct fk_llama2c_model *m);
 const char *fk_llama2c_model_path(const struct fk_llama2c_model *m);
+/* The forward pass rotates by the checkpoint's freq_cis tables (any RoPE base or scaling
+ * baked into them); 1 when they are the default theta 10000 tables to 1e-3, which it then
+ * evaluates in double (bit-identical to a runner that ignores the tables). Traces of a
+ * model with other tables carry no RoPE description (has_rope 0). */
+int fk_llama2c_model_rope_default(const struct fk_llama2c_model *m);
 
 /* ---- tokenizer ---- */
 struct fk_llama2c_tokenizer;
@@ -153,7 +158,8 @@ struct fk_llama2c_trace_meta {
 };
 
 /* Writes the run's first g->n_tokens positions as a fadkv-trace file (source "llama2c",
- * post-RoPE keys, rope_theta 10000, queries for every token). */
+ * post-RoPE keys, rope_theta 10000 unless the checkpoint's RoPE tables are other ones,
+ * queries for every token). */
 int fk_llama2c_write_trace(const struct fk_llama2c_run *r, const struct fk_llama2c_gen *g,
                            const char *path, enum fk_encoding enc,
                            const struct fk_llama2c_trace_meta *meta);

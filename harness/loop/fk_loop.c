@@ -306,7 +306,8 @@ static int loop_open(struct loop *lp, const struct fk_loop_codec *c)
                 .layer = l, .kind = k, .head_dim = lp->m_dim, .n_heads = lp->H,
                 .n_tokens = lp->T, .base = (ops->caps & FK_CAP_DICT) ? b : NULL,
                 .basis = c->basis ? fk_basis_get(c->basis, l, k) : NULL,
-                .positions = lp->positions, .rope = &lp->rope};
+                .positions = lp->positions,
+                .rope = fk_llama2c_model_rope_default(lp->m) ? &lp->rope : NULL};
             int rc = ops->open(c->opts, &env, &lp->st[l * 2 + k]);
             if (rc < 0)
                 return fk_err_context(rc, "model %s: layer %d %s: opening codec %s", path, l,
