@@ -221,6 +221,12 @@ int fk_llama2c_model_load(const char *path, struct fk_llama2c_model **out)
 
 int fk_llama2c_model_rope_default(const struct fk_llama2c_model *m) { return m->rope_default; }
 
+const float *fk_llama2c_model_floats(const struct fk_llama2c_model *m, size_t *n)
+{
+    *n = m->n_floats;
+    return m->data;
+}
+
 void fk_llama2c_model_free(struct fk_llama2c_model **m)
 {
     if (!m || !*m)

@@ -45,6 +45,8 @@ const char *fk_llama2c_model_path(const struct fk_llama2c_model *m);
  * evaluates in double (bit-identical to a runner that ignores the tables). Traces of a
  * model with other tables carry no RoPE description (has_rope 0). */
 int fk_llama2c_model_rope_default(const struct fk_llama2c_model *m);
+/* Every float of the checkpoint after its header (*n of them): benchmarks read them. */
+const float *fk_llama2c_model_floats(const struct fk_llama2c_model *m, size_t *n);
 
 /* ---- tokenizer ---- */
 struct fk_llama2c_tokenizer;

@@ -72,6 +72,8 @@ static const struct command commands[] = {
 static const struct command bench_commands[] = {
     {"omp", "[...]", "OMP kernel benchmark", fk_cli_bench_omp},
     {"replay", "[...]", "replay benchmark vs reference", fk_cli_bench_replay},
+    {"loop", "--model M.bin [--make-model] [...]",
+     "closed loop: exact tokens/s vs the bandwidth floor, codec overheads", fk_cli_bench_loop},
     {NULL, NULL, NULL, NULL},
 };
 
