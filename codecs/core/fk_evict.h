@@ -100,9 +100,10 @@ struct fk_evict_ops {
      * reads, for a prompt of P tokens (P: all of them). */
     int (*prefill_queries)(const void *opts, int prompt_len);
     int (*open)(const void *opts, const struct fk_evict_env *env, void **state);
-    /* Once, after the prefill's attention (contract item 2). */
+    /* Once, after the prefill's attention (contract item 2). NULL: keeps the prefill. */
     int (*prefill)(void *state, const struct fk_evict_view *view);
-    /* Every decode token, before its attention (contract item 3). */
+    /* Every decode token, before its attention (contract item 3). NULL: keeps every
+     * decode token (a prefill-only policy). */
     int (*decode)(void *state, const struct fk_evict_view *view);
     void (*close)(void *state);  /* accepts NULL and half-opened states */
 };
