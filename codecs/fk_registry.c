@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "core/fk_codec.h"
+#include "core/fk_evict.h"
 #include "fk_registry_list.h"
 
 const struct fk_codec_ops *fk_codec_find(const char *name)
@@ -22,4 +23,12 @@ const char *fk_codec_family(const struct fk_codec_ops *ops)
         if (fk_codecs[i] == ops)
             return fk_codec_families[i];
     return "";
+}
+
+const struct fk_evict_ops *fk_evict_find(const char *name)
+{
+    for (int i = 0; fk_evict_policies[i]; i++)
+        if (!strcmp(fk_evict_policies[i]->name, name))
+            return fk_evict_policies[i];
+    return NULL;
 }
