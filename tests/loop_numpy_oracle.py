@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 # SPDX-License-Identifier: MIT
-"""Independent float64 NumPy closed loop for `fadkv-bench loop` with the `uniform` codec.
+"""Independent float64 NumPy closed loop for `fadkv-bench loop` with the `uniform` codec and
+the `streaming` eviction policy.
 
 Written from the protocol text (core/fk_codec.h, enum fk_buf_mode SLIDE; spec algorithms.md
 section 4), not from harness/loop: the llama2.c forward pass of tests/llama2c_numpy_oracle.py
@@ -27,10 +28,14 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 SKIP = 77
 TOL = 1e-4
-CASES = [  # (model, prompt, steps, bits, n_b, a_len)
+CASES = [  # (model, prompt, steps, bits, n_b, a_len[, (sinks, recent)])
     ("fortune-byte-4L", "The meaning of life ", 60, 3, 8, 2),
     ("fortune-byte-4L", "You will be", 50, 2, 0, 1),
     ("fortune-hd128", "Never trust a computer", 50, 3, 6, 3),   # head_dim 128, GQA 3
+    # the streaming eviction policy over the exact cache (codec full, every row handed over):
+    # decode position t attends to tokens [0, sinks) and [t+1-recent, t] only
+    ("fortune-byte-4L", "Never trust a computer", 50, None, 0, 1, (4, 12)),
+    ("fortune-hd128", "You will be", 40, 3, 4, 1, (2, 20)),     # uniform + streaming
 ]
 
 try:
@@ -42,9 +47,10 @@ except ImportError as e:  # pragma: no cover
     sys.exit(SKIP)
 
 
-def decode(cfg, w, ids, P, S, bits=None, n_b=0, a_len=1):
+def decode(cfg, w, ids, P, S, bits=None, n_b=0, a_len=1, window=None):
     """Feeds ids[0 .. P+S-1] (ids grows with the argmax when shorter: greedy); returns the
-    logits of positions P .. P+S-1. bits: None = exact cache, else the uniform codec."""
+    logits of positions P .. P+S-1. bits: None = exact cache, else the uniform codec.
+    window (sinks, recent): StreamingLLM's kept set at decode positions."""
     L, H, KV, hd, dim = cfg["L"], cfg["H"], cfg["KV"], cfg["hd"], cfg["dim"]
     T = P + S
     K = np.zeros((L, KV, T, hd))
@@ -68,10 +74,13 @@ def decode(cfg, w, ids, P, S, bits=None, n_b=0, a_len=1):
             K[l, :, t], Vc[l, :, t] = k, v
             Kx[l, :, t], Vx[l, :, t] = k, v
             o = np.zeros((H, hd))
+            vis = np.arange(t + 1)
+            if window and t >= P and t + 1 > window[0] + window[1]:
+                vis = vis[(vis < window[0]) | (vis >= t + 1 - window[1])]
             for h in range(H):
-                sc = K[l, h // grp, :t + 1] @ q[h] / np.sqrt(hd)
+                sc = K[l, h // grp, vis] @ q[h] / np.sqrt(hd)
                 p = np.exp(sc - sc.max())
-                o[h] = (p / p.sum()) @ Vc[l, h // grp, :t + 1]
+                o[h] = (p / p.sum()) @ Vc[l, h // grp, vis]
             x = x + w["wo"][l] @ o.reshape(dim)
             xb = rmsnorm(x, w["rms_ffn"][l])
             h1, h3 = w["w1"][l] @ xb, w["w3"][l] @ xb
@@ -119,7 +128,9 @@ def main():
     failed = False
     worst = 0.0
     with tempfile.TemporaryDirectory(prefix="fk_loop_oracle_") as tmp:
-        for name, prompt, S, bits, n_b, a_len in CASES:
+        for case in CASES:
+            name, prompt, S, bits, n_b, a_len = case[:6]
+            window = case[6] if len(case) > 6 else None
             mp = os.path.join(models, name, "model.bin")
             tp = os.path.join(models, name, "tokenizer.bin")
             if not os.path.exists(mp):
@@ -130,12 +141,17 @@ def main():
             ids = encode(pieces, scores, prompt)
             P = len(ids)
             exact = decode(cfg, w, ids, P, S)  # greedy: ids grows to P + S + 1
-            mine = decode(cfg, w, list(ids), P, S, bits, n_b, a_len)
+            mine = decode(cfg, w, list(ids), P, S, bits, n_b, a_len, window)
             series = os.path.join(tmp, "series.tsv")
             cmd = [exe, "loop", "--model", mp, "--prompt-ids", ",".join(map(str, ids[:P])),
                    "--continuation-ids", ",".join(map(str, ids[P:P + S + 1])),
-                   "--steps", str(S), "--codec", "uniform", "--set", f"bits={bits}",
-                   "--set", f"n_b={n_b}", "--set", f"a_len={a_len}", "--series", series]
+                   "--steps", str(S), "--series", series]
+            cmd += (["--codec", "full", "--set", f"n_b={n_b}"] if bits is None else
+                    ["--codec", "uniform", "--set", f"bits={bits}", "--set", f"n_b={n_b}",
+                     "--set", f"a_len={a_len}"])
+            if window:
+                cmd += ["--evict", "streaming", "--evict-set", f"sinks={window[0]}",
+                        "--evict-set", f"recent={window[1]}"]
             r = subprocess.run(cmd, capture_output=True, text=True)
             if r.returncode != 0:
                 print(f"FAIL {name}: {' '.join(cmd)}\n{r.stdout}{r.stderr}")
@@ -156,7 +172,9 @@ def main():
             ok = d_max <= TOL and not top_bad and kl_sum > 0
             failed |= not ok
             worst = max(worst, d_max)
-            print(f"{'ok  ' if ok else 'FAIL'} {name} uniform bits={bits} n_b={n_b} "
+            what = "full" if bits is None else f"uniform bits={bits}"
+            what += f" streaming sinks={window[0]} recent={window[1]}" if window else ""
+            print(f"{'ok  ' if ok else 'FAIL'} {name} {what} n_b={n_b} "
                   f"a_len={a_len}: P={P} S={S} mean KL {kl_sum / S:.4e}, max |KL_C - "
                   f"KL_oracle| {d_max:.3e}, top-1 disagreements {top_bad}")
     print(f"worst max |dKL| {worst:.3e}, tolerance {TOL}")

@@ -17,6 +17,7 @@
 #include "fk_check_main.h"
 #include "common/fk_err.h"
 #include "core/fk_codec.h"
+#include "core/fk_evict.h"
 #include "gen/fk_llama2c.h"
 #include "loop/fk_loop.h"
 
@@ -264,6 +265,55 @@ START_TEST(refuses_what_cannot_run)
 }
 END_TEST
 
+/* An eviction policy in the loop: StreamingLLM whose window holds every token gives the
+ * plain runner's logits bit for bit; a short window changes them only once the sequence is
+ * longer than sinks + recent (the NumPy oracle checks the values); a policy over a codec whose
+ * dictionary adapts is refused. */
+START_TEST(eviction_policy_in_the_loop)
+{
+    if (!have_model("fortune-byte-4L"))
+        return;
+    struct fixture f;
+    enum { S = 30 };
+    setup(&f, "fortune-byte-4L", "The meaning of life ", S);
+    int P = f.gen.prompt_len;
+    const struct fk_evict_ops *ev = fk_evict_find("streaming");
+    ck_assert_ptr_nonnull(ev);
+    void *eo = calloc(1, ev->opts_size);
+    fk_evict_opts_defaults(ev, eo);
+    const struct fk_codec_ops *full = fk_codec_find("full");
+    const char *kv[] = {"n_b", "0", NULL};
+    void *fo = codec_opts(full, kv);
+    int recent[2] = {P + S, P + 4}; /* sinks 4: all tokens / drops from step 5 on */
+    for (int c = 0; c < 2; c++) {
+        ck_assert(fk_evict_opts_set(ev, eo, fk_evict_option(ev, "sinks"), 4) == FK_OK);
+        ck_assert(fk_evict_opts_set(ev, eo, fk_evict_option(ev, "recent"), recent[c]) == FK_OK);
+        struct fk_loop_codec lc = {.ops = full, .opts = fo, .evict = ev, .evict_opts = eo};
+        struct fk_loop_result r;
+        ck_assert_msg(fk_loop_run(f.m, &f.ref, &lc, FK_LOOP_TEACHER, 1, &r) == FK_OK, "%s",
+                      fk_errmsg());
+        /* step j attends to P + j + 1 tokens: all kept while that is <= 4 + recent */
+        for (int j = 0; j < S; j++)
+            ck_assert_msg(same_logits(&f, &r, j) == (P + j + 1 <= 4 + recent[c]),
+                          "recent %d, step %d: logits %s", recent[c], j,
+                          same_logits(&f, &r, j) ? "exact though rows are dropped"
+                                                 : "differ though every row is kept");
+        ck_assert(c == 0 ? r.attn_kl[0] == 0.0 : isnan(r.attn_kl[0]));
+        fk_loop_result_free(&r);
+    }
+    const struct fk_codec_ops *fad = fk_codec_find("fadkv");
+    void *ao = codec_opts(fad, NULL);
+    struct fk_loop_codec lc = {.ops = fad, .opts = ao, .evict = ev, .evict_opts = eo};
+    struct fk_loop_result r;
+    ck_assert(fk_loop_run(f.m, &f.ref, &lc, FK_LOOP_TEACHER, 0, &r) == FK_ECONFIG);
+    ck_assert_msg(strstr(fk_errmsg(), "refused") != NULL, "%s", fk_errmsg());
+    free(ao);
+    free(fo);
+    free(eo);
+    teardown(&f);
+}
+END_TEST
+
 static Suite *suite(void)
 {
     Suite *s = suite_create("loop");
@@ -274,6 +324,7 @@ static Suite *suite(void)
     tcase_add_test(tc, teacher_and_free_agree_until_divergence);
     tcase_add_test(tc, given_continuation_equals_default);
     tcase_add_test(tc, refuses_what_cannot_run);
+    tcase_add_test(tc, eviction_policy_in_the_loop);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -708,6 +708,12 @@ int fk_llama2c_forward(struct fk_llama2c_run *r, int token, int pos, const float
         matvec(v, m->wv + lo * kvd * d, r->xb, kvd, d);
         rope(r, q, c->n_heads, pos);
         rope(r, k, c->n_kv_heads, pos);
+        if (r->tap.pre_attention) {
+            int rc = r->tap.pre_attention(r->tap.ctx, l, pos, q);
+            if (rc < 0)
+                return rc;
+        }
+        const uint8_t *keep = r->tap.keep ? r->tap.keep[l] : NULL;
         for (int h = 0; h < c->n_heads; h++) {
             int kvh = h / group;
             /* scores[t] = q_h . k_t / sqrt(hd) for t = 0..pos */
@@ -716,6 +722,10 @@ int fk_llama2c_forward(struct fk_llama2c_run *r, int token, int pos, const float
             if (r->tap.att_logit)
                 memcpy(r->tap.att_logit + (lo * (size_t)c->n_heads + (size_t)h) * S, r->att,
                        (size_t)(pos + 1) * sizeof(float));
+            if (keep) /* rows an eviction policy dropped get no weight */
+                for (int t = 0; t <= pos; t++)
+                    if (!keep[(size_t)kvh * r->tap.keep_stride + t])
+                        r->att[t] = -INFINITY;
             float mx = r->att[0];
             for (int t = 1; t <= pos; t++)
                 mx = r->att[t] > mx ? r->att[t] : mx;

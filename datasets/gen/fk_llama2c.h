@@ -108,6 +108,16 @@ float *fk_llama2c_kv_row(struct fk_llama2c_run *r, int layer, enum fk_kind kind,
 struct fk_llama2c_tap {
     float *att_out;
     float *att_logit;
+    /* (optional) Called at every layer once position pos's query, key and value are computed
+     * (post-RoPE; key and value in the cache rows of pos) and before its attention; it may
+     * edit cache rows and masks. A negative return stops the forward pass with that error. */
+    int (*pre_attention)(void *ctx, int layer, int pos, const float *q);
+    void *ctx;
+    /* (optional) [n_layers] masks [n_kv_heads][keep_stride] bytes: the attention of a query
+     * head reads only rows j <= pos with keep[layer][kv_head * keep_stride + j] = 1 (the
+     * caller keeps at least one; att_logit still receives every row's logit). */
+    uint8_t *const *keep;
+    int keep_stride;
 };
 void fk_llama2c_set_tap(struct fk_llama2c_run *r, const struct fk_llama2c_tap *tap);
 

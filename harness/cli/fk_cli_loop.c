@@ -15,6 +15,7 @@
 
 #include "common/fk_err.h"
 #include "core/fk_codec.h"
+#include "core/fk_evict.h"
 #include "formats/fk_basis.h"
 #include "formats/fk_dict.h"
 #include "gen/fk_llama2c.h"
@@ -24,9 +25,9 @@
 
 struct loop_opts {
     const char *model, *tokenizer, *prompt, *prompt_ids, *cont, *cont_ids;
-    const char *codec, *dictionary, *basis, *series, *dump_logits;
-    const char *sets[SETS_CAP];
-    int n_sets, steps;
+    const char *codec, *dictionary, *basis, *series, *dump_logits, *evict;
+    const char *sets[SETS_CAP], *evict_sets[SETS_CAP];
+    int n_sets, n_evict_sets, steps;
 };
 
 static void usage(FILE *f)
@@ -38,6 +39,7 @@ static void usage(FILE *f)
             "                        [--dictionary D.h5] [--basis B.h5]\n"
             "                        [--continuation TEXT | --continuation-ids ID,...]\n"
             "                        [--series FILE.tsv] [--dump-logits FILE]\n"
+            "                        [--evict POLICY [--evict-set OPTION=VALUE]...]\n"
             "Decodes the prompt (BOS + BPE tokens, or the ids as given) with codec NAME "
             "compressing\nevery layer's KV cache under its buffer rule (the replay "
             "protocol), and compares with\nthe exact model: teacher-forced on the reference "
@@ -101,6 +103,7 @@ static const char **string_option(struct loop_opts *o, const char *name)
         {"--basis", offsetof(struct loop_opts, basis)},
         {"--series", offsetof(struct loop_opts, series)},
         {"--dump-logits", offsetof(struct loop_opts, dump_logits)},
+        {"--evict", offsetof(struct loop_opts, evict)},
     };
     for (size_t i = 0; i < sizeof tab / sizeof tab[0]; i++)
         if (!strcmp(name, tab[i].name))
@@ -120,10 +123,12 @@ static int parse_args(int argc, char **argv, struct loop_opts *o)
         const char **slot = string_option(o, a);
         if (slot) {
             *slot = v;
-        } else if (!strcmp(a, "--set")) {
-            if (o->n_sets == SETS_CAP)
-                return fk_err(FK_EINVAL, "option --set: more than %d", SETS_CAP);
-            o->sets[o->n_sets++] = v;
+        } else if (!strcmp(a, "--set") || !strcmp(a, "--evict-set")) {
+            int ev = a[2] == 'e';
+            int *n = ev ? &o->n_evict_sets : &o->n_sets;
+            if (*n == SETS_CAP)
+                return fk_err(FK_EINVAL, "option %s: more than %d", a, SETS_CAP);
+            (ev ? o->evict_sets : o->sets)[(*n)++] = v;
         } else if (!strcmp(a, "--steps")) {
             char *end;
             errno = 0;
@@ -145,6 +150,27 @@ static int parse_args(int argc, char **argv, struct loop_opts *o)
     if ((o->prompt || o->cont) && !o->tokenizer)
         return fk_err(FK_EINVAL, "--prompt and --continuation need --tokenizer");
     return FK_OK;
+}
+
+/* --evict-set OPTION=VALUE on the policy's options. */
+static int apply_evict_set(const struct fk_evict_ops *ev, void *opts, const char *kv)
+{
+    const char *eq = strchr(kv, '=');
+    char name[64];
+    if (!eq || eq == kv || (size_t)(eq - kv) >= sizeof name)
+        return fk_err(FK_EINVAL, "option --evict-set: '%s': expected OPTION=VALUE", kv);
+    snprintf(name, sizeof name, "%.*s", (int)(eq - kv), kv);
+    const struct fk_option *op = fk_evict_option(ev, name);
+    if (!op)
+        return fk_err(FK_EINVAL, "option --evict-set: policy %s has no option '%s'", ev->name,
+                      name);
+    if (op->type == FK_OPT_ENUM)
+        return fk_evict_opts_set_enum(ev, opts, op, eq + 1);
+    char *end;
+    double x = strtod(eq + 1, &end);
+    if (end == eq + 1 || *end)
+        return fk_err(FK_EINVAL, "option --evict-set %s: '%s' is not a number", name, eq + 1);
+    return fk_evict_opts_set(ev, opts, op, x);
 }
 
 /* --set OPTION=VALUE on the codec's options. */
@@ -207,7 +233,8 @@ struct loop_data {
     struct fk_basis_file *basis;
     int32_t *prompt, *cont;
     int n_prompt, n_cont;
-    void *opts;
+    void *opts, *evict_opts;
+    const struct fk_evict_ops *evict;
     struct fk_loop_ref ref;
     struct fk_loop_result tf, fr;
 };
@@ -224,6 +251,7 @@ static void data_free(struct loop_data *d)
     free(d->prompt);
     free(d->cont);
     free(d->opts);
+    free(d->evict_opts);
 }
 
 static int load(const struct loop_opts *o, const struct fk_codec_ops *ops, struct loop_data *d)
@@ -250,6 +278,18 @@ static int load(const struct loop_opts *o, const struct fk_codec_ops *ops, struc
     fk_opts_defaults(ops, d->opts);
     for (int i = 0; i < o->n_sets; i++)
         FK_TRY(apply_set(ops, d->opts, o->sets[i]));
+    if (!o->evict && o->n_evict_sets)
+        return fk_err(FK_EINVAL, "--evict-set needs --evict POLICY");
+    if (!o->evict)
+        return FK_OK;
+    if (!(d->evict = fk_evict_find(o->evict)))
+        return fk_err(FK_EINVAL, "unknown eviction policy '%s' (see fadkv-bench codecs)",
+                      o->evict);
+    if (!(d->evict_opts = calloc(1, d->evict->opts_size ? d->evict->opts_size : 1)))
+        return fk_err(FK_ENOMEM, "out of memory");
+    fk_evict_opts_defaults(d->evict, d->evict_opts);
+    for (int i = 0; i < o->n_evict_sets; i++)
+        FK_TRY(apply_evict_set(d->evict, d->evict_opts, o->evict_sets[i]));
     return FK_OK;
 }
 
@@ -295,7 +335,8 @@ int fk_cli_loop(int argc, char **argv)
     if (rc >= 0)
         rc = fk_loop_ref_build(d.m, d.prompt, d.n_prompt, d.cont, d.n_cont, o.steps, 1,
                                &d.ref);
-    struct fk_loop_codec lc = {.ops = ops, .opts = d.opts, .dict = d.dict, .basis = d.basis};
+    struct fk_loop_codec lc = {.ops = ops, .opts = d.opts, .dict = d.dict, .basis = d.basis,
+                               .evict = d.evict, .evict_opts = d.evict_opts};
     if (rc >= 0)
         rc = fk_loop_run(d.m, &d.ref, &lc, FK_LOOP_TEACHER, o.dump_logits != NULL, &d.tf);
     if (rc >= 0)

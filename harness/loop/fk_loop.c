@@ -215,6 +215,15 @@ struct loop {
     struct fk_vec_out *vout;
     size_t cap;                  /* vectors the event buffers hold */
     double t_codec;
+    /* eviction policy (fk_loop_codec.evict), or NULL */
+    const struct fk_evict_ops *pol;
+    void **pol_st;               /* [L] policy states */
+    uint8_t **keep;              /* [L] masks [H][T] */
+    uint8_t *keep_all;
+    float *q;                    /* [L][H_q][T][m] every query so far (the policies' view) */
+    int32_t *qrow;               /* [T] identity */
+    int Hq;
+    int dropped;                 /* some row was dropped: attention KL is NaN */
 };
 
 static float *raw_row(struct loop *lp, int l, int k, int h, int t)
@@ -224,6 +233,14 @@ static float *raw_row(struct loop *lp, int l, int k, int h, int t)
 
 static void loop_free(struct loop *lp)
 {
+    for (int l = 0; lp->pol_st && l < lp->L; l++)
+        if (lp->pol_st[l])
+            lp->pol->close(lp->pol_st[l]);
+    free(lp->pol_st);
+    free(lp->keep);
+    free(lp->keep_all);
+    free(lp->q);
+    free(lp->qrow);
     for (int i = 0; lp->st && i < lp->L * 2; i++)
         if (lp->st[i])
             lp->ops->close(lp->st[i]);
@@ -476,6 +493,100 @@ static void summarise(struct fk_loop_result *r, const struct fk_loop_ref *ref, d
     }
 }
 
+/* ---- eviction policy ---- */
+
+static struct fk_evict_view policy_view(const struct loop *lp, int l, int t)
+{
+    return (struct fk_evict_view){.t = t, .k = lp->raw + ((size_t)l * 2) * lp->H * lp->T *
+                                  lp->m_dim, .v = lp->raw + ((size_t)l * 2 + 1) * lp->H * lp->T *
+                                  lp->m_dim, .q = lp->q + (size_t)l * lp->Hq * lp->T * lp->m_dim,
+                                  .n_qrows = lp->T, .qrow = lp->qrow};
+}
+
+/* The runner's pre-attention hook: keeps position pos's rows and query, sets its keep bits
+ * and, at a decode position, runs the policy's decode hook before the attention. */
+static int policy_hook(void *ctx, int l, int pos, const float *q)
+{
+    struct loop *lp = ctx;
+    int m = lp->m_dim, H = lp->H;
+    for (int k = 0; k < 2; k++) {
+        const float *row = fk_llama2c_kv_row(lp->run, l, (enum fk_kind)k, pos);
+        for (int h = 0; h < H; h++)
+            memcpy(raw_row(lp, l, k, h, pos), row + (size_t)h * m, (size_t)m * sizeof(float));
+    }
+    float *qb = lp->q + (size_t)l * lp->Hq * lp->T * m;
+    for (int h = 0; h < lp->Hq; h++)
+        memcpy(qb + ((size_t)h * lp->T + pos) * m, q + (size_t)h * m, (size_t)m * sizeof(float));
+    for (int h = 0; h < H; h++)
+        lp->keep[l][(size_t)h * lp->T + pos] = 1;
+    if (pos < lp->P || !lp->pol->decode) /* a prefill-only policy (snapkv) has no decode hook */
+        return FK_OK;
+    struct fk_evict_view v = policy_view(lp, l, pos);
+    int rc = lp->pol->decode(lp->pol_st[l], &v);
+    if (rc < 0)
+        return fk_err_context(rc, "eviction policy %s, layer %d, token %d", lp->pol->name, l,
+                              pos);
+    return FK_OK;
+}
+
+static int policy_open(struct loop *lp, const struct fk_loop_codec *c)
+{
+    const struct fk_evict_ops *ev = c->evict;
+    const struct fk_llama2c_config *cfg = fk_llama2c_model_config(lp->m);
+    if (c->ops->caps & (FK_CAP_GROWS | FK_CAP_ADAPTS))
+        return fk_err(FK_ECONFIG, "eviction policy %s over codec %s: the codec's dictionary "
+                      "changes with rows the policy may drop (as in replay, refused)",
+                      ev->name, c->ops->name);
+    FK_TRY(fk_evict_check_names(ev, c->ops));
+    if (ev->check)
+        FK_TRY(ev->check(c->evict_opts));
+    size_t L = (size_t)lp->L, T = (size_t)lp->T;
+    lp->pol = ev;
+    lp->Hq = cfg->n_heads;
+    lp->pol_st = calloc(L, sizeof *lp->pol_st);
+    lp->keep = calloc(L, sizeof *lp->keep);
+    lp->keep_all = calloc(L * lp->H * T, 1);
+    lp->q = malloc(L * lp->Hq * T * lp->m_dim * sizeof(float));
+    lp->qrow = malloc(T * sizeof(int32_t));
+    if (!lp->pol_st || !lp->keep || !lp->keep_all || !lp->q || !lp->qrow)
+        return fk_err(FK_ENOMEM, "out of memory for the eviction policy's masks and queries");
+    for (size_t t = 0; t < T; t++)
+        lp->qrow[t] = (int32_t)t;
+    for (int l = 0; l < lp->L; l++) {
+        lp->keep[l] = lp->keep_all + (size_t)l * lp->H * T;
+        struct fk_evict_env env = {.layer = l, .n_kv_heads = lp->H, .n_q_heads = lp->Hq,
+                                   .head_dim = lp->m_dim, .n_tokens = lp->T,
+                                   .prompt_len = lp->P, .keep = lp->keep[l]};
+        int rc = ev->open(c->evict_opts, &env, &lp->pol_st[l]);
+        if (rc < 0)
+            return fk_err_context(rc, "eviction policy %s, layer %d: opening", ev->name, l);
+    }
+    return FK_OK;
+}
+
+/* The policy's prefill hook of every layer, after the prompt's forward passes. */
+static int policy_prefill(struct loop *lp)
+{
+    for (int l = 0; lp->pol && lp->pol->prefill && l < lp->L; l++) {
+        struct fk_evict_view v = policy_view(lp, l, lp->P - 1);
+        int rc = lp->pol->prefill(lp->pol_st[l], &v);
+        if (rc < 0)
+            return fk_err_context(rc, "eviction policy %s, layer %d, prefill", lp->pol->name, l);
+    }
+    return FK_OK;
+}
+
+/* 1 when some row of some layer is dropped (the masks cover tokens 0..t). */
+static int any_dropped(const struct loop *lp, int t)
+{
+    for (int l = 0; lp->pol && l < lp->L; l++)
+        for (int h = 0; h < lp->H; h++)
+            for (int j = 0; j <= t; j++)
+                if (!lp->keep[l][(size_t)h * lp->T + j])
+                    return 1;
+    return 0;
+}
+
 /* Feeds the prompt exactly and codes each stream's prefill event. */
 static int loop_prefill(struct loop *lp, const int32_t *ids)
 {
@@ -483,6 +594,7 @@ static int loop_prefill(struct loop *lp, const int32_t *ids)
         FK_TRY(fk_llama2c_forward(lp->run, ids[t], t, NULL));
         keep_rows(lp, t);
     }
+    FK_TRY(policy_prefill(lp));
     for (int k = 0; k < 2; k++) {
         struct fk_sched s = {.n_tokens = lp->T, .prompt_len = lp->P, .n_b = lp->buf[k].n_b,
                              .a_len = lp->buf[k].a_len, .mode = lp->buf[k].mode};
@@ -526,8 +638,9 @@ static int loop_decode(struct loop *lp, const struct fk_loop_ref *ref, enum fk_l
         } else {
             r->nll_exact[j] = r->nll_codec[j] = NAN;
         }
-        if (cs && (lp->n_comp[0] > 0 || lp->n_comp[1] > 0)) { /* as replay: steps with
-                                                               * something compressed */
+        lp->dropped = lp->dropped || any_dropped(lp, t);
+        if (cs && (lp->n_comp[0] > 0 || lp->n_comp[1] > 0 || lp->dropped)) { /* as replay:
+                                                     * steps with something compressed */
             attn_step(ref, j, c->head_dim, tap_out, tap_logit, c->seq_len, cs, ks);
             r->attn_steps++;
         }
@@ -580,6 +693,14 @@ int fk_loop_run(const struct fk_llama2c_model *m, const struct fk_loop_ref *ref,
         if (rc == FK_OK)
             fk_llama2c_set_tap(lp.run, &tp);
     }
+    if (rc == FK_OK && c->evict) {
+        rc = policy_open(&lp, c);
+        struct fk_llama2c_tap tp = {.att_out = tap_out, .att_logit = tap_logit,
+                                    .pre_attention = policy_hook, .ctx = &lp,
+                                    .keep = lp.keep, .keep_stride = lp.T};
+        if (rc == FK_OK)
+            fk_llama2c_set_tap(lp.run, &tp);
+    }
     if (rc == FK_OK)
         rc = loop_open(&lp, c);
     if (rc == FK_OK)
@@ -588,7 +709,7 @@ int fk_loop_run(const struct fk_llama2c_model *m, const struct fk_loop_ref *ref,
         rc = loop_decode(&lp, ref, mode, out, cs, ks, tap_out, tap_logit);
     if (rc == FK_OK) {
         out->t_codec = lp.t_codec;
-        summarise(out, ref, cs, ks);
+        summarise(out, ref, cs, lp.dropped ? NULL : ks);
     }
     free(cs);
     free(ks);

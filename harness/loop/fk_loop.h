@@ -33,6 +33,7 @@
 #include <stdint.h>
 
 #include "core/fk_codec.h"
+#include "core/fk_evict.h"
 #include "formats/fk_basis.h"
 #include "formats/fk_dict.h"
 #include "gen/fk_llama2c.h"
@@ -67,6 +68,15 @@ struct fk_loop_codec {
     const void *opts;                  /* ops->opts_size bytes, checked */
     const struct fk_dict *dict;        /* required when ops->caps & FK_CAP_DICT */
     const struct fk_basis_file *basis; /* required when ops->caps & FK_CAP_BASIS */
+    /* (optional) a token-eviction policy over the codec (core/fk_evict.h), driven by the
+     * contract there: keep bits set as tokens arrive, prefill() after the prompt's forward
+     * passes, decode() at every layer of decode position t once its q, k, v exist and before
+     * its attention (the runner's pre_attention hook), on the exact rows this loop computed
+     * and every query so far; each layer's attention then reads only the kept rows (the
+     * runner's keep masks). Refused with a codec whose dictionary grows or adapts (as
+     * replay). With a policy, attn_kl is NaN once a row is dropped (forward KL is infinite). */
+    const struct fk_evict_ops *evict;
+    const void *evict_opts;
 };
 
 enum fk_loop_mode { FK_LOOP_TEACHER = 0, FK_LOOP_FREE = 1 };

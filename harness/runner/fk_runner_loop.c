@@ -99,7 +99,8 @@ int fk_runner_loop_cell(const struct fk_loop_set *set, const struct fk_cell_inpu
     const struct fk_llama2c_config *c = fk_llama2c_model_config(set->m);
     FK_TRY(alloc_loop(out, set->n, c->n_layers, set->n ? set->refs[0].n_steps : 0));
     struct fk_loop_codec lc = {.ops = in->ops, .opts = in->opts, .dict = in->dict,
-                               .basis = in->basis};
+                               .basis = in->basis, .evict = in->evict,
+                               .evict_opts = in->evict_opts};
     int blas = openblas_get_num_threads();
     openblas_set_num_threads(1);
     int rc = FK_OK;
