@@ -3,8 +3,10 @@
  * at a chosen shape (fk_bench_loop_make_model; the default is Llama-3.2-1B-like), the exact
  * model's tokens/s against the memory-bandwidth floor (weight bytes / read bandwidth
  * measured in the same run, one thread as the runner), and each codec's time in the loop
- * relative to the exact model, interleaved (exact, codec, exact, codec, ...) so that load on
- * a shared machine cancels in the ratios. No printing: fk_cli_bench_loop.c formats.
+ * relative to the exact model, interleaved (exact, codec, exact, codec, ...). Every time is
+ * the thread's CPU time (everything runs on one thread), so that a loaded machine's
+ * descheduling does not enter the numbers (its contention for memory bandwidth still does).
+ * No printing: fk_cli_bench_loop.c formats.
  */
 #ifndef FK_BENCH_LOOP_H
 #define FK_BENCH_LOOP_H

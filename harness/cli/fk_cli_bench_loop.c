@@ -25,7 +25,7 @@ static void usage(FILE *f)
             "Llama-3.2-1B-like,\nabout 4.2 GB). Then: the exact model's seconds per token "
             "against the read-bandwidth floor\n(weight bytes / bandwidth measured over the "
             "weights in the same run, one thread), and each\ncodec's time in the loop "
-            "relative to the exact model, interleaved (ratios; medians of the\nrounds). "
+            "relative to the exact model, interleaved (ratios; medians of the\nrounds); thread CPU times. "
             "Default codecs: full:n_b=0 uniform:bits=4,n_b=16 kivi:bits=2,group=16,residual=16\n"
             "quant:bits=2,group=16,residual=16 topk:s=16,n_b=16.\n");
 }
@@ -135,7 +135,7 @@ int fk_cli_bench_loop(int argc, char **argv)
         return 1;
     }
     printf("weights read per token %.3f GB; read bandwidth %.2f GB/s (1 thread, best of 3 "
-           "passes over the weights)\n", r.weight_bytes / 1e9, r.read_gbs);
+           "passes over the weights; thread CPU time)\n", r.weight_bytes / 1e9, r.read_gbs);
     printf("exact model: %.4f s/token (%.3f tokens/s); bandwidth floor %.4f s/token: "
            "%.2f of the floor's speed\n", r.exact_s, 1.0 / r.exact_s, r.floor_s, r.floor_ratio);
     printf("%-36s %12s %14s %12s\n", "codec", "s/token", "x exact (med)",
