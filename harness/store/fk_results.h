@@ -38,6 +38,8 @@ struct fk_cell_meta {
     int attn_stride;             /* 0 = no attention */
     long seed;                   /* the cell's seed */
     const char *sweep;           /* name of the sweep that computed it (NULL: none) */
+    const struct fk_evict_ops *evict; /* the cell's eviction policy, or NULL */
+    const void *evict_opts;
 };
 
 /* Creates dir and dir/cells if needed (refuses an unwritable directory). */
