@@ -265,7 +265,7 @@ static int policy_rows(const struct fk_evict_ops *ev, const void *opts, struct f
             return fk_err(FK_ECONFIG,
                           "%s: layer %d: eviction policy '%s' reads the query of %s token %d, "
                           "but the trace records %s (record every token's queries, e.g. "
-                          "`fadkv-bench synth --all-queries`)",
+                          "`fadkv-bench synth --prefill-queries 1`)",
                           fk_trace_path(tr), layer, ev->name, t < P ? "prefill" : "decode", t,
                           info->has_queries ? "no query of that token" : "no queries");
         if (!want)
