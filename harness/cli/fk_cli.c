@@ -496,6 +496,14 @@ static void print_cell_label(const struct fk_sweep *s, const struct fk_sweep_cel
             fprintf(f, " %s=%s", o->name, t);
         }
     }
+    if (c->evict) { /* the eviction policy and all its options */
+        fprintf(f, " evict=%s", c->evict->name);
+        for (const struct fk_option *o = c->evict->options; o->name; o++) {
+            char t[64];
+            fk_opts_format(c->evict_opts, o, t, sizeof t);
+            fprintf(f, " %s=%s", o->name, t);
+        }
+    }
     if (s->repeats > 1)
         fprintf(f, " rep=%d", c->repeat);
 }
