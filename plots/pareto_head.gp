@@ -5,7 +5,7 @@
 # each point labelled with its setting; the Pareto frontier (dashed steps) and the fp16
 # level (dotted). data: one block per codec (order of `codecs`), then the frontier; columns:
 # bytes_tok_head y bits_per_elem "label" codec cell.
-# Variables: metric (cos | kl | err | e2e: closed-loop next-token KL), logy, fp16 (bytes; 0 = unknown), xmax, codecs, cfam
+# Variables: metric (cos | kl | err | rkl | mass | e2e: closed-loop next-token KL), logy, fp16 (bytes; 0 = unknown), xmax, codecs, cfam
 # (colour index of each block: the family's registry position, 0 = unknown), cpt (marker
 # index), cfamname (family of each block).
 load plotdir.'/common.gp'
@@ -22,8 +22,11 @@ fp(i) = int(word(fmarks, (i - 1) % words(fmarks) + 1))
 ylab = metric eq 'e2e' ? 'end-to-end next-token KL (closed loop, nats, log scale)' : \
        metric eq 'kl' ? 'attention KL(P || P_{comp}) (nats, log scale)' : \
        metric eq 'err' ? 'relative reconstruction error (log scale)' : \
+       metric eq 'rkl' ? 'attention KL(P_{comp} || P) (nats, log scale)' : \
+       metric eq 'mass' ? 'exact attention mass on the retained keys' : \
        'attention-output cosine'
 what = metric eq 'e2e' ? 'end-to-end KL' : metric eq 'kl' ? 'attention KL' : metric eq 'err' ? 'reconstruction error' : \
+       metric eq 'rkl' ? 'reverse attention KL' : metric eq 'mass' ? 'retained attention mass' : \
        'attention-output cosine'
 set title ttl('KV memory per token per head vs '.what.', all codecs')
 set xlabel 'bytes per token per KV head (K + V: codes, metadata, fp16 buffer)'

@@ -10,6 +10,7 @@
  */
 #include "fk_check_main.h"
 #include "core/fk_evict.h"
+#include "evict/fk_evict_attn.h"
 #include "common/fk_err.h"
 
 #include <check.h>
@@ -367,6 +368,31 @@ static void *opts_of(const struct fk_evict_ops *ops)
     return o;
 }
 
+/* The keep rule against keep_best, with ties, dropping few (one at a time) and many
+ * (sorted). */
+START_TEST(test_keep_top)
+{
+    rng_state = 99;
+    for (int rep = 0; rep < 200; rep++) {
+        int n = 1 + rep % 40, k = (int)(unif() * (n + 2)) - 1;
+        double sc[T], tmp[2 * T], byt[T];
+        int32_t idx[T];
+        uint8_t got[T] = {0}, want[T] = {0}, cand[T] = {0};
+        for (int i = 0; i < n; i++) {
+            idx[i] = 2 * i + (rep % 2); /* candidates are every other token */
+            sc[i] = floor(unif() * 5); /* many ties */
+            got[idx[i]] = want[idx[i]] = cand[idx[i]] = 1;
+            byt[idx[i]] = sc[i];
+        }
+        fk_evict_keep_top(sc, idx, n, k, got, tmp);
+        keep_best(want, cand, byt, T, k < 0 ? 0 : k);
+        for (int j = 0; j < T; j++)
+            ck_assert_msg(got[j] == want[j], "n %d k %d token %d: kept %d, reference %d", n, k,
+                          j, got[j], want[j]);
+    }
+}
+END_TEST
+
 START_TEST(test_streaming)
 {
     const struct fk_evict_ops *ops = fk_evict_find("streaming");
@@ -582,6 +608,7 @@ int main(void)
     Suite *s = suite_create("evict");
     TCase *tc = tcase_create("core");
     tcase_set_timeout(tc, 120);
+    tcase_add_test(tc, test_keep_top);
     tcase_add_test(tc, test_streaming);
     tcase_add_test(tc, test_snapkv);
     tcase_add_test(tc, test_knorm);

@@ -90,20 +90,25 @@ int fk_evict_attn_group(const struct fk_evict_env *env, const struct fk_evict_vi
     FK_TRY(gather_q(env, v, h, tq, s->qg, (size_t)m));
     const float *kh = v->k + (size_t)h * T * m;
     int lo = idx[0], hi = idx[n - 1] + 1;
+    /* One query row against many keys is a matrix-vector product: SGEMV per query head
+     * (an SGEMM of G rows packs the whole key block at every call, which cost more than the
+     * products themselves), over the stored rows lo .. hi-1 when the kept ones are dense
+     * there, else over the kept rows gathered. */
     if (hi - lo <= 2 * n) {
-        /* a dense range: one SGEMM over rows lo .. hi-1 as stored, the kept ones read out */
-        FK_TRY(reserve((void **)&s->kg, &s->cap_kg, (size_t)G * (hi - lo), sizeof(float)));
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, G, hi - lo, m, 1.0f, s->qg, m,
-                    kh + (size_t)lo * m, m, 0.0f, s->kg, hi - lo);
-        for (int g = 0; g < G; g++)
+        FK_TRY(reserve((void **)&s->kg, &s->cap_kg, (size_t)(hi - lo), sizeof(float)));
+        for (int g = 0; g < G; g++) {
+            cblas_sgemv(CblasRowMajor, CblasNoTrans, hi - lo, m, 1.0f, kh + (size_t)lo * m, m,
+                        s->qg + (size_t)g * m, 1, 0.0f, s->kg, 1);
             for (int i = 0; i < n; i++)
-                s->c[(size_t)g * n + i] = s->kg[(size_t)g * (hi - lo) + idx[i] - lo];
+                s->c[(size_t)g * n + i] = s->kg[idx[i] - lo];
+        }
     } else {
         FK_TRY(reserve((void **)&s->kg, &s->cap_kg, (size_t)n * m, sizeof(float)));
         for (int i = 0; i < n; i++)
             memcpy(s->kg + (size_t)i * m, kh + (size_t)idx[i] * m, sizeof(float) * (size_t)m);
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, G, n, m, 1.0f, s->qg, m, s->kg,
-                    m, 0.0f, s->c, n);
+        for (int g = 0; g < G; g++)
+            cblas_sgemv(CblasRowMajor, CblasNoTrans, n, m, 1.0f, s->kg, m,
+                        s->qg + (size_t)g * m, 1, 0.0f, s->c + (size_t)g * n, 1);
     }
     double scale = inv_scale(env);
     for (int i = 0; i < n; i++)
@@ -184,6 +189,19 @@ void fk_evict_keep_top(const double *score, const int32_t *idx, int n, int k,
         return;
     if (k < 0)
         k = 0;
+    if (n - k <= 8) {
+        /* a few to drop (a decode step's one token): the worst one at a time, lower score
+         * first, the higher token on ties, as the sorted order below drops them */
+        for (int e = 0; e < n - k; e++) {
+            int w = -1;
+            for (int i = 0; i < n; i++)
+                if (keep_h[idx[i]] && (w < 0 || score[i] < score[w] ||
+                                       (score[i] == score[w] && idx[i] > idx[w])))
+                    w = i;
+            keep_h[idx[w]] = 0;
+        }
+        return;
+    }
     for (int i = 0; i < n; i++) {
         tmp[2 * i] = score[i];
         tmp[2 * i + 1] = idx[i];

@@ -40,9 +40,10 @@ int fk_evict_attn_causal_sum(const struct fk_evict_env *env, const struct fk_evi
 /* The kept tokens of head h in [lo, hi), ascending, into idx; returns their count. */
 int fk_evict_kept(const struct fk_evict_env *env, int h, int lo, int hi, int32_t *idx);
 
-/* Among the n candidates idx[i] with scores score[i], keeps the k best (k >= 0) and clears
- * the mask bits of the others in row keep_h: higher score first, ties to the lower token.
- * tmp: room for n (score, index) pairs ([2 n] doubles). */
+/* Among the n candidates idx[i] (distinct tokens, all kept in keep_h) with scores score[i],
+ * keeps the k best (k >= 0) and clears the mask bits of the others in row keep_h: higher
+ * score first, ties to the lower token. tmp: room for n (score, index) pairs ([2 n]
+ * doubles). */
 void fk_evict_keep_top(const double *score, const int32_t *idx, int n, int k,
                        uint8_t *keep_h, double *tmp);
 

@@ -18,6 +18,7 @@
 #include "common/fk_clock.h"
 #include "common/fk_err.h"
 #include "core/fk_codec.h"
+#include "core/fk_evict.h"
 #include "engine/fk_sweep.h"
 #include "formats/fk_basis.h"
 #include "formats/fk_dict.h"
@@ -100,6 +101,33 @@ static int fail(const char *what)
 
 /* ---- codecs --------------------------------------------------------------------------- */
 
+/* One codec's (or policy's, seen through its option table) options with their defaults. */
+static int print_options(const struct fk_codec_ops *c)
+{
+    for (const struct fk_option *o = c->options; o->name; o++) {
+        char def[64];
+        void *tmp = calloc(1, c->opts_size);
+        if (!tmp)
+            return fail("out of memory");
+        fk_opts_defaults(c, tmp);
+        fk_opts_format(tmp, o, def, sizeof def);
+        free(tmp);
+        if (o->type == FK_OPT_ENUM) {
+            char ch[256] = "";
+            for (int k = 0; o->choices[k]; k++) {
+                size_t n = strlen(ch);
+                snprintf(ch + n, sizeof ch - n, "%s%s", k ? "|" : "", o->choices[k]);
+            }
+            printf("    %-14s = %-10s %s [%s]\n", o->name, def, o->help, ch);
+        } else if (o->type == FK_OPT_BOOL) {
+            printf("    %-14s = %-10s %s\n", o->name, def, o->help);
+        } else {
+            printf("    %-14s = %-10s %s [%g, %g]\n", o->name, def, o->help, o->min, o->max);
+        }
+    }
+    return 0;
+}
+
 int fk_cli_codecs(int argc, char **argv)
 {
     (void)argc;
@@ -107,27 +135,19 @@ int fk_cli_codecs(int argc, char **argv)
     for (int i = 0; fk_codecs[i]; i++) {
         const struct fk_codec_ops *c = fk_codecs[i];
         printf("%s: %s\n", c->name, c->summary);
-        for (const struct fk_option *o = c->options; o->name; o++) {
-            char def[64];
-            void *tmp = calloc(1, c->opts_size);
-            if (!tmp)
-                return fail("out of memory");
-            fk_opts_defaults(c, tmp);
-            fk_opts_format(tmp, o, def, sizeof def);
-            free(tmp);
-            if (o->type == FK_OPT_ENUM) {
-                char ch[256] = "";
-                for (int k = 0; o->choices[k]; k++) {
-                    size_t n = strlen(ch);
-                    snprintf(ch + n, sizeof ch - n, "%s%s", k ? "|" : "", o->choices[k]);
-                }
-                printf("    %-14s = %-10s %s [%s]\n", o->name, def, o->help, ch);
-            } else if (o->type == FK_OPT_BOOL) {
-                printf("    %-14s = %-10s %s\n", o->name, def, o->help);
-            } else {
-                printf("    %-14s = %-10s %s [%g, %g]\n", o->name, def, o->help, o->min, o->max);
-            }
-        }
+        if (print_options(c))
+            return 1;
+    }
+    printf("\neviction policies ([[codec]] evict = \"...\", over any codec above except those "
+           "whose dictionary grows or adapts; their options are keys of the same block; "
+           "docs/EVICTION.md):\n");
+    for (int i = 0; fk_evict_policies[i]; i++) {
+        const struct fk_evict_ops *e = fk_evict_policies[i];
+        struct fk_codec_ops view = {.name = e->name, .opts_size = e->opts_size,
+                                    .options = e->options};
+        printf("%s: %s\n", e->name, e->summary);
+        if (print_options(&view))
+            return 1;
     }
     printf("\npresets ([[codec]] preset = \"...\"):\n");
     for (int i = 0; fk_presets[i].name; i++)
@@ -477,6 +497,14 @@ static void print_cell_label(const struct fk_sweep *s, const struct fk_sweep_cel
         if (varies) {
             char t[64];
             fk_opts_format(c->opts, o, t, sizeof t);
+            fprintf(f, " %s=%s", o->name, t);
+        }
+    }
+    if (c->evict) { /* the eviction policy and all its options */
+        fprintf(f, " evict=%s", c->evict->name);
+        for (const struct fk_option *o = c->evict->options; o->name; o++) {
+            char t[64];
+            fk_opts_format(c->evict_opts, o, t, sizeof t);
             fprintf(f, " %s=%s", o->name, t);
         }
     }

@@ -193,7 +193,8 @@ struct err_sums {
 /* What one coded row adds to the sums (kept per row under an eviction policy, which sums
  * the rows retained at the end only). */
 struct row_err {
-    float err, err_enc, xx;
+    float err, err_enc;
+    double xx;
     int32_t nnz;
     uint8_t coded, zero, prefill;
 };
@@ -256,7 +257,7 @@ static int errors_commit(void *self, const struct fk_unit *u, const struct fk_co
         double xx = 0;
         for (int j = 0; !r.zero && j < m; j++)
             xx += (double)x[j] * x[j];
-        r.xx = (float)xx;
+        r.xx = xx;
         if (u->evict) /* summed at the end over the retained rows */
             oe->rows[c->kind][(size_t)c->ev->head[i] * u->n_tokens + c->ev->token[i]] = r;
         else if (r.zero)
@@ -303,10 +304,14 @@ static int errors_finish(void *self, const struct fk_unit *u, struct fk_unit_res
     for (int k = 0; k < 2; k++) {
         struct fk_stream_result *sr = r->sr[k];
         struct err_sums *e = &o->k[k];
-        size_t n = (size_t)u->n_kv_heads * u->n_tokens;
-        for (size_t i = 0; u->evict && i < n; i++)
-            if (u->keep[i] && o->rows[k][i].coded)
-                err_add(e, &o->rows[k][i]);
+        /* token-major, heads inner: the order the events committed them (the same sums as
+         * without a policy when every row is kept) */
+        for (int t = 0; u->evict && t < u->n_tokens; t++)
+            for (int h = 0; h < u->n_kv_heads; h++) {
+                size_t i = (size_t)h * u->n_tokens + t;
+                if (u->keep[i] && o->rows[k][i].coded)
+                    err_add(e, &o->rows[k][i]);
+            }
         FK_TRY(final_error(o, u, k, &sr->err_final_sum));
         sr->n_vectors = e->n_vectors;
         sr->n_zero = e->n_zero;
@@ -558,6 +563,7 @@ struct obs_account {
     double kept_codes[2]; /* bytes of the retained rows below n_comp */
     long kept_coded[2];   /* their count */
     long kept;            /* retained rows (head, token) up to the current token */
+    double codes_seen[2]; /* the codec's bytes_codes after the last commit */
     int comp_seen[2];     /* tokens below which kept_codes counts the retained rows */
 };
 
@@ -694,9 +700,21 @@ static int account_commit(void *self, const struct fk_unit *u, const struct fk_c
 {
     struct obs_account *o = self;
     o->cpu_s[c->kind] += c->cpu_s;
-    for (int i = 0; u->evict && i < c->ev->n; i++)
-        o->row_bytes[c->kind][(size_t)c->ev->head[i] * u->n_tokens + c->ev->token[i]] =
-            c->out[i].bytes;
+    if (u->evict) {
+        /* each row's bytes: as encode() reported them when they add up to what the codec's
+         * stats grew by, else that growth shared evenly over the event's rows (codecs that
+         * report per-row bytes only in stats, e.g. kivi) */
+        struct fk_stream_stats ss;
+        u->ops->stats(u->st[c->kind], &ss);
+        double grew = ss.bytes_codes - o->codes_seen[c->kind], sum = 0;
+        o->codes_seen[c->kind] = ss.bytes_codes;
+        for (int i = 0; i < c->ev->n; i++)
+            sum += c->out[i].bytes;
+        int own = fabs(sum - grew) <= 1e-6 * (fabs(grew) + 1);
+        for (int i = 0; i < c->ev->n; i++)
+            o->row_bytes[c->kind][(size_t)c->ev->head[i] * u->n_tokens + c->ev->token[i]] =
+                own ? c->out[i].bytes : grew / c->ev->n;
+    }
     for (int i = 0; (u->ops->caps & FK_CAP_STATIC) && i < c->ev->n; i++)
         o->tok_bytes[c->kind][c->ev->token[i]] += c->out[i].bytes;
     return FK_OK;

@@ -265,7 +265,7 @@ static int policy_rows(const struct fk_evict_ops *ev, const void *opts, struct f
             return fk_err(FK_ECONFIG,
                           "%s: layer %d: eviction policy '%s' reads the query of %s token %d, "
                           "but the trace records %s (record every token's queries, e.g. "
-                          "`fadkv-bench synth --all-queries`)",
+                          "`fadkv-bench synth --prefill-queries 1`)",
                           fk_trace_path(tr), layer, ev->name, t < P ? "prefill" : "decode", t,
                           info->has_queries ? "no query of that token" : "no queries");
         if (!want)
@@ -299,6 +299,10 @@ int fk_replay_check_evict(const struct fk_cell_input *in)
                       "dropped ones included (compose the policy with a codec whose rows are "
                       "coded independently of the dropped rows, e.g. full, kivi, lexico)",
                       in->ops->name, ev->name);
+    if (in->ops->caps & FK_CAP_BASIS)
+        return fk_err(FK_ECONFIG, "codec %s codes the KV heads of a group together, so a "
+                      "per-head kept set of eviction policy '%s' cannot drop one head's row "
+                      "from it", in->ops->name, ev->name);
     unsigned nd = ev->needs ? ev->needs(in->evict_opts) : 0;
     if (!(nd & (FK_EVICT_NEED_DECODE_Q | FK_EVICT_NEED_PREFILL_Q)))
         return FK_OK;

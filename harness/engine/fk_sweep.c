@@ -159,7 +159,55 @@ static int is_known_option(const char *key)
     for (int c = 0; fk_codecs[c]; c++)
         if (fk_codec_option(fk_codecs[c], key))
             return 1;
+    for (int c = 0; fk_evict_policies[c]; c++)
+        if (fk_evict_option(fk_evict_policies[c], key))
+            return 1;
     return 0;
+}
+
+/* A codec composed with an eviction policy, seen as one codec by the resolution: its
+ * options are the codec's, then the policy's at `off` in one options buffer. */
+struct composite {
+    struct fk_codec_ops ops;     /* first: a composite is passed as its ops */
+    const struct fk_codec_ops *codec;
+    const struct fk_evict_ops *ev;
+    size_t off;
+    struct fk_option *options;
+    char name[128];
+};
+
+/* The composite of ops, or NULL when ops is a registered codec. */
+static const struct composite *composite_of(const struct fk_codec_ops *ops)
+{
+    return fk_codec_find(ops->name) == ops ? NULL : (const struct composite *)ops;
+}
+
+static int composite_init(struct composite *c, const struct fk_codec_ops *codec,
+                          const struct fk_evict_ops *ev)
+{
+    size_t nc = 0, ne = 0;
+    while (codec->options[nc].name)
+        nc++;
+    while (ev->options[ne].name)
+        ne++;
+    memset(c, 0, sizeof *c);
+    c->options = calloc(nc + ne + 1, sizeof *c->options);
+    if (!c->options)
+        return fk_err(FK_ENOMEM, "out of memory");
+    c->codec = codec;
+    c->ev = ev;
+    c->off = (codec->opts_size + 15) / 16 * 16;
+    memcpy(c->options, codec->options, nc * sizeof *c->options);
+    for (size_t i = 0; i < ne; i++) {
+        c->options[nc + i] = ev->options[i];
+        c->options[nc + i].offset += c->off;
+    }
+    snprintf(c->name, sizeof c->name, "%s+%s", codec->name, ev->name);
+    c->ops = *codec;
+    c->ops.name = c->name;
+    c->ops.options = c->options;
+    c->ops.opts_size = c->off + ev->opts_size;
+    return FK_OK;
 }
 
 /* ---- datasets ---------------------------------------------------------------------------- */
@@ -342,8 +390,24 @@ static int push_cell(struct fk_sweep *s, struct cellvec *cv, const struct fk_cod
         return fk_err_context(FK_ECONFIG, "%s:%d:%d: codec '%s' (dataset '%s')",
                               fk_toml_origin(blk), fk_toml_line(blk), fk_toml_col(blk),
                               ops->name, s->datasets[d].name);
+    const struct composite *cm = composite_of(ops);
+    if (cm && cm->ev->check && cm->ev->check((const char *)opts + cm->off) < 0)
+        return fk_err_context(FK_ECONFIG, "%s:%d:%d: eviction policy '%s' (dataset '%s')",
+                              fk_toml_origin(blk), fk_toml_line(blk), fk_toml_col(blk),
+                              cm->ev->name, s->datasets[d].name);
     char canon[4096];
-    FK_TRY(canon_opts(ops, opts, canon, sizeof canon));
+    FK_TRY(canon_opts(cm ? cm->codec : ops, opts, canon, sizeof canon));
+    if (cm) { /* ";evict=POLICY;its=options" after the codec's */
+        size_t n = strlen(canon);
+        n += (size_t)snprintf(canon + n, sizeof canon - n, ";evict=%s", cm->ev->name);
+        for (const struct fk_option *o = cm->ev->options; o->name && n < sizeof canon; o++) {
+            char v[64];
+            fk_opts_format((const char *)opts + cm->off, o, v, sizeof v);
+            n += (size_t)snprintf(canon + n, sizeof canon - n, ";%s=%s", o->name, v);
+        }
+        if (n >= sizeof canon)
+            return fk_err(FK_ENOMEM, "canonical cell text too long");
+    }
     {
         /* [[exclude]]: drop the cell if every key of one rule matches */
         int excluded = 0;
@@ -403,15 +467,23 @@ static int push_cell(struct fk_sweep *s, struct cellvec *cv, const struct fk_cod
             }
             struct fk_sweep_cell *c = &cv->v[cv->n];
             memset(c, 0, sizeof *c);
-            c->ops = ops;
-            c->opts = malloc(ops->opts_size);
+            const struct fk_codec_ops *co = cm ? cm->codec : ops;
+            c->ops = co;
+            c->opts = malloc(co->opts_size);
             c->canon = xstrdup(full);
-            if (!c->opts || !c->canon) {
+            if (cm)
+                c->evict_opts = malloc(cm->ev->opts_size);
+            if (!c->opts || !c->canon || (cm && !c->evict_opts)) {
                 free(c->opts);
                 free(c->canon);
+                free(c->evict_opts);
                 return fk_err(FK_ENOMEM, "out of memory");
             }
-            memcpy(c->opts, opts, ops->opts_size);
+            memcpy(c->opts, opts, co->opts_size);
+            if (cm) {
+                c->evict = cm->ev;
+                memcpy(c->evict_opts, (const char *)opts + cm->off, cm->ev->opts_size);
+            }
             c->dataset = d;
             c->repeat = rep;
             cv->n++;
@@ -531,6 +603,10 @@ static int warn_overridden(struct fk_sweep *s, const struct fk_toml_value *const
     return FK_OK;
 }
 
+static int resolve_block(struct fk_sweep *s, struct cellvec *cv, const struct fk_toml_value *blk,
+                         const struct fk_toml_value *defaults, const struct fk_toml_value *excl,
+                         const struct fk_codec_ops *ops);
+
 static int resolve_codec(struct fk_sweep *s, struct cellvec *cv, const struct fk_toml_value *blk,
                          const struct fk_toml_value *defaults, const struct fk_toml_value *excl)
 {
@@ -551,6 +627,39 @@ static int resolve_codec(struct fk_sweep *s, struct cellvec *cv, const struct fk
         }
         return cfg_err(nv, "unknown codec '%s' (registered: %s)", name, allowed);
     }
+    /* evict = "POLICY": the codec stores what the policy keeps */
+    const struct fk_toml_value *evv = fk_toml_table_get(blk, "evict");
+    struct composite comp = {0};
+    if (evv) {
+        const char *pname;
+        FK_TRY(get_str(evv, &pname));
+        const struct fk_evict_ops *ev = fk_evict_find(pname);
+        if (!ev) {
+            char allowed[512] = "";
+            for (int i = 0; fk_evict_policies[i]; i++) {
+                size_t n = strlen(allowed);
+                snprintf(allowed + n, sizeof allowed - n, "%s%s", i ? ", " : "",
+                         fk_evict_policies[i]->name);
+            }
+            return cfg_err(evv, "unknown eviction policy '%s' (registered: %s)", pname,
+                           allowed);
+        }
+        if (fk_evict_check_names(ev, ops) < 0)
+            return fk_err_context(FK_ECONFIG, "%s:%d:%d", fk_toml_origin(evv),
+                                  fk_toml_line(evv), fk_toml_col(evv));
+        FK_TRY(composite_init(&comp, ops, ev));
+        ops = &comp.ops;
+    }
+    int rc = resolve_block(s, cv, blk, defaults, excl, ops);
+    free(comp.options);
+    return rc;
+}
+
+/* resolve_codec for the block's codec (or composite). */
+static int resolve_block(struct fk_sweep *s, struct cellvec *cv, const struct fk_toml_value *blk,
+                         const struct fk_toml_value *defaults, const struct fk_toml_value *excl,
+                         const struct fk_codec_ops *ops)
+{
     /* datasets = ["a", "b"] restricts the block to those datasets */
     const struct fk_toml_value *only = fk_toml_table_get(blk, "datasets");
     if (only && fk_toml_type(only) != FK_TOML_ARRAY)
@@ -613,7 +722,7 @@ static int resolve_codec(struct fk_sweep *s, struct cellvec *cv, const struct fk
         for (size_t i = 0; i < fk_toml_table_len(blk) && rc == FK_OK; i++) {
             const struct fk_toml_entry *e = fk_toml_table_at(blk, i);
             if (!strcmp(e->key, "name") || !strcmp(e->key, "preset") ||
-                !strcmp(e->key, "datasets"))
+                !strcmp(e->key, "datasets") || !strcmp(e->key, "evict"))
                 continue;
             if (!strcmp(e->key, "grid"))
                 rc = add_dims(e->value, 0, dims, &n_dims, "grid");
@@ -730,6 +839,7 @@ void fk_sweep_free(struct fk_sweep **sp)
     }
     for (int c = 0; c < s->n_cells; c++) {
         free(s->cells[c].opts);
+        free(s->cells[c].evict_opts);
         free(s->cells[c].canon);
     }
     free(s->datasets);

@@ -8,6 +8,12 @@
  * (equal-length lists advanced together); times datasets, times repeats; [[exclude]] rules
  * drop matching cells; identical resolved cells are kept once. Every key is checked against
  * the codec's option table; errors name FILE:LINE:COL, the key and what is allowed.
+ *
+ * A block with `evict = "POLICY"` composes a token-eviction policy (core/fk_evict.h) with
+ * the codec: the policy's options are ordinary keys of the block (and of grids, zips,
+ * [defaults]); none may share a name with the codec's. The canonical text appends
+ * ";evict=POLICY" and the policy's options to the codec's, so blocks without it keep their
+ * cell ids.
  */
 #ifndef FK_SWEEP_H
 #define FK_SWEEP_H
@@ -15,6 +21,7 @@
 #include <stdint.h>
 
 #include "core/fk_codec.h"
+#include "core/fk_evict.h"
 
 struct fk_toml_value;
 
@@ -59,6 +66,8 @@ struct fk_sweep_cell {
     int repeat;                  /* 0 .. repeats-1 */
     uint64_t seed;               /* derived from base_seed and the cell */
     char *canon;                 /* canonical text of the resolved cell */
+    const struct fk_evict_ops *evict; /* the block's `evict` policy (core/fk_evict.h) or NULL */
+    void *evict_opts;            /* evict->opts_size bytes, or NULL */
 };
 
 struct fk_sweep {

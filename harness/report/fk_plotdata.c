@@ -38,6 +38,7 @@
 #include <sys/stat.h>
 
 #include "core/fk_codec.h"
+#include "core/fk_evict.h"
 #include "common/fk_err.h"
 #include "formats/fk_h5.h"
 #include "common/fk_str.h"
@@ -172,7 +173,8 @@ struct seqv {
 struct cell {
     int row;                     /* row in cells.csv */
     const char *id;              /* cell id */
-    const char *codec;
+    const char *codec;           /* "CODEC+POLICY" for a cell with an eviction policy */
+    char *codec_own;             /* that name, owned (else NULL) */
     const char *dataset;
     int n_diff;                  /* rank: 1000 x options off the dataset's common values
                                   * + options off the codec's defaults */
@@ -352,6 +354,14 @@ static int store_load(struct store *st, const char *dir, const char *data_dir)
         c->row = i;
         c->id = t->rows[i][ci];
         c->codec = t->rows[i][cc];
+        int ce = fk_csv_col(t, "evict"); /* a policy's cells: a series of their own */
+        if (ce >= 0 && t->rows[i][ce][0]) {
+            size_t n = strlen(c->codec) + strlen(t->rows[i][ce]) + 2;
+            if (!(c->codec_own = malloc(n)))
+                return fk_err(FK_ENOMEM, "out of memory");
+            snprintf(c->codec_own, n, "%s+%s", c->codec, t->rows[i][ce]);
+            c->codec = c->codec_own;
+        }
         c->dataset = t->rows[i][cd];
         int seen = 0;
         for (int d = 0; d < st->n_ds; d++)
@@ -368,8 +378,10 @@ static int store_load(struct store *st, const char *dir, const char *data_dir)
 
 static void store_free(struct store *st)
 {
-    for (int i = 0; i < st->n; i++)
+    for (int i = 0; i < st->n; i++) {
         free(st->c[i].seq);
+        free(st->c[i].codec_own);
+    }
     free(st->c);
     free(st->datasets);
     fk_store_close(&st->fs);
@@ -1372,6 +1384,23 @@ static const char *family_style(const char *codec, int *colour, int *marker)
     int idx = registry_index(codec), nf = 0;
     *colour = 0;
     *marker = 1;
+    const char *plus = strchr(codec, '+');
+    if (plus) { /* CODEC+POLICY: the eviction family, after the registry's families; marker:
+                 * the policy's registry position, composed ones after the plain ones */
+        for (int i = 0; fk_codecs[i]; i++) {
+            int seen = 0;
+            for (int j = 0; j < i && !seen; j++)
+                seen = !strcmp(fk_codec_family(fk_codecs[j]), fk_codec_family(fk_codecs[i]));
+            nf += !seen;
+        }
+        int np = 0, at = 0;
+        for (; fk_evict_policies[np]; np++)
+            if (!strcmp(fk_evict_policies[np]->name, plus + 1))
+                at = np + 1;
+        *colour = nf + 1;
+        *marker = at + (strncmp(codec, "full+", 5) ? np : 0);
+        return "evict";
+    }
     if (!fam[0])
         return "-";
     for (int i = 0; fk_codecs[i]; i++) {
@@ -1510,6 +1539,11 @@ static const struct pmetric pmetrics[] = {
     {"pareto_head_kl", "attn_kl", "kl", "attention KL(P || P_hat)",
      " (attention off, or traces without queries)", 0, 1},
     {"pareto_head_err", "rel_err_mean", "err", "relative reconstruction error", "", 0, 1},
+    /* defined under eviction too (docs/RESULTS.md), where attn_kl is empty */
+    {"pareto_head_rkl", "attn_rkl", "rkl", "attention reverse KL(P_hat || P)",
+     " (attention off, or traces without queries)", 0, 1},
+    {"pareto_head_mass", "attn_retained", "mass", "retained attention mass",
+     " (attention off, or traces without queries)", 1, 0},
     /* closed loop (model datasets only: drawn when the dataset has the column) */
     {"pareto_head_e2e", "e2e_kl", "e2e", "end-to-end next-token KL(P_exact || P_codec)", "",
      0, 1},

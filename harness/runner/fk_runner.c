@@ -276,14 +276,16 @@ static struct fk_cell_input cell_input(const struct run *r, const struct fk_swee
                                   .dict = (cell->ops->caps & FK_CAP_DICT) ? L->dict : NULL,
                                   .basis = (cell->ops->caps & FK_CAP_BASIS) ? L->basis : NULL,
                                   .external = (cell->ops->caps & FK_CAP_EXTERNAL) ? L->recon
-                                                                                  : NULL};
+                                                                                  : NULL,
+                                  .evict = cell->evict, .evict_opts = cell->evict_opts};
 }
 
 /* A low-rank cell's basis against its traces and options, before any cell runs. */
 static int check_basis(const struct run *r, const struct fk_sweep_cell *cell)
 {
     struct fk_cell_input in = cell_input(r, cell);
-    if (fk_replay_check_basis(&in) == FK_OK && fk_replay_check_external(&in) == FK_OK)
+    if (fk_replay_check_basis(&in) == FK_OK && fk_replay_check_external(&in) == FK_OK &&
+        fk_replay_check_evict(&in) == FK_OK)
         return FK_OK;
     char msg[1100];
     snprintf(msg, sizeof msg, "%s", fk_errmsg());
@@ -349,7 +351,8 @@ static void cell_meta(const struct run *r, const struct fk_sweep_cell *cell,
                                   .basis = (cell->ops->caps & FK_CAP_BASIS) ? ds->basis : NULL,
                                   .attn_stride = s->attention ? s->attn_stride : 0,
                                   .seed = (long)(cell->seed & 0x7fffffffffffffffULL),
-                                  .sweep = s->name, .loop = r->loop};
+                                  .sweep = s->name, .evict = cell->evict,
+                                  .evict_opts = cell->evict_opts, .loop = r->loop};
     memcpy(meta->id, cell->id, sizeof meta->id);
 }
 

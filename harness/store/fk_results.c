@@ -243,6 +243,7 @@ struct headline {
     double saturated, premature;
     double t_corr, t_code, t_adapt;
     long vectors, zero_vectors;
+    double attn_rkl, attn_retained, retained_frac; /* eviction (docs/RESULTS.md) */
 };
 
 static double stream_err(const struct fk_stream_result *s, double sum)
@@ -399,16 +400,18 @@ static int attn_p5_mass(const struct fk_cell_result *r, long nvals, struct headl
 {
     size_t n_acc = (size_t)r->n_traces * r->n_layers;
     h->attn_cos_p5 = NAN;
-    h->attn_mass = NAN;
+    h->attn_mass = h->attn_rkl = h->attn_retained = NAN;
     if (nvals <= 0)
         return FK_OK;
     double *all = malloc(sizeof(double) * (size_t)nvals);
     if (!all) /* a cell without its percentile is not a finished cell */
         return fk_err(FK_ENOMEM, "out of memory (attention percentiles of %ld values)", nvals);
-    double mass = 0;
+    double mass = 0, rkl = 0, ret = 0;
     long k = 0;
     for (size_t i = 0; i < n_acc; i++) {
         mass += r->attn[i].mass_sum;
+        rkl += r->attn[i].rkl_sum;
+        ret += r->attn[i].retained_sum;
         for (long j = 0; j < r->attn[i].n && r->attn[i].cos_vals; j++)
             all[k++] = r->attn[i].cos_vals[j];
     }
@@ -420,6 +423,8 @@ static int attn_p5_mass(const struct fk_cell_result *r, long nvals, struct headl
         h->attn_cos_p5 = all[lo] + (pos - lo) * (all[hi] - all[lo]);
     }
     h->attn_mass = mass / nvals;
+    h->attn_rkl = rkl / nvals;
+    h->attn_retained = ret / nvals;
     free(all);
     return FK_OK;
 }
@@ -461,6 +466,15 @@ static int aggregate(const struct fk_cell_result *r, struct headline *h)
 {
     memset(h, 0, sizeof *h);
     aggregate_streams(r, h);
+    /* retained fraction: rows kept at the end over rows seen (the K streams; V has the same
+     * mask) */
+    double kept = 0, rows = 0;
+    for (size_t i = 0; i < (size_t)r->n_traces * r->n_layers; i++) {
+        const struct fk_stream_result *sk = &r->streams[2 * i];
+        kept += sk->n_kept;
+        rows += (double)sk->n_heads * sk->n_tokens;
+    }
+    h->retained_frac = rows > 0 ? kept / rows : NAN;
     return aggregate_attn(r, h);
 }
 
@@ -471,6 +485,15 @@ static void meta_opts(struct fk_sb *b, const struct fk_cell_meta *m)
     for (const struct fk_option *o = m->ops->options; o->name; o++) {
         char v[64];
         fk_opts_format(m->opts, o, v, sizeof v);
+        fk_sb_printf(b, "opt.%s\t%s\n", o->name, v);
+    }
+    if (!m->evict)
+        return;
+    /* the eviction policy and its options (columns evict, and its options, of cells.csv) */
+    fk_sb_printf(b, "opt.evict\t%s\n", m->evict->name);
+    for (const struct fk_option *o = m->evict->options; o->name; o++) {
+        char v[64];
+        fk_opts_format(m->evict_opts, o, v, sizeof v);
         fk_sb_printf(b, "opt.%s\t%s\n", o->name, v);
     }
 }
@@ -610,7 +633,8 @@ static int write_h5(const char *path, const struct fk_cell_meta *m,
     X(macs_per_vec) X(cpu_us_per_vec) X(appends) X(replacements)                          \
     X(adapt_failed) X(growth_capped) X(collateral_reencodes) X(saturated) X(premature)   \
     X(t_corr) X(t_code)                                                                   \
-    X(t_adapt)
+    X(t_adapt)                                                                            \
+    X(attn_rkl) X(attn_retained) X(retained_frac)
 
 /* cells/<id>.summary.csv: one row per trace x layer x kind (summary.csv without header). */
 static int summary_rows(const struct fk_cell_meta *m, const struct fk_cell_result *r,
@@ -868,7 +892,8 @@ static const char *const cell_metrics[] = {
     "bytes_tok_head_avg", "bits_per_elem", "bits_per_elem_avg", "bytes_model", "macs_per_vec",
     "cpu_us_per_vec", "appends",
     "replacements", "adapt_failed", "growth_capped", "collateral_reencodes", "saturated", "premature",
-    "vectors", "zero_vectors", "attn_evals", "attn_skipped_steps", "wall_s", NULL,
+    "vectors", "zero_vectors", "attn_evals", "attn_skipped_steps", "wall_s",
+    "attn_rkl", "attn_retained", "retained_frac", NULL,
 };
 
 static const char summary_header[] =
@@ -884,6 +909,17 @@ static int option_columns(const char **cols, int cap)
     int n = 0;
     for (int c = 0; fk_codecs[c]; c++)
         for (const struct fk_option *o = fk_codecs[c]->options; o->name; o++) {
+            int seen = 0;
+            for (int j = 0; j < n; j++)
+                seen |= !strcmp(cols[j], o->name);
+            if (!seen && n < cap)
+                cols[n++] = o->name;
+        }
+    /* then `evict` and the eviction policies' options (empty for cells without one) */
+    if (n < cap)
+        cols[n++] = "evict";
+    for (int c = 0; fk_evict_policies[c]; c++)
+        for (const struct fk_option *o = fk_evict_policies[c]->options; o->name; o++) {
             int seen = 0;
             for (int j = 0; j < n; j++)
                 seen |= !strcmp(cols[j], o->name);

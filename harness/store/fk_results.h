@@ -53,6 +53,8 @@ struct fk_cell_meta {
     int attn_stride;             /* 0 = no attention */
     long seed;                   /* the cell's seed */
     const char *sweep;           /* name of the sweep that computed it (NULL: none) */
+    const struct fk_evict_ops *evict; /* the cell's eviction policy, or NULL */
+    const void *evict_opts;
     const struct fk_cell_loop *loop; /* closed-loop results (model datasets), or NULL */
 };
 
