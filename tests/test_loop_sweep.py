@@ -77,6 +77,13 @@ n_b = 4
 [[codec]]
 name = "lexico"
 n_b = 4
+
+[[codec]]
+name = "full"
+n_b = 0
+evict = "streaming"
+sinks = 2
+recent = 10
 """
 
 
@@ -103,8 +110,10 @@ def main():
         expect(r.returncode == 0, f"sweep runs (exit {r.returncode}) {r.stderr[-300:]}")
         if r.returncode:
             return 1
-        cells = {c["codec"]: c for c in rows(os.path.join(res, "cells.csv"))}
+        allc = rows(os.path.join(res, "cells.csv"))
+        cells = {c["codec"]: c for c in allc if not c.get("evict")}
         full, uni = cells["full"], cells["uniform"]
+        stream = [c for c in allc if c.get("evict") == "streaming"]
         expect(float(full["e2e_kl"]) == 0 and float(full["e2e_top1"]) == 1 and
                float(full["e2e_ppl_ratio"]) == 1 and float(full["free_token_agree"]) == 1,
                "full in the loop: e2e KL 0, top-1 1, perplexity ratio 1, free agreement 1")
@@ -142,10 +151,23 @@ def main():
             same &= list(g["top1"][:]) == [int(t["top1"]) for t in tab]
             same &= list(g["tokens_free"][:]) == [int(t["token_free"]) for t in tab]
         expect(same, "cell HDF5 T01/loop series == fadkv-bench loop --series")
+        # an eviction policy of the sweep runs in the loop too: the same as by hand
+        expect(len(stream) == 1 and float(stream[0]["e2e_kl"]) > 0,
+               "full + streaming (sinks 2, recent 10): a cell with e2e KL > 0")
+        r = run([exe, "loop", "--model", model + "/model.bin", "--prompt-ids",
+                 "256,78,101,118,101,114", "--steps", str(S), "--codec", "full", "--set",
+                 "n_b=0", "--evict", "streaming", "--evict-set", "sinks=2", "--evict-set",
+                 "recent=10", "--series", series])
+        tab = list(csv.DictReader(open(series), delimiter="\t"))
+        with h5py.File(os.path.join(res, "cells", stream[0]["cell_id"] + ".h5"), "r") as f:
+            same = np.allclose(f["T01/loop/kl"][:], [float(t["kl"]) for t in tab], rtol=1e-8,
+                               atol=1e-12)
+        expect(r.returncode == 0 and same,
+               "the policy's cell series == fadkv-bench loop --evict streaming --series")
 
         # resume, shards + merge, check
         r = run([exe, "--config", cfg])
-        expect("0 cell(s) run" in r.stderr and "3 already done" in r.stderr,
+        expect("0 cell(s) run" in r.stderr and "4 already done" in r.stderr,
                f"a rerun computes nothing: {r.stderr.strip()[-120:]}")
         shards = []
         for i in range(2):
