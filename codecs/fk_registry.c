@@ -12,6 +12,7 @@
 #include "common/fk_err.h"
 #include "common/fk_sha256.h"
 #include "core/fk_codec.h"
+#include "core/fk_evict.h"
 #include "fk_registry_list.h"
 
 #define FK_PLUGIN_MAX 16
@@ -208,4 +209,12 @@ int fk_plugin_load(const char *path)
     }
     g_n_plugins++;
     return FK_OK;
+}
+
+const struct fk_evict_ops *fk_evict_find(const char *name)
+{
+    for (int i = 0; fk_evict_policies[i]; i++)
+        if (!strcmp(fk_evict_policies[i]->name, name))
+            return fk_evict_policies[i];
+    return NULL;
 }

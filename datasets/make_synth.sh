@@ -3,6 +3,9 @@
 # Makes the synthetic data of the default job (deterministic; skipped when present):
 #   datasets/synth/eval/   2 evaluation sequences, Llama-3.2-3B head shape (24 query heads,
 #                          8 KV heads, head_dim 128), 4 layers, 256 prefill + 512 decode
+#   datasets/synth/eval-pq/  the same 2 sequences with every prefill token's query too (the
+#                          keys, values and decode queries are eval/'s bit for bit): what the
+#                          eviction policies that score the prompt (snapkv, h2o) read
 #   datasets/synth/calib/  2 calibration sequences of the same model (other sequence seeds)
 #   datasets/synth/dict-n1024-s8.h5   dictionary trained on calib/ only (N = 1024, s = 8)
 #   datasets/synth/basis-g1.h5        PCA bases per KV head (train-basis) on calib/ only, with
@@ -27,6 +30,12 @@ if [ ! -f "$out/dict-n1024-s8.h5" ]; then
 fi
 if [ ! -f "$out/basis-g1.h5" ]; then  # also for data made before train-basis existed
     "$bin" train-basis --quiet --out "$out/basis-g1.h5" "$out"/calib/*.h5 >/dev/null
+fi
+if [ ! -d "$out/eval-pq" ]; then  # eval/ again with every prefill token's query (eviction)
+    rm -rf "$out/eval-pq.tmp"
+    "$bin" synth --out "$out/eval-pq.tmp" "${common[@]}" --first-seq 0 \
+        --prefill-queries 1 >/dev/null
+    mv "$out/eval-pq.tmp" "$out/eval-pq"
 fi
 if [ "$paper" = --paper ]; then
     if [ ! -d "$out/calib-paper" ]; then  # 8 calibration sequences (other seeds)

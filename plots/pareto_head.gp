@@ -5,7 +5,7 @@
 # each point labelled with its setting; the Pareto frontier (dashed steps) and the fp16
 # level (dotted). data: one block per codec (order of `codecs`), then the frontier; columns:
 # bytes_tok_head y bits_per_elem "label" codec cell.
-# Variables: metric (cos | kl | err), logy, fp16 (bytes; 0 = unknown), xmax, codecs, cfam
+# Variables: metric (cos | kl | err | rkl | mass | e2e: closed-loop next-token KL), logy, fp16 (bytes; 0 = unknown), xmax, codecs, cfam
 # (colour index of each block: the family's registry position, 0 = unknown), cpt (marker
 # index), cfamname (family of each block).
 load plotdir.'/common.gp'
@@ -19,10 +19,14 @@ fcolors = '#000000 #0072B2 #E69F00 #009E73 #D55E00 #CC79A7 #56B4E9 #F0E442'
 fc(i) = i < 1 ? '#777777' : word(fcolors, (i - 1) % words(fcolors) + 1)
 fmarks = '7 5 9 11 13 15 3 1 2'
 fp(i) = int(word(fmarks, (i - 1) % words(fmarks) + 1))
-ylab = metric eq 'kl' ? 'attention KL(P || P_{comp}) (nats, log scale)' : \
+ylab = metric eq 'e2e' ? 'end-to-end next-token KL (closed loop, nats, log scale)' : \
+       metric eq 'kl' ? 'attention KL(P || P_{comp}) (nats, log scale)' : \
        metric eq 'err' ? 'relative reconstruction error (log scale)' : \
+       metric eq 'rkl' ? 'attention KL(P_{comp} || P) (nats, log scale)' : \
+       metric eq 'mass' ? 'exact attention mass on the retained keys' : \
        'attention-output cosine'
-what = metric eq 'kl' ? 'attention KL' : metric eq 'err' ? 'reconstruction error' : \
+what = metric eq 'e2e' ? 'end-to-end KL' : metric eq 'kl' ? 'attention KL' : metric eq 'err' ? 'reconstruction error' : \
+       metric eq 'rkl' ? 'reverse attention KL' : metric eq 'mass' ? 'retained attention mass' : \
        'attention-output cosine'
 set title ttl('KV memory per token per head vs '.what.', all codecs')
 set xlabel 'bytes per token per KV head (K + V: codes, metadata, fp16 buffer)'
@@ -37,7 +41,8 @@ if (fp16 > 0) {
     set label 1 'fp16' at fp16, graph 0.04 right offset -0.5, 0 font ',10'
 }
 set bmargin 6
-set label 2 'teacher-forced replay: recorded queries, per-layer error, no propagation across layers or decode steps' \
+set label 2 (metric eq 'e2e' ? 'closed loop: the model decodes from the compressed cache (teacher-forced on its exact greedy decode)' : \
+    'teacher-forced replay: recorded queries, per-layer error, no propagation across layers or decode steps') \
     at screen 0.01, screen 0.02 left font ',9' noenhanced tc rgb '#555555'
 nc = words(codecs)
 plot for [i=1:nc] data index (i-1) u 1:2 w points pt fp(int(word(cpt,i))) ps 1.5 \

@@ -361,6 +361,40 @@ cfg_case pca-basis-is-a-dictionary "basis = \"$DICT\"
 name = \"pca\"
 rank = 8" "aidreams-260k.h5" "fadkv-basis"
 
+# token-eviction policies (codecs/evict/): refused before any cell
+cfg_case evict-unknown-policy '[[codec]]
+name = "full"
+evict = "snapkvv"' "evict-unknown-policy.toml:8:9" "unknown eviction policy 'snapkvv'" \
+    "registered: streaming, snapkv"
+cfg_case evict-option-of-another-policy '[[codec]]
+name = "full"
+evict = "streaming"
+heavy = 8' "evict-option-of-another-policy.toml:9:1" "unknown option 'heavy'" \
+    "full+streaming" "sinks, recent"
+cfg_case evict-bad-option-value '[[codec]]
+name = "kivi"
+evict = "scope"
+decode_budget = 64
+recent = 100' "evict-bad-option-value.toml:" "scope: recent = 100 must not exceed decode_budget = 64"
+cfg_case evict-adaptive-codec '[[codec]]
+name = "lexico-adp"
+n_b = 16
+evict = "h2o"' "lexico-adp" "eviction policy 'h2o'" "grows or adapts"
+SYN=$(ls "$SRC"/datasets/synth/eval/*.h5 2>/dev/null | head -1)
+if [ -n "$SYN" ]; then
+    begin "config: eviction policy reading prefill queries a trace lacks"
+    printf '[sweep]\nname = "robust"\ntraces = ["%s"]\noutput = "%s"\nattention = false\n[[codec]]\nname = "full"\nevict = "h2o"\n' \
+        "$SYN" "$R" >"$W/evict-noq.toml"
+    run evict-noq --config "$W/evict-noq.toml"
+    chk "exit 1..127 (got $RC)" - clean_exit
+    chk "message names the trace" - has "$(basename "$SYN")"
+    chk "message names the layer and token" - has "layer 0: eviction policy 'h2o' reads the query of prefill token 0"
+    chk "results dir unchanged" - same_as "$R" "$W/good.sha"
+    end
+else
+    skip "config: eviction policy reading prefill queries a trace lacks" "no datasets/synth"
+fi
+
 begin "config: traces glob matches nothing"
 cfg "$W/noglob.toml" "$R" "$W/nothing-*.h5" "$DICT"
 run noglob --config "$W/noglob.toml"

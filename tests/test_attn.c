@@ -323,6 +323,112 @@ START_TEST(fast_equals_naive_every_codec)
 }
 END_TEST
 
+/* ---- an eviction policy's keep mask (core/fk_evict.h) ------------------------------------ */
+
+/* The codec of the test below, seen through reconstruct / sparse_row that fail on a dropped
+ * row: attention must never read one. */
+static const struct fk_codec_ops *guard_inner;
+static const uint8_t *guard_keep;
+static int guard_T;
+static int guard_reconstruct(const void *st, int head, int token, float *out)
+{
+    if (!guard_keep[(size_t)head * guard_T + token])
+        return fk_err(FK_EINVAL, "dropped row (head %d, token %d) was read", head, token);
+    return guard_inner->reconstruct(st, head, token, out);
+}
+static int guard_sparse_row(const void *st, int head, int token, int *nnz, const int32_t **idx,
+                            const float **coef)
+{
+    if (!guard_keep[(size_t)head * guard_T + token])
+        return fk_err(FK_EINVAL, "dropped row (head %d, token %d) was read", head, token);
+    return guard_inner->sparse_row(st, head, token, nnz, idx, coef);
+}
+
+START_TEST(eviction_mask_every_codec)
+{
+    const struct fk_codec_ops *ops = fk_codecs[_i];
+    struct fix f;
+    fix_random(&f, ops, 16, 2, 6, 48, 64, 777 + (unsigned long)_i);
+    struct fk_attn_scratch *s = NULL;
+    ck_assert_int_eq(fk_attn_scratch_create(f.m, f.T, f.N + f.T * f.n_kv, f.n_q, &s), FK_OK);
+    struct fk_codec_ops guarded = *ops;
+    guarded.reconstruct = guard_reconstruct;
+    guarded.sparse_row = ops->sparse_row ? guard_sparse_row : NULL;
+    guard_inner = ops;
+    guard_T = f.T;
+    uint8_t *keep = malloc((size_t)f.n_kv * f.T);
+    guard_keep = keep;
+    int t = 40, nc = ops->buffer ? 36 : 30;
+    fix_encode_to(&f, nc);
+    struct fk_attn_acc af = {0}, an = {0};
+    double *ohn = malloc(sizeof(double) * (size_t)f.n_q * f.m);
+    struct fk_attn_metrics *mn = malloc(sizeof *mn * (size_t)f.n_q);
+    for (int pass = 0; pass < 3; pass++) {
+        /* pass 0: every row kept (the numbers of no policy at all); 1, 2: about a third
+         * dropped, compressed rows and exact ones, token t kept */
+        for (int g = 0; g < f.n_kv; g++)
+            for (int j = 0; j < f.T; j++)
+                keep[(size_t)g * f.T + j] = pass == 0 || j == t || (j * 7 + g * 3 + pass) % 3;
+        struct fk_attn_in in = fix_in(&f, t, nc);
+        in.ops = &guarded;
+        struct fk_attn_in plain = in;
+        in.keep = keep;
+        ck_assert_msg(fk_attn_eval(&in, s, &af) == FK_OK, "%s: %s", ops->name, fk_errmsg());
+        struct fk_attn_metrics mf[8];
+        const double *oh[8], *o = NULL;
+        for (int h = 0; h < f.n_q; h++)
+            ck_assert_int_eq(fk_attn_scratch_result(s, h, &o, &oh[h], &mf[h]), FK_OK);
+        ck_assert_msg(fk_attn_eval_naive_out(&in, &an, ohn, mn) == FK_OK, "%s: %s", ops->name,
+                      fk_errmsg());
+        for (int h = 0; h < f.n_q; h++) {
+            double dd = 0, nn = 0;
+            for (int c = 0; c < f.m; c++) {
+                double d = oh[h][c] - ohn[(size_t)h * f.m + c];
+                dd += d * d;
+                nn += ohn[(size_t)h * f.m + c] * ohn[(size_t)h * f.m + c];
+            }
+            ck_assert_msg(sqrt(dd / nn) <= 1e-6, "%s pass %d head %d: o_hat differs by %g",
+                          ops->name, pass, h, sqrt(dd / nn));
+            ck_assert(mf[h].retained == mn[h].retained);
+            ck_assert_msg(rel_close(mf[h].rkl, mn[h].rkl, 1e-6, 1e-9), "%s: rKL %.17g vs %.17g",
+                          ops->name, mf[h].rkl, mn[h].rkl);
+            if (pass == 0) {
+                ck_assert(mf[h].retained == 1.0 || fabs(mf[h].retained - 1) < 1e-12);
+                ck_assert(isfinite(mf[h].kl));
+            } else {
+                /* forward KL is undefined once P's keys are dropped: NaN, never inf */
+                ck_assert(isnan(mf[h].kl) && isnan(mn[h].kl));
+                ck_assert(mf[h].retained < 1 && mf[h].retained > 0);
+                ck_assert(mf[h].rkl > 0);
+            }
+            if (ops->caps & FK_CAP_EXACT) /* exact keys: KL(P_hat || P) = -log(mass) */
+                ck_assert_msg(fabs(mf[h].rkl + log(mf[h].retained)) <= 1e-9 &&
+                              fabs(mn[h].rkl + log(mn[h].retained)) <= 1e-9,
+                              "%s: rKL %.17g, -log(retained) %.17g", ops->name, mf[h].rkl,
+                              -log(mf[h].retained));
+        }
+        if (pass == 0) { /* everything kept: the very numbers of no mask */
+            struct fk_attn_acc a0 = {0};
+            ck_assert_int_eq(fk_attn_eval(&plain, s, &a0), FK_OK);
+            for (int h = 0; h < f.n_q; h++) {
+                struct fk_attn_metrics m0;
+                ck_assert_int_eq(fk_attn_scratch_result(s, h, NULL, NULL, &m0), FK_OK);
+                ck_assert(m0.cos == mf[h].cos && m0.relerr == mf[h].relerr);
+                ck_assert(m0.kl == mf[h].kl && m0.tv == mf[h].tv);
+            }
+            fk_attn_acc_free(&a0);
+        }
+    }
+    fk_attn_acc_free(&af);
+    fk_attn_acc_free(&an);
+    free(ohn);
+    free(mn);
+    free(keep);
+    fk_attn_scratch_free(&s);
+    fix_free(&f);
+}
+END_TEST
+
 /* ---- full: exactly lossless ------------------------------------------------------------ */
 
 START_TEST(full_codec_exact)
@@ -964,6 +1070,7 @@ static Suite *attn_suite(void)
     TCase *tc = tcase_create("core");
     tcase_set_timeout(tc, 120);
     tcase_add_loop_test(tc, fast_equals_naive_every_codec, 0, n_codecs());
+    tcase_add_loop_test(tc, eviction_mask_every_codec, 0, n_codecs());
     tcase_add_test(tc, full_codec_exact);
     tcase_add_test(tc, gqa_mapping_hand_case);
     tcase_add_test(tc, topk_ties_to_smaller_index);

@@ -345,6 +345,205 @@ static void assert_same(const struct fk_cell_result *a, const struct fk_cell_res
         }
 }
 
+/* ---- eviction policies (core/fk_evict.h) through the engine ------------------------------ */
+
+/* run_cell with the policy `policy` (NULL: none) and its options name=value. */
+static int run_cell_evict(const char *codec, const char *policy, const char *const *kv,
+                          struct fk_trace **tr, int n_tr, const struct fk_dict *dict, int jobs,
+                          struct fk_cell_result *res)
+{
+    const struct fk_codec_ops *ops = fk_codec_find(codec);
+    ck_assert_ptr_nonnull(ops);
+    void *o = calloc(1, ops->opts_size);
+    fk_opts_defaults(ops, o);
+    const char *set[][2] = {{"n_b", "16"}, {"group", "8"}, {"residual", "16"}, {"n", "32"}};
+    for (size_t i = 0; i < sizeof set / sizeof set[0]; i++) {
+        const struct fk_option *opt = fk_codec_option(ops, set[i][0]);
+        if (opt)
+            ck_assert_int_eq(fk_opts_set(ops, o, opt, atof(set[i][1])), FK_OK);
+    }
+    const struct fk_evict_ops *ev = policy ? fk_evict_find(policy) : NULL;
+    void *eo = ev ? calloc(1, ev->opts_size) : NULL;
+    if (ev)
+        fk_evict_opts_defaults(ev, eo);
+    for (int i = 0; ev && kv && kv[i]; i += 2) {
+        const struct fk_option *opt = fk_evict_option(ev, kv[i]);
+        ck_assert_msg(opt != NULL, "%s has no option %s", policy, kv[i]);
+        ck_assert_int_eq(fk_evict_opts_set(ev, eo, opt, atof(kv[i + 1])), FK_OK);
+    }
+    struct fk_cell_input in = {.ops = ops, .opts = o, .traces = tr, .n_traces = n_tr,
+                               .dict = dict, .evict = ev, .evict_opts = eo};
+    struct fk_replay_opts ro = {.jobs = jobs, .attention = 1, .attn_stride = 3};
+    int rc = fk_replay_cell(&in, &ro, res);
+    free(o);
+    free(eo);
+    return rc;
+}
+
+/* A budget that keeps every token gives exactly the numbers without a policy (full: cos 1,
+ * KL 0), for every policy over full, kivi, lexico and uniform; a policy cell is the same at
+ * any --jobs. */
+START_TEST(test_evict_keep_all)
+{
+    char p1[512], pd[512];
+    snprintf(p1, sizeof p1, "%s/ev1.h5", tmpdir);
+    snprintf(pd, sizeof pd, "%s/ev-dict.h5", tmpdir);
+    make_trace(p1, 2, 6, 2, 16, 70, 40);
+    make_dict(pd, 2, 64, 16);
+    struct fk_trace *tr;
+    ck_assert_int_eq(fk_trace_open(p1, &tr), FK_OK);
+    struct fk_dict *d;
+    ck_assert_int_eq(fk_dict_load(pd, &d), FK_OK);
+    static const char *const keep_all[][6] = {
+        {"snapkv", "budget", "1000", "window", "8"}, {"h2o", "heavy", "1000", NULL, NULL},
+        {"streaming", "recent", "1000", NULL, NULL}, {"scope", "decode_budget", "1000", NULL, NULL},
+        {"momentum", "decode_budget", "1000", NULL, NULL}, {"knorm", "budget", "1000", NULL, NULL},
+    };
+    const char *codecs[] = {"full", "kivi", "lexico", "uniform"};
+    for (size_t c = 0; c < 4; c++) {
+        const struct fk_dict *dd = (fk_codec_find(codecs[c])->caps & FK_CAP_DICT) ? d : NULL;
+        struct fk_cell_result r0;
+        ck_assert_int_eq(run_cell_evict(codecs[c], NULL, NULL, &tr, 1, dd, 1, &r0), FK_OK);
+        for (size_t p = 0; p < sizeof keep_all / sizeof keep_all[0]; p++) {
+            struct fk_cell_result r1;
+            ck_assert_msg(run_cell_evict(codecs[c], keep_all[p][0], keep_all[p] + 1, &tr, 1,
+                                         dd, 1 + (int)(p % 2), &r1) == FK_OK,
+                          "%s+%s: %s", codecs[c], keep_all[p][0], fk_errmsg());
+            assert_same(&r0, &r1);
+            for (int l = 0; l < 2; l++) {
+                for (int k = 0; k < 2; k++) {
+                    const struct fk_stream_result *x = fk_cell_stream(&r0, 0, l, k);
+                    const struct fk_stream_result *y = fk_cell_stream(&r1, 0, l, k);
+                    ck_assert_int_eq(y->n_kept, 2 * 70);
+                    double bx = x->st.bytes_codes + x->bytes_buf, by = y->st.bytes_codes + y->bytes_buf;
+                    ck_assert_msg(fabs(bx - by) <= 1e-9 * bx, "%s+%s bytes %.17g vs %.17g",
+                                  codecs[c], keep_all[p][0], bx, by);
+                    ck_assert_msg(fabs(x->bytes_tok_avg - y->bytes_tok_avg) <= 1e-9 * x->bytes_tok_avg,
+                                  "%s+%s: time-averaged bytes %.17g vs %.17g", codecs[c],
+                                  keep_all[p][0], x->bytes_tok_avg, y->bytes_tok_avg);
+                }
+                const struct fk_attn_acc *a = &r1.attn[l];
+                ck_assert(a->retained_sum == a->n); /* every key retained, exactly */
+                if (!strcmp(codecs[c], "full"))
+                    ck_assert(a->cos_sum == a->n && a->kl_sum == 0 && a->rkl_sum == 0);
+            }
+            fk_cell_result_free(&r1);
+        }
+        fk_cell_result_free(&r0);
+    }
+    fk_dict_free(&d);
+    fk_trace_close(&tr);
+}
+END_TEST
+
+/* Bytes under eviction against a count written here: the full codec with StreamingLLM keeps
+ * min(t + 1, sinks + recent) rows per head, 2 m bytes each; the kept rows and the retained
+ * fraction at the end; the same cell at 1 and 2 jobs. */
+START_TEST(test_evict_bytes)
+{
+    char p1[512];
+    snprintf(p1, sizeof p1, "%s/evb.h5", tmpdir);
+    int T = 60, P = 30, H = 2, m = 16, keep = 3 + 9;
+    make_trace(p1, 2, 6, H, m, T, P);
+    struct fk_trace *tr;
+    ck_assert_int_eq(fk_trace_open(p1, &tr), FK_OK);
+    const char *kv[] = {"sinks", "3", "recent", "9", NULL};
+    struct fk_cell_result r, r2;
+    ck_assert_int_eq(run_cell_evict("full", "streaming", kv, &tr, 1, NULL, 1, &r), FK_OK);
+    ck_assert_int_eq(run_cell_evict("full", "streaming", kv, &tr, 1, NULL, 2, &r2), FK_OK);
+    assert_same(&r, &r2);
+    double avg = 0;
+    for (int t = P; t < T; t++)
+        avg += (double)H * keep * 2 * m / (t + 1);
+    avg /= T - P;
+    for (int l = 0; l < 2; l++)
+        for (int k = 0; k < 2; k++) {
+            const struct fk_stream_result *s = fk_cell_stream(&r, 0, l, k);
+            ck_assert_int_eq(s->n_kept, H * keep);
+            ck_assert(s->st.bytes_codes + s->bytes_buf == (double)H * keep * 2 * m);
+            ck_assert_msg(fabs(s->bytes_tok_avg - avg) <= 1e-12 * avg, "avg %.17g, want %.17g",
+                          s->bytes_tok_avg, avg);
+            /* the error means cover the retained coded rows only: the sinks (the window is
+             * in the buffer) */
+            ck_assert_int_eq(s->n_vectors + s->n_zero, H * 3);
+            const struct fk_attn_acc *a = &r.attn[l];
+            ck_assert(a->n > 0 && isnan(a->kl_sum) && a->retained_sum < a->n);
+        }
+    fk_cell_result_free(&r);
+    fk_cell_result_free(&r2);
+    fk_trace_close(&tr);
+}
+END_TEST
+
+/* Refused before any cell, with messages naming what is missing. */
+START_TEST(test_evict_refusals)
+{
+    char p1[512], p2[512];
+    snprintf(p1, sizeof p1, "%s/evr.h5", tmpdir);
+    make_trace(p1, 1, 4, 2, 16, 40, 20);
+    snprintf(p2, sizeof p2, "%s/evr-noq.h5", tmpdir);
+    {
+        /* a trace without queries */
+        struct fk_trace_info in = {.n_layers = 1, .n_q_heads = 4, .n_kv_heads = 2,
+                                   .head_dim = 16, .n_tokens = 40, .prompt_len = 20,
+                                   .keys_post_rope = 1, .rope_theta = 10000};
+        snprintf(in.model_id, sizeof in.model_id, "test");
+        snprintf(in.source, sizeof in.source, "synthetic");
+        struct fk_trace_writer *w;
+        ck_assert_int_eq(fk_trace_create(p2, &in, FK_ENC_F32, &w), FK_OK);
+        int32_t pos[40];
+        uint8_t ph[40];
+        for (int t = 0; t < 40; t++) {
+            pos[t] = t;
+            ph[t] = t >= 20;
+        }
+        ck_assert_int_eq(fk_trace_write_tokens(w, pos, ph, NULL), FK_OK);
+        float buf[2 * 40 * 16];
+        for (int i = 0; i < 2 * 40 * 16; i++)
+            buf[i] = nrand();
+        for (int k = 0; k < 2; k++)
+            ck_assert_int_eq(fk_trace_write_layer(w, 0, k, buf, NULL), FK_OK);
+        ck_assert_int_eq(fk_trace_finish(&w), FK_OK);
+    }
+    struct fk_trace *tq, *tn;
+    ck_assert_int_eq(fk_trace_open(p1, &tq), FK_OK);
+    ck_assert_int_eq(fk_trace_open(p2, &tn), FK_OK);
+    const struct fk_evict_ops *h2o = fk_evict_find("h2o");
+    void *eo = calloc(1, h2o->opts_size);
+    fk_evict_opts_defaults(h2o, eo);
+    const struct fk_codec_ops *full = fk_codec_find("full");
+    void *o = calloc(1, full->opts_size);
+    fk_opts_defaults(full, o);
+    struct fk_cell_input in = {.ops = full, .opts = o, .traces = &tn, .n_traces = 1,
+                               .evict = h2o, .evict_opts = eo};
+    ck_assert_int_eq(fk_replay_check_evict(&in), FK_ECONFIG);
+    ck_assert_msg(strstr(fk_errmsg(), "evr-noq.h5") && strstr(fk_errmsg(), "no queries") &&
+                  strstr(fk_errmsg(), "h2o"), "%s", fk_errmsg());
+    /* a policy that reads no query runs on it */
+    in.evict = fk_evict_find("streaming");
+    void *so = calloc(1, in.evict->opts_size);
+    fk_evict_opts_defaults(in.evict, so);
+    in.evict_opts = so;
+    ck_assert_int_eq(fk_replay_check_evict(&in), FK_OK);
+    /* a dictionary that adapts from every coded row cannot store a kept set exactly */
+    in.ops = fk_codec_find("lexico-adp");
+    ck_assert_int_eq(fk_replay_check_evict(&in), FK_ECONFIG);
+    ck_assert_ptr_nonnull(strstr(fk_errmsg(), "lexico-adp"));
+    /* queries present: fine */
+    in.ops = full;
+    in.traces = &tq;
+    in.evict = h2o;
+    in.evict_opts = eo;
+    ck_assert_int_eq(fk_replay_check_evict(&in), FK_OK);
+    free(eo);
+    free(so);
+    free(o);
+    fk_trace_close(&tq);
+    fk_trace_close(&tn);
+}
+END_TEST
+
+
 START_TEST(test_jobs_determinism)
 {
     char p1[512], p2[512], pd[512];
@@ -1192,6 +1391,9 @@ static Suite *replay_suite(void)
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, test_schedule);
     tcase_add_test(tc, test_full_exact);
+    tcase_add_test(tc, test_evict_keep_all);
+    tcase_add_test(tc, test_evict_bytes);
+    tcase_add_test(tc, test_evict_refusals);
     tcase_add_test(tc, test_jobs_determinism);
     tcase_add_test(tc, test_stored_16bit);
     tcase_add_test(tc, test_refusals);

@@ -609,6 +609,37 @@ START_TEST(test_determinism)
 }
 END_TEST
 
+/* prefill_queries: every prefill token's query in front, the keys, values and decode queries
+ * bit for bit those without it; the prefill queries attend like the decode ones (a query
+ * row is finite, token 0's targets the sink). */
+START_TEST(test_prefill_queries)
+{
+    struct fk_synth_opts o;
+    small_opts(&o);
+    struct layer a, b;
+    gen(&o, 0, 1, &a);
+    o.prefill_queries = 1;
+    gen(&o, 0, 1, &b);
+    ck_assert_int_eq(b.Tq, a.Tq + o.prefill);
+    size_t nkv = (size_t)a.hkv * a.T * a.d;
+    ck_assert(!memcmp(a.k, b.k, sizeof(float) * nkv) && !memcmp(a.v, b.v, sizeof(float) * nkv));
+    for (int i = 0; i < b.Tq; i++)
+        ck_assert_int_eq(b.qidx[i], i < o.prefill ? i : a.qidx[i - o.prefill]);
+    for (int h = 0; h < a.hq; h++) {
+        ck_assert(!memcmp(row(a.q, a.Tq, a.d, h, 0), row(b.q, b.Tq, b.d, h, o.prefill),
+                          sizeof(float) * (size_t)a.Tq * a.d));
+        for (int t = 0; t < o.prefill; t++)
+            for (int c = 0; c < a.d; c++)
+                ck_assert(isfinite(row(b.q, b.Tq, b.d, h, t)[c]));
+        /* not a copy of the decode rows */
+        ck_assert(memcmp(row(b.q, b.Tq, b.d, h, o.prefill - 1), row(b.q, b.Tq, b.d, h, o.prefill),
+                         sizeof(float) * (size_t)a.d));
+    }
+    drop(&a);
+    drop(&b);
+}
+END_TEST
+
 START_TEST(test_options)
 {
     struct fk_synth_opts o;
@@ -714,6 +745,7 @@ static Suite *suite(void)
     tcase_add_test(tc, test_heads_and_layers_differ);
     tcase_add_test(tc, test_file_shapes_and_attrs);
     tcase_add_test(tc, test_determinism);
+    tcase_add_test(tc, test_prefill_queries);
     tcase_add_test(tc, test_cli);
     suite_add_tcase(s, tc);
     return s;

@@ -38,7 +38,14 @@ struct fk_llama2c_model {
     const float *w3;              /* [L, hidden, dim] */
     const float *rms_final;       /* [dim] */
     const float *wcls;            /* [vocab, dim] (= emb when shared) */
+    const float *freq_re, *freq_im; /* [seq_len, head_dim/2] the file's RoPE tables */
+    int rope_default;             /* 1: the tables are theta 10000's (ROPE_DEFAULT_TOL) */
 };
+
+/* A checkpoint's RoPE tables within this of cos/sin(pos 10000^(-2i/d)) are the default ones
+ * (exporters compute the angles in float32: the shipped models' tables are up to 2.9e-5 off
+ * at 512 positions); the runner then uses those values in double, as before it read them. */
+#define ROPE_DEFAULT_TOL 1e-3
 
 static int read_i32le(const unsigned char *p)
 {
@@ -123,7 +130,10 @@ static void map_weights(struct fk_llama2c_model *m)
     p += L * hid * d;
     m->rms_final = p;
     p += d;
-    p += 2 * (size_t)c->seq_len * (size_t)(c->head_dim / 2); /* freq_cis: recomputed */
+    m->freq_re = p;
+    p += (size_t)c->seq_len * (size_t)(c->head_dim / 2);
+    m->freq_im = p;
+    p += (size_t)c->seq_len * (size_t)(c->head_dim / 2);
     m->wcls = c->shared_classifier ? m->emb : p;
 }
 
@@ -193,8 +203,28 @@ int fk_llama2c_model_load(const char *path, struct fk_llama2c_model **out)
         }
     }
     map_weights(m);
+    m->rope_default = 1;
+    int half = cfg.head_dim / 2;
+    for (int p = 0; p < cfg.seq_len && m->rope_default; p++)
+        for (int i = 0; i < half; i++) {
+            double ang = (double)p * pow(ROPE_THETA, -(2.0 * i) / cfg.head_dim);
+            size_t k = (size_t)p * half + i;
+            if (fabs(m->freq_re[k] - cos(ang)) > ROPE_DEFAULT_TOL
+                || fabs(m->freq_im[k] - sin(ang)) > ROPE_DEFAULT_TOL) {
+                m->rope_default = 0;
+                break;
+            }
+        }
     *out = m;
     return FK_OK;
+}
+
+int fk_llama2c_model_rope_default(const struct fk_llama2c_model *m) { return m->rope_default; }
+
+const float *fk_llama2c_model_floats(const struct fk_llama2c_model *m, size_t *n)
+{
+    *n = m->n_floats;
+    return m->data;
 }
 
 void fk_llama2c_model_free(struct fk_llama2c_model **m)
@@ -550,6 +580,7 @@ struct fk_llama2c_run {
     float *hb2;                       /* [hidden] w3 x */
     float *att;                       /* [seq_len] attention scores */
     float *logits;                    /* [vocab] */
+    struct fk_llama2c_tap tap;        /* optional copies of attention outputs / weights */
 };
 
 int fk_llama2c_run_create(const struct fk_llama2c_model *m, struct fk_llama2c_run **out)
@@ -582,8 +613,9 @@ int fk_llama2c_run_create(const struct fk_llama2c_model *m, struct fk_llama2c_ru
         for (size_t i = 0; i < half; i++) {
             double freq = pow(ROPE_THETA, -(2.0 * (double)i) / (double)c->head_dim);
             double ang = (double)p * freq;
-            r->rope_cos[p * half + i] = cos(ang);
-            r->rope_sin[p * half + i] = sin(ang);
+            /* the checkpoint's own tables unless they are the default ones */
+            r->rope_cos[p * half + i] = m->rope_default ? cos(ang) : m->freq_re[p * half + i];
+            r->rope_sin[p * half + i] = m->rope_default ? sin(ang) : m->freq_im[p * half + i];
         }
     }
     *out = r;
@@ -676,11 +708,24 @@ int fk_llama2c_forward(struct fk_llama2c_run *r, int token, int pos, const float
         matvec(v, m->wv + lo * kvd * d, r->xb, kvd, d);
         rope(r, q, c->n_heads, pos);
         rope(r, k, c->n_kv_heads, pos);
+        if (r->tap.pre_attention) {
+            int rc = r->tap.pre_attention(r->tap.ctx, l, pos, q);
+            if (rc < 0)
+                return rc;
+        }
+        const uint8_t *keep = r->tap.keep ? r->tap.keep[l] : NULL;
         for (int h = 0; h < c->n_heads; h++) {
             int kvh = h / group;
             /* scores[t] = q_h . k_t / sqrt(hd) for t = 0..pos */
             cblas_sgemv(CblasRowMajor, CblasNoTrans, pos + 1, hd, scale, kl + (size_t)kvh * hd,
                         kvd, q + (size_t)h * hd, 1, 0.0f, r->att, 1);
+            if (r->tap.att_logit)
+                memcpy(r->tap.att_logit + (lo * (size_t)c->n_heads + (size_t)h) * S, r->att,
+                       (size_t)(pos + 1) * sizeof(float));
+            if (keep) /* rows an eviction policy dropped get no weight */
+                for (int t = 0; t <= pos; t++)
+                    if (!keep[(size_t)kvh * r->tap.keep_stride + t])
+                        r->att[t] = -INFINITY;
             float mx = r->att[0];
             for (int t = 1; t <= pos; t++)
                 mx = r->att[t] > mx ? r->att[t] : mx;
@@ -696,6 +741,8 @@ int fk_llama2c_forward(struct fk_llama2c_run *r, int token, int pos, const float
             cblas_sgemv(CblasRowMajor, CblasTrans, pos + 1, hd, 1.0f, vl + (size_t)kvh * hd,
                         kvd, r->att, 1, 0.0f, r->xb + (size_t)h * hd, 1);
         }
+        if (r->tap.att_out)
+            memcpy(r->tap.att_out + lo * d, r->xb, (size_t)d * sizeof(float));
         matvec(r->xb2, m->wo + lo * d * d, r->xb, d, d);
         for (int i = 0; i < d; i++)
             r->x[i] += r->xb2[i];
@@ -716,6 +763,24 @@ int fk_llama2c_forward(struct fk_llama2c_run *r, int token, int pos, const float
     if (logits)
         *logits = r->logits;
     return FK_OK;
+}
+
+float *fk_llama2c_kv_row(struct fk_llama2c_run *r, int layer, enum fk_kind kind, int pos)
+{
+    const struct fk_llama2c_config *c = &r->m->cfg;
+    if (layer < 0 || layer >= c->n_layers || pos < 0 || pos >= c->seq_len
+        || (kind != FK_KIND_K && kind != FK_KIND_V))
+        return NULL;
+    float *base = kind == FK_KIND_K ? r->kc : r->vc;
+    return base + ((size_t)layer * (size_t)c->seq_len + (size_t)pos) * (size_t)c->kv_dim;
+}
+
+void fk_llama2c_set_tap(struct fk_llama2c_run *r, const struct fk_llama2c_tap *tap)
+{
+    if (tap)
+        r->tap = *tap;
+    else
+        memset(&r->tap, 0, sizeof r->tap);
 }
 
 int fk_llama2c_gather(const struct fk_llama2c_run *r, int layer, enum fk_kind kind, int n,
@@ -816,9 +881,10 @@ int fk_llama2c_write_trace(const struct fk_llama2c_run *r, const struct fk_llama
     info.n_tokens = T;
     info.prompt_len = g->prompt_len;
     info.keys_post_rope = 1;
-    info.rope_theta = ROPE_THETA;
-    /* rope(): pairs (2i, 2i+1), f_i = theta^(-2i/d), no scaling */
-    info.has_rope = 1;
+    info.rope_theta = r->m->rope_default ? ROPE_THETA : 0.0;
+    /* rope(): pairs (2i, 2i+1), f_i = theta^(-2i/d), no scaling; other tables (another
+     * base, a scaling) are not described by a theta: the trace leaves its RoPE out */
+    info.has_rope = r->m->rope_default;
     info.rope = (struct fk_rope){.theta = ROPE_THETA, .layout = FK_ROPE_INTERLEAVED,
                                  .type = FK_ROPE_DEFAULT};
     info.has_queries = 1;

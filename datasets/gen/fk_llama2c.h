@@ -40,6 +40,13 @@ int fk_llama2c_model_load(const char *path, struct fk_llama2c_model **out);
 void fk_llama2c_model_free(struct fk_llama2c_model **m);
 const struct fk_llama2c_config *fk_llama2c_model_config(const struct fk_llama2c_model *m);
 const char *fk_llama2c_model_path(const struct fk_llama2c_model *m);
+/* The forward pass rotates by the checkpoint's freq_cis tables (any RoPE base or scaling
+ * baked into them); 1 when they are the default theta 10000 tables to 1e-3, which it then
+ * evaluates in double (bit-identical to a runner that ignores the tables). Traces of a
+ * model with other tables carry no RoPE description (has_rope 0). */
+int fk_llama2c_model_rope_default(const struct fk_llama2c_model *m);
+/* Every float of the checkpoint after its header (*n of them): benchmarks read them. */
+const float *fk_llama2c_model_floats(const struct fk_llama2c_model *m, size_t *n);
 
 /* ---- tokenizer ---- */
 struct fk_llama2c_tokenizer;
@@ -86,6 +93,33 @@ int fk_llama2c_run_len(const struct fk_llama2c_run *r);
  * as [H_q, n, head_dim]; all post-RoPE. dst is caller-owned. */
 int fk_llama2c_gather(const struct fk_llama2c_run *r, int layer, enum fk_kind kind, int n,
                       float *dst);
+
+/* The cache row of one layer at position pos ([kv_dim], head h at h * head_dim), writable:
+ * the closed loop (harness/loop) replaces a compressed token's exact row by the codec's
+ * reconstruction, which every later forward's attention then reads. NULL when layer or pos
+ * is out of range (pos < seq_len; rows at or after the tokens fed are scratch). */
+float *fk_llama2c_kv_row(struct fk_llama2c_run *r, int layer, enum fk_kind kind, int pos);
+
+/* Optional taps of a forward pass (each pointer may be NULL): att_out [L][dim] receives each
+ * layer's attention output (the heads' softmax-weighted values, before wo), att_logit
+ * [L][n_heads][seq_len] each query head's attention logits q.k / sqrt(head_dim) over
+ * positions 0..pos (entries after pos untouched). tap NULL turns them off; the struct is
+ * copied. */
+struct fk_llama2c_tap {
+    float *att_out;
+    float *att_logit;
+    /* (optional) Called at every layer once position pos's query, key and value are computed
+     * (post-RoPE; key and value in the cache rows of pos) and before its attention; it may
+     * edit cache rows and masks. A negative return stops the forward pass with that error. */
+    int (*pre_attention)(void *ctx, int layer, int pos, const float *q);
+    void *ctx;
+    /* (optional) [n_layers] masks [n_kv_heads][keep_stride] bytes: the attention of a query
+     * head reads only rows j <= pos with keep[layer][kv_head * keep_stride + j] = 1 (the
+     * caller keeps at least one; att_logit still receives every row's logit). */
+    uint8_t *const *keep;
+    int keep_stride;
+};
+void fk_llama2c_set_tap(struct fk_llama2c_run *r, const struct fk_llama2c_tap *tap);
 
 /* ---- sampling and generation ---- */
 struct fk_llama2c_sampling {
@@ -136,7 +170,8 @@ struct fk_llama2c_trace_meta {
 };
 
 /* Writes the run's first g->n_tokens positions as a fadkv-trace file (source "llama2c",
- * post-RoPE keys, rope_theta 10000, queries for every token). */
+ * post-RoPE keys, rope_theta 10000 unless the checkpoint's RoPE tables are other ones,
+ * queries for every token). */
 int fk_llama2c_write_trace(const struct fk_llama2c_run *r, const struct fk_llama2c_gen *g,
                            const char *path, enum fk_encoding enc,
                            const struct fk_llama2c_trace_meta *meta);

@@ -50,6 +50,8 @@ static const struct fk_synth_knob knobs[] = {
     KU("model_seed", model_seed, 1, "synthetic-model seed (bases, outliers, sinks)"),
     KI("queries", queries, 1, 0, 1, "write queries (1) or not (0)"),
     KI("query_stride", query_stride, 1, 1, MAX_T, "one query row every N tokens"),
+    KI("prefill_queries", prefill_queries, 0, 0, 1,
+       "1: also every prefill token's query (eviction policies; other rows unchanged)"),
     KI("rope", rope, 1, 0, 1, "apply RoPE to keys and queries"),
     KD("rope_theta", rope_theta, 500000, 1, 1e12, "RoPE base theta"),
     KI("rope_half", rope_half, 0, 0, 1, "RoPE pairs: 0 = (2i,2i+1), 1 = (i,i+d/2)"),
@@ -270,12 +272,24 @@ static int query_start(const struct fk_synth_opts *o)
     return o->decode > 0 ? o->prefill : 1;
 }
 
-int fk_synth_n_queries(const struct fk_synth_opts *o)
+/* The rows of the decode range (query_start on, every query_stride tokens). */
+static int n_range_queries(const struct fk_synth_opts *o)
 {
     int T = o->prefill + o->decode, s = query_start(o);
     if (!o->queries || T <= s)
         return 0;
     return (T - s + o->query_stride - 1) / o->query_stride;
+}
+
+/* The rows of the prefill range (prefill_queries: tokens 0 .. query_start-1), first. */
+static int n_prefill_queries(const struct fk_synth_opts *o)
+{
+    return o->queries && o->prefill_queries ? query_start(o) : 0;
+}
+
+int fk_synth_n_queries(const struct fk_synth_opts *o)
+{
+    return n_prefill_queries(o) + n_range_queries(o);
 }
 
 void fk_synth_info(const struct fk_synth_opts *o, struct fk_trace_info *in)
@@ -304,7 +318,7 @@ void fk_synth_info(const struct fk_synth_opts *o, struct fk_trace_info *in)
 
 /* ---- random streams ------------------------------------------------------------------ */
 
-enum purpose { P_MODEL = 0, P_CONTENT = 1, P_QUERY = 2 };
+enum purpose { P_MODEL = 0, P_CONTENT = 1, P_QUERY = 2, P_QUERY_PREFILL = 3 };
 
 /* Seed of one stream: first 4 bytes (big-endian) of
  * SHA-256("fk_synth/v1/<purpose>/<seed>/<seq>/<layer>/<head>/<kind>"); seq = -1 for the
@@ -697,12 +711,19 @@ static int cmp_double(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
-/* Queries [Tq][d] of query head qh, which reads KV head g (model h, post-RoPE keys kf). */
+/* The query rows of tokens q0, q0 + stride, ... (nq of them) of one range. */
+struct qrange {
+    int q0, nq, stride;
+    enum purpose purpose;        /* its random stream */
+};
+
+/* Queries [nq][d] of range rg of query head qh, which reads KV head g (model h, post-RoPE
+ * keys kf). */
 static int head_queries(const struct head *h, const struct fk_synth_opts *o, int seq,
                         int layer, int qh, const float *kf, const double *cs, const double *sn,
-                        float *dst)
+                        const struct qrange *rg, float *dst)
 {
-    int d = h->d, r = h->r, nq = fk_synth_n_queries(o), q0 = query_start(o);
+    int d = h->d, r = h->r, nq = rg->nq, q0 = rg->q0;
     int T = o->prefill + o->decode, hd = d / 2;
     double *sig = malloc(sizeof(double) * (size_t)nq * d); /* raw pre-RoPE signal + noise */
     double *a = malloc(sizeof(double) * (size_t)r);
@@ -710,7 +731,7 @@ static int head_queries(const struct head *h, const struct fk_synth_opts *o, int
     double *ur = malloc(sizeof(double) * (size_t)d);
     double *z = malloc(sizeof(double) * (size_t)T);
     double *u = malloc(sizeof(double) * (size_t)T);
-    gsl_rng *rng = stream(P_QUERY, o->seed, seq, layer, qh, FK_KIND_Q);
+    gsl_rng *rng = stream(rg->purpose, o->seed, seq, layer, qh, FK_KIND_Q);
     int rc = FK_OK;
     if (!sig || !a || !x || !ur || !z || !u || !rng) {
         rc = fk_err(FK_ENOMEM, "synth: out of memory (queries)");
@@ -719,12 +740,13 @@ static int head_queries(const struct head *h, const struct fk_synth_opts *o, int
     double mix = o->query_target_mix, rest = sqrt(1.0 - mix * mix);
     double qn = o->query_noise * sqrt((double)r / d);
     for (int q = 0; q < nq; q++) {
-        int t = q0 + q * o->query_stride;
-        /* target key in [1, t]: recent window with probability query_recent_frac */
+        int t = q0 + q * rg->stride;
+        /* target key in [1, t]: recent window with probability query_recent_frac (token 0's
+         * query, of the prefill range only, targets the sink) */
         int lo = 1;
         if (gsl_rng_uniform(rng) < o->query_recent_frac && t - o->query_recent_window + 1 > 1)
             lo = t - o->query_recent_window + 1;
-        int tgt = lo + (int)gsl_rng_uniform_int(rng, (unsigned long)(t - lo + 1));
+        int tgt = t < 1 ? 0 : lo + (int)gsl_rng_uniform_int(rng, (unsigned long)(t - lo + 1));
         const double *ct = h->coef + (size_t)tgt * r;
         double cn = sqrt(dot(ct, ct, r));
         for (int j = 0; j < r; j++)
@@ -748,7 +770,7 @@ static int head_queries(const struct head *h, const struct fk_synth_opts *o, int
         double beta = pass ? (nb && beta_acc > 0 ? o->attn_logit_std / (beta_acc / nb) : 1.0)
                            : 1.0;
         for (int p = 0; p < np_; p++) {
-            int q = (int)((2L * p + 1) * nq / (2L * np_)), t = q0 + q * o->query_stride;
+            int q = (int)((2L * p + 1) * nq / (2L * np_)), t = q0 + q * rg->stride;
             memcpy(x, sig + (size_t)q * d, sizeof(double) * (size_t)d);
             memcpy(ur, h->sink, sizeof(double) * (size_t)d);
             if (o->rope) {
@@ -786,7 +808,7 @@ static int head_queries(const struct head *h, const struct fk_synth_opts *o, int
                                           : 0.5 * (gam[np_ / 2 - 1] + gam[np_ / 2]))
                                : 0.0;
             for (int q = 0; q < nq; q++) {
-                int t = q0 + q * o->query_stride;
+                int t = q0 + q * rg->stride;
                 const double *s = sig + (size_t)q * d;
                 for (int c = 0; c < d; c++)
                     x[c] = beta * s[c] + gamma * h->sink[c];
@@ -848,10 +870,19 @@ int fk_synth_layer(const struct fk_synth_opts *o, int seq_index, int layer, floa
         if (rc)
             break;
         rc = head_tokens(&hk, o, seq_index, layer, g, FK_KIND_K, cs, sn, kf);
+        /* the prefill range's rows first, then the decode range's (as without it) */
+        struct qrange pre = {.q0 = 0, .nq = n_prefill_queries(o), .stride = 1,
+                              .purpose = P_QUERY_PREFILL};
+        struct qrange dec = {.q0 = query_start(o), .nq = n_range_queries(o),
+                             .stride = o->query_stride, .purpose = P_QUERY};
         for (int j = 0; j < group && rc == FK_OK && queries && nq > 0; j++) {
             int qh = g * group + j;
-            rc = head_queries(&hk, o, seq_index, layer, qh, kf, cs, sn,
-                              queries + (size_t)qh * nq * d);
+            float *qd = queries + (size_t)qh * nq * d;
+            if (pre.nq > 0)
+                rc = head_queries(&hk, o, seq_index, layer, qh, kf, cs, sn, &pre, qd);
+            if (rc == FK_OK && dec.nq > 0)
+                rc = head_queries(&hk, o, seq_index, layer, qh, kf, cs, sn, &dec,
+                                  qd + (size_t)pre.nq * d);
         }
         head_free(&hk);
         if (rc)
@@ -865,7 +896,9 @@ int fk_synth_layer(const struct fk_synth_opts *o, int seq_index, int layer, floa
     }
     if (rc == FK_OK && qidx)
         for (int q = 0; q < nq; q++)
-            qidx[q] = query_start(o) + q * o->query_stride;
+            qidx[q] = q < n_prefill_queries(o) ? q
+                                                : query_start(o) +
+                                                      (q - n_prefill_queries(o)) * o->query_stride;
     free(cs);
     free(sn);
     if (rc)

@@ -35,6 +35,9 @@ struct fk_synth_opts {
     enum fk_encoding encoding; /* on-disk element type */
     int queries;             /* 1: write queries and query_token_idx */
     int query_stride;        /* one query row every query_stride tokens */
+    int prefill_queries;     /* 1: also the queries of the prefill tokens before the first
+                              * query row (eviction policies read them), from a stream of
+                              * their own: the other rows stay those of 0 */
     /* RoPE */
     int rope;                /* 1: keys and queries post-RoPE; 0: pre-RoPE (for tests) */
     double rope_theta;       /* base theta; pair i turns by pos * theta^(-2i/d) rad */

@@ -192,8 +192,13 @@ static int bench_cell(struct bench *b, int c, const struct fk_bench_replay_hooks
     const struct fk_sweep *s = b->s;
     const struct fk_sweep_cell *cell = &s->cells[c];
     struct fk_cell_input in = cell_input(b, cell->ops, cell->opts);
+    in.evict = cell->evict; /* a token-eviction policy over the codec: "CODEC+POLICY" */
+    in.evict_opts = cell->evict_opts;
+    char name[128];
+    snprintf(name, sizeof name, "%s%s%s", cell->ops->name, cell->evict ? "+" : "",
+             cell->evict ? cell->evict->name : "");
     struct fk_cell_result res;
-    struct fk_bench_cell_row row = {.codec = cell->ops->name};
+    struct fk_bench_cell_row row = {.codec = name};
     FK_TRY(run(b, &in, s->jobs, s->attention, 0, NULL, &res, &row.t));
     double w0 = fk_wall_s();
     struct fk_cell_meta meta = {.ops = cell->ops, .opts = cell->opts, .dataset = b->ds->name,
@@ -201,7 +206,8 @@ static int bench_cell(struct bench *b, int c, const struct fk_bench_replay_hooks
                                 .n_traces = b->ds->n_traces, .dict = b->ds->dict,
                                 .basis = (cell->ops->caps & FK_CAP_BASIS) ? b->ds->basis : NULL,
                                 .sweep = s->name, .repeat = cell->repeat,
-                                .attn_stride = s->attention ? s->attn_stride : 0};
+                                .attn_stride = s->attention ? s->attn_stride : 0,
+                                .evict = cell->evict, .evict_opts = cell->evict_opts};
     memcpy(meta.id, cell->id, sizeof meta.id);
     int rc = fk_results_commit(s->output, &meta, &res);
     fk_cell_result_free(&res);

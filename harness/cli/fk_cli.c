@@ -18,6 +18,7 @@
 #include "common/fk_clock.h"
 #include "common/fk_err.h"
 #include "core/fk_codec.h"
+#include "core/fk_evict.h"
 #include "engine/fk_sweep.h"
 #include "formats/fk_basis.h"
 #include "formats/fk_dict.h"
@@ -52,6 +53,8 @@ static const struct command commands[] = {
     {"synth", "--out DIR [...]", "write synthetic traces (--help)", fk_cli_synth},
     {"trace", "--model M --tokenizer T --prompt TEXT --steps N --out DIR",
      "decode with a llama2.c model and write its trace", fk_cli_trace},
+    {"loop", "--model M --prompt TEXT --steps N --codec NAME [...]",
+     "one codec in the loop of a llama2.c model (--help)", fk_cli_loop},
     {"train-dict", "[...]", "train per-layer dictionaries (--help)", fk_cli_train_dict},
     {"train-basis", "--out BASIS.h5 [--group g] [--max-rank k] TRACES...",
      "per-layer PCA bases for the low-rank codecs (--help)", fk_cli_train_basis},
@@ -72,6 +75,8 @@ static const struct command commands[] = {
 static const struct command bench_commands[] = {
     {"omp", "[...]", "OMP kernel benchmark", fk_cli_bench_omp},
     {"replay", "[...]", "replay benchmark vs reference", fk_cli_bench_replay},
+    {"loop", "--model M.bin [--make-model] [...]",
+     "closed loop: exact tokens/s vs the bandwidth floor, codec overheads", fk_cli_bench_loop},
     {NULL, NULL, NULL, NULL},
 };
 
@@ -99,6 +104,33 @@ static int fail(const char *what)
 
 /* ---- codecs --------------------------------------------------------------------------- */
 
+/* One codec's (or policy's, seen through its option table) options with their defaults. */
+static int print_options(const struct fk_codec_ops *c)
+{
+    for (const struct fk_option *o = c->options; o->name; o++) {
+        char def[64];
+        void *tmp = calloc(1, c->opts_size);
+        if (!tmp)
+            return fail("out of memory");
+        fk_opts_defaults(c, tmp);
+        fk_opts_format(tmp, o, def, sizeof def);
+        free(tmp);
+        if (o->type == FK_OPT_ENUM) {
+            char ch[256] = "";
+            for (int k = 0; o->choices[k]; k++) {
+                size_t n = strlen(ch);
+                snprintf(ch + n, sizeof ch - n, "%s%s", k ? "|" : "", o->choices[k]);
+            }
+            printf("    %-14s = %-10s %s [%s]\n", o->name, def, o->help, ch);
+        } else if (o->type == FK_OPT_BOOL) {
+            printf("    %-14s = %-10s %s\n", o->name, def, o->help);
+        } else {
+            printf("    %-14s = %-10s %s [%g, %g]\n", o->name, def, o->help, o->min, o->max);
+        }
+    }
+    return 0;
+}
+
 int fk_cli_codecs(int argc, char **argv)
 {
     (void)argc;
@@ -110,27 +142,19 @@ int fk_cli_codecs(int argc, char **argv)
         if (file)
             printf("    (plugin %s, family %s, sha256 %.16s...)\n", file, fk_codec_family(c),
                    fk_codec_plugin_sha256(c));
-        for (const struct fk_option *o = c->options; o->name; o++) {
-            char def[64];
-            void *tmp = calloc(1, c->opts_size);
-            if (!tmp)
-                return fail("out of memory");
-            fk_opts_defaults(c, tmp);
-            fk_opts_format(tmp, o, def, sizeof def);
-            free(tmp);
-            if (o->type == FK_OPT_ENUM) {
-                char ch[256] = "";
-                for (int k = 0; o->choices[k]; k++) {
-                    size_t n = strlen(ch);
-                    snprintf(ch + n, sizeof ch - n, "%s%s", k ? "|" : "", o->choices[k]);
-                }
-                printf("    %-14s = %-10s %s [%s]\n", o->name, def, o->help, ch);
-            } else if (o->type == FK_OPT_BOOL) {
-                printf("    %-14s = %-10s %s\n", o->name, def, o->help);
-            } else {
-                printf("    %-14s = %-10s %s [%g, %g]\n", o->name, def, o->help, o->min, o->max);
-            }
-        }
+        if (print_options(c))
+            return 1;
+    }
+    printf("\neviction policies ([[codec]] evict = \"...\", over any codec above except those "
+           "whose dictionary grows or adapts; their options are keys of the same block; "
+           "docs/EVICTION.md):\n");
+    for (int i = 0; fk_evict_policies[i]; i++) {
+        const struct fk_evict_ops *e = fk_evict_policies[i];
+        struct fk_codec_ops view = {.name = e->name, .opts_size = e->opts_size,
+                                    .options = e->options};
+        printf("%s: %s\n", e->name, e->summary);
+        if (print_options(&view))
+            return 1;
     }
     printf("\npresets ([[codec]] preset = \"...\"):\n");
     for (int i = 0; fk_presets[i].name; i++)
@@ -483,6 +507,14 @@ static void print_cell_label(const struct fk_sweep *s, const struct fk_sweep_cel
             fprintf(f, " %s=%s", o->name, t);
         }
     }
+    if (c->evict) { /* the eviction policy and all its options */
+        fprintf(f, " evict=%s", c->evict->name);
+        for (const struct fk_option *o = c->evict->options; o->name; o++) {
+            char t[64];
+            fk_opts_format(c->evict_opts, o, t, sizeof t);
+            fprintf(f, " %s=%s", o->name, t);
+        }
+    }
     if (s->repeats > 1)
         fprintf(f, " rep=%d", c->repeat);
 }
@@ -508,18 +540,27 @@ static int print_dry_run(const struct fk_sweep *s, int sh_i, int sh_n)
         return fail("dry run");
     }
     double total = 0;
+    int unknown = 0;
     printf("%-16s %-10s %-10s options / estimated GMAC\n", "cell", "codec", "dataset");
     for (int c = 0; c < s->n_cells; c++) {
         if (shard[c] != (sh_n > 1 ? sh_i : 0))
             continue;
         double macs = fk_sweep_cell_macs(s, &s->cells[c], NULL);
-        total += macs;
         n++;
         print_cell_label(s, &s->cells[c], stdout);
-        printf("  %.3g GMAC\n", macs / 1e9);
+        if (isfinite(macs)) {
+            total += macs;
+            printf("  %.3g GMAC\n", macs / 1e9);
+        } else { /* a model dataset: its traces are the decodes the run will make */
+            unknown++;
+            printf("  (known once the model has decoded)\n");
+        }
     }
-    printf("%d cell(s)%s, about %.3g GMAC of coding in total (about %.3g s at 10 GMAC/s)\n",
+    printf("%d cell(s)%s, about %.3g GMAC of coding in total (about %.3g s at 10 GMAC/s)",
            n, sh_n > 1 ? " in this shard" : "", total / 1e9, total / 1e10);
+    if (unknown)
+        printf(", not counting %d cell(s) of model datasets", unknown);
+    printf("\n");
     free(shard);
     return 0;
 }

@@ -198,6 +198,8 @@ static int window_lo(const struct fk_attn_in *in)
     return lo > 0 ? lo : 0;
 }
 
+static double softmax_from(double *z, int n, int lo, double *p);
+
 /* The model's logits from the scaled dot products z[0..n): soft-capped when the layer caps
  * them, then p = softmax over the visible keys lo..n-1 (p = 0 before lo); returns LSE. With
  * neither (the default) this is softmax(z, n, p). */
@@ -206,9 +208,38 @@ static double logits_softmax(const struct fk_attn_in *in, double *z, int n, int 
     if (in->softcap > 0)
         for (int i = 0; i < n; i++)
             z[i] = in->softcap * tanh(z[i] / in->softcap);
+    return softmax_from(z, n, lo, p);
+}
+
+/* p = softmax over the visible keys lo..n-1 of z (p = 0 before lo); returns LSE. */
+static double softmax_from(double *z, int n, int lo, double *p)
+{
     for (int i = 0; i < lo; i++)
         p[i] = 0;
     return softmax(z + lo, n - lo, p + lo);
+}
+
+/* The compressed logits zh of KV head g after the layer's cap, with dropped keys at -inf
+ * (P_hat = 0 there), then P_hat as logits_softmax. */
+static double logits_softmax_kept(const struct fk_attn_in *in, int g, double *zh, int n, int lo,
+                                  double *ph)
+{
+    if (!in->keep)
+        return logits_softmax(in, zh, n, lo, ph);
+    if (in->softcap > 0)
+        for (int i = 0; i < n; i++)
+            zh[i] = in->softcap * tanh(zh[i] / in->softcap);
+    const uint8_t *kp = in->keep + (size_t)g * in->n_tokens;
+    for (int i = 0; i < n; i++)
+        if (!kp[i])
+            zh[i] = -INFINITY;
+    return softmax_from(zh, n, lo, ph);
+}
+
+/* Row i of KV head g is retained (no policy: every row). */
+static int kept(const struct fk_attn_in *in, int g, int i)
+{
+    return !in->keep || in->keep[(size_t)g * in->n_tokens + i];
 }
 
 int fk_attn_topk(const double *z, int n, int k, int32_t *out)
@@ -248,16 +279,28 @@ static void head_metrics(const double *z, const double *zh, const double *p, con
         met->cos = oo == hh ? 1 : 0;
     }
     met->relerr = oo > 0 ? sqrt(dd) / sqrt(oo) : hh > 0 ? 1 : 0;
-    double kl = 0, mass = 0, tv = 0;
+    double kl = 0, mass = 0, tv = 0, rkl = 0, ret = 0;
+    int dropped = 0;
     for (int i = 0; i < n; i++) {
+        if (zh[i] == -INFINITY) { /* a dropped key (eviction): P_hat = 0 */
+            dropped = 1;
+            tv += p[i];
+            continue;
+        }
         kl += p[i] * (z[i] - zh[i]);
         tv += fabs(p[i] - ph[i]);
+        ret += p[i];
+        if (ph[i] > 0)
+            rkl += ph[i] * (zh[i] - z[i]);
     }
     met->tv = 0.5 * tv;
     for (int i = 0; i < n_comp; i++)
         mass += p[i];
-    met->kl = kl - lse + lseh;
+    /* KL(P || P_hat) is infinite once a key P weighs is dropped: empty (NaN), never inf */
+    met->kl = dropped ? NAN : kl - lse + lseh;
     met->mass = mass;
+    met->rkl = rkl + lse - lseh;
+    met->retained = ret;
     int32_t ta[TOPK_MAX], tb[TOPK_MAX];
     int na = fk_attn_topk(z, n, TOPK_MAX, ta);
     fk_attn_topk(zh, n, TOPK_MAX, tb);
@@ -307,6 +350,8 @@ static int acc_add(struct fk_attn_acc *acc, const struct fk_attn_metrics *met, i
         for (int q = 0; q < 3; q++)
             acc->top_sum[q] += e->top[q];
         acc->mass_sum += e->mass;
+        acc->rkl_sum += e->rkl;
+        acc->retained_sum += e->retained;
     }
     return FK_OK;
 }
@@ -334,6 +379,8 @@ int fk_attn_acc_merge(struct fk_attn_acc *dst, const struct fk_attn_acc *src)
     for (int q = 0; q < 3; q++)
         dst->top_sum[q] += src->top_sum[q];
     dst->mass_sum += src->mass_sum;
+    dst->rkl_sum += src->rkl_sum;
+    dst->retained_sum += src->retained_sum;
     return FK_OK;
 }
 
@@ -435,6 +482,10 @@ static int check_in(const struct fk_attn_in *in)
         return fk_err(FK_EINVAL, "attention: missing queries, keys or values");
     if ((in->n_comp_k > 0 || in->n_comp_v > 0) && (!in->ops || !in->ops->reconstruct || !in->kstate || !in->vstate))
         return fk_err(FK_EINVAL, "attention: compressed rows but no codec states");
+    for (int g = 0; in->keep && g < in->n_kv_heads; g++)
+        if (!in->keep[(size_t)g * in->n_tokens + in->t])
+            return fk_err(FK_EINVAL, "attention: token %d of KV head %d is not retained (an "
+                          "eviction policy must keep the current token)", in->t, g);
     return FK_OK;
 }
 
@@ -511,6 +562,8 @@ static int keys_compressed(const struct fk_attn_in *in, struct fk_attn_scratch *
             int nnz = 0;
             const int32_t *idx = NULL;
             const float *coef = NULL;
+            if (!kept(in, g, i))
+                continue; /* a dropped row is never read (its logit is set to -inf) */
             FK_TRY(ops->sparse_row(in->kstate, g, i, &nnz, &idx, &coef));
             for (int e = 0; e < nnz; e++)
                 if (idx[e] < 0 || idx[e] >= na)
@@ -528,6 +581,8 @@ static int keys_compressed(const struct fk_attn_in *in, struct fk_attn_scratch *
     /* the kernel of the exact logits: a codec that stores rows exactly gives z_hat == z */
     const double *qg = s->qd + (size_t)h0 * m;
     for (int i = 0; i < in->n_comp_k; i++) {
+        if (!kept(in, g, i))
+            continue;
         FK_TRY(ops->reconstruct(in->kstate, g, i, s->row));
         dot_heads(qg, r, s->row, m, s->pw);
         for (int hl = 0; hl < r; hl++)
@@ -554,6 +609,8 @@ static int values_dense(const struct fk_attn_in *in, struct fk_attn_scratch *s, 
     memset(oh, 0, sizeof(double) * (size_t)r * m);
     for (int i = 0; i < n; i++) {
         const float *x;
+        if (!kept(in, g, i))
+            continue;
         if (i < in->n_comp_v) {
             FK_TRY(in->ops->reconstruct(in->vstate, g, i, s->row));
             x = s->row;
@@ -591,6 +648,8 @@ static int values_sparse(const struct fk_attn_in *in, struct fk_attn_scratch *s)
             int nnz = 0;
             const int32_t *idx = NULL;
             const float *coef = NULL;
+            if (!kept(in, g, i))
+                continue;
             FK_TRY(ops->sparse_row(in->vstate, g, i, &nnz, &idx, &coef));
             double *pw = s->pw; /* the r heads' weights of token i, gathered once */
             for (int hl = 0; hl < r; hl++)
@@ -615,6 +674,8 @@ static int values_sparse(const struct fk_attn_in *in, struct fk_attn_scratch *s)
         s->oh[e] = s->of[e];
     for (int g = 0; g < in->n_kv_heads; g++) {
         for (int i = in->n_comp_v; i < n; i++) {
+            if (!kept(in, g, i))
+                continue;
             for (int hl = 0; hl < r; hl++)
                 s->pw[hl] = s->ph[(size_t)(g * r + hl) * T + i];
             axpy_heads(s->pw, r, exact_row(in, 1, g, i, s->xrow), s->oh + (size_t)g * r * m,
@@ -628,7 +689,7 @@ int fk_attn_eval(const struct fk_attn_in *in, struct fk_attn_scratch *s,
                  struct fk_attn_acc *acc)
 {
     FK_TRY(check_in(in));
-    if (in->n_comp_k == 0 && in->n_comp_v == 0) {
+    if (in->n_comp_k == 0 && in->n_comp_v == 0 && !in->keep) {
         acc->skipped_steps++;
         return FK_OK;
     }
@@ -665,7 +726,8 @@ int fk_attn_eval(const struct fk_attn_in *in, struct fk_attn_scratch *s,
             int h = h0 + hl;
             size_t off = (size_t)h * T;
             s->lse[h] = logits_softmax(in, s->z + off, n, lo, s->p + off);
-            s->lse[s->n_q_heads + h] = logits_softmax(in, s->zh + off, n, lo, s->ph + off);
+            s->lse[s->n_q_heads + h] = logits_softmax_kept(in, g, s->zh + off, n, lo,
+                                                           s->ph + off);
         }
         double *o = s->o + (size_t)h0 * m;
         memset(o, 0, sizeof(double) * (size_t)r * m);
@@ -695,7 +757,7 @@ int fk_attn_eval_naive_out(const struct fk_attn_in *in, struct fk_attn_acc *acc,
                            double *o_hat, struct fk_attn_metrics *met)
 {
     FK_TRY(check_in(in));
-    if (in->n_comp_k == 0 && in->n_comp_v == 0) {
+    if (in->n_comp_k == 0 && in->n_comp_v == 0 && !in->keep) {
         acc->skipped_steps++;
         return FK_OK;
     }
@@ -718,7 +780,9 @@ int fk_attn_eval_naive_out(const struct fk_attn_in *in, struct fk_attn_acc *acc,
             size_t dst = ((size_t)g * n + i) * m;
             for (int kind = 0; kind < 2 && rc == FK_OK; kind++) {
                 float *row = (kind ? vh : kh) + dst;
-                if (i < (kind ? in->n_comp_v : in->n_comp_k)) {
+                if (!kept(in, g, i)) {
+                    memset(row, 0, sizeof(float) * (size_t)m); /* never read: P_hat = 0 */
+                } else if (i < (kind ? in->n_comp_v : in->n_comp_k)) {
                     rc = in->ops->reconstruct(kind ? in->vstate : in->kstate, g, i, row);
                 } else {
                     const float *x = exact_row(in, kind, g, i, row);
@@ -735,7 +799,8 @@ int fk_attn_eval_naive_out(const struct fk_attn_in *in, struct fk_attn_acc *acc,
             zz[i] = dotd(q, exact_row(in, 0, g, i, xr), m) / sqrtm;
             zh[i] = dotd(q, kh + ((size_t)g * n + i) * m, m) / sqrtm;
         }
-        double lse = logits_softmax(in, zz, n, lo, p), lseh = logits_softmax(in, zh, n, lo, ph);
+        double lse = logits_softmax(in, zz, n, lo, p);
+        double lseh = logits_softmax_kept(in, g, zh, n, lo, ph);
         double *oe = o, *oa = o + m;
         memset(o, 0, sizeof(double) * 2 * (size_t)m);
         for (int i = 0; i < n; i++) {

@@ -30,6 +30,11 @@ struct fk_attn_in {
      * (softcap > 0), over the keys t-window+1 .. t only (window > 0). */
     double inv_scale, softcap;
     int window;
+    /* (optional) The retained rows [n_kv_heads][n_tokens] (1 = kept) of a token-eviction
+     * policy (core/fk_evict.h), NULL = all kept: o_hat and P_hat read only kept rows (a
+     * dropped row is never reconstructed), P_hat is the softmax over the kept visible keys,
+     * and KL(P || P_hat) is NaN when a visible key is dropped. Token t is always kept. */
+    const uint8_t *keep;
 };
 
 /* Accumulators of one (trace, layer); merged in a fixed order by the caller. */
@@ -42,6 +47,8 @@ struct fk_attn_acc {
     double tv_sum;                /* sum of the total variation 1/2 sum |P - P_hat| */
     double top_sum[3];            /* sums of top-k overlap, k = 1, 8, 32 */
     double mass_sum;              /* sum of the exact attention mass on compressed keys */
+    double rkl_sum;               /* sum of the reverse KL(P_hat || P) */
+    double retained_sum;          /* sum of the exact attention mass on retained keys */
     double *cos_vals;             /* [n] every cos value (for percentiles), malloc'd */
     long cos_cap;                 /* allocated length of cos_vals */
 };
@@ -54,6 +61,9 @@ struct fk_attn_metrics {
     double tv;                    /* total variation 1/2 sum |P - P_hat| */
     double top[3];                /* top-k overlap for k = 1, 8, 32, in [0, 1] */
     double mass;                  /* exact attention mass on the compressed keys */
+    double rkl;                   /* reverse KL(P_hat || P), nats: -log(retained) when the
+                                   * kept keys are exact (families.md 0.1 item 5) */
+    double retained;              /* exact attention mass on the retained keys (1: no eviction) */
 };
 
 /* Per-thread working memory of fk_attn_eval: logits and softmax of every query head

@@ -25,6 +25,8 @@ void fk_drive_free(struct fk_drive *d)
     free(d->head);
     free(d->out);
     free(d->evict_step);
+    free(d->prev);
+    free(d->dropped);
     memset(d, 0, sizeof *d);
 }
 
@@ -145,6 +147,71 @@ static struct fk_step step_of(const struct fk_unit *u, int t, enum fk_step_when 
                             .n_comp = {u->n_comp[0], u->n_comp[1]}, .when = when};
 }
 
+/* ---- the eviction policy ---------------------------------------------------------------- */
+
+static int policy_open(struct fk_drive *d, struct fk_unit *u)
+{
+    size_t n = (size_t)u->n_kv_heads * u->n_tokens;
+    if (n > d->cap_mask) {
+        FK_TRY(grow((void **)&d->prev, n, 1));
+        FK_TRY(grow((void **)&d->dropped, n, sizeof(int32_t)));
+        d->cap_mask = n;
+    }
+    memset(d->prev, 0, n);
+    d->n_dropped = 0;
+    struct fk_evict_env env = {.layer = u->layer, .n_kv_heads = u->n_kv_heads,
+                               .n_q_heads = u->n_q_heads, .head_dim = u->head_dim,
+                               .n_tokens = u->n_tokens, .prompt_len = u->prompt_len,
+                               .keep = u->keep, .inv_scale = u->attn_inv_scale,
+                               .softcap = u->attn_softcap};
+    int rc = u->evict->open(u->evict_opts, &env, &d->pst);
+    if (rc < 0)
+        return fk_err_context(rc, "%s: layer %d: opening eviction policy %s", u->path, u->layer,
+                              u->evict->name);
+    return FK_OK;
+}
+
+/* Runs the policy's hook for token t (prefill: t = P-1) after setting the arriving tokens'
+ * bits, then adds the rows it dropped to d->dropped. */
+static int policy_hook(struct fk_drive *d, struct fk_unit *u, int prefill, int t)
+{
+    int H = u->n_kv_heads, T = u->n_tokens;
+    int first = prefill ? 0 : t;
+    for (int h = 0; h < H; h++)
+        for (int j = first; j <= t; j++)
+            u->keep[(size_t)h * T + j] = d->prev[(size_t)h * T + j] = 1;
+    unsigned nd = u->evict->needs ? u->evict->needs(u->evict_opts) : 0;
+    struct fk_evict_view v = {.t = t, .k = u->kvf[0],
+                              .v = (nd & FK_EVICT_NEED_VALUES) ? u->kvf[1] : NULL,
+                              .q = u->qa, .n_qrows = u->n_qa, .qrow = u->qarow};
+    int (*hook)(void *, const struct fk_evict_view *) =
+        prefill ? u->evict->prefill : u->evict->decode;
+    double c0 = fk_clock_s(CLOCK_THREAD_CPUTIME_ID);
+    int rc = hook ? hook(d->pst, &v) : FK_OK;
+    u->times->t_encode += fk_clock_s(CLOCK_THREAD_CPUTIME_ID) - c0;
+    if (rc < 0)
+        return fk_err_context(rc, "%s: layer %d: eviction policy %s at token %d", u->path,
+                              u->layer, u->evict->name, t);
+    for (int h = 0; h < H; h++) {
+        uint8_t *kp = u->keep + (size_t)h * T, *pp = d->prev + (size_t)h * T;
+        int n = 0;
+        for (int j = 0; j <= t; j++) {
+            if (pp[j] && !kp[j])
+                d->dropped[d->n_dropped++] = h * T + j;
+            else if (!pp[j] && kp[j])
+                return fk_err(FK_EINVAL, "%s: layer %d: eviction policy %s re-admitted token "
+                              "%d of KV head %d", u->path, u->layer, u->evict->name, j, h);
+            pp[j] = kp[j];
+            n += kp[j];
+        }
+        if (n < 1 || (!prefill && !kp[t]))
+            return fk_err(FK_EINVAL, "%s: layer %d: eviction policy %s dropped %s of KV head "
+                          "%d at token %d", u->path, u->layer, u->evict->name,
+                          n < 1 ? "every token" : "the current token", h, t);
+    }
+    return FK_OK;
+}
+
 /* The decode steps P .. T-1 and their evictions (K's, then V's). */
 static int drive_decode(struct fk_drive *d, struct fk_unit *u)
 {
@@ -162,7 +229,13 @@ static int drive_decode(struct fk_drive *d, struct fk_unit *u)
     for (int t = u->prompt_len; t < u->n_tokens; t++) {
         int step = t - u->prompt_len;
         struct fk_step begin = step_of(u, t, FK_STEP_BEGIN);
+        if (u->evict) {
+            FK_TRY(policy_hook(d, u, 0, t));
+            begin.n_dropped = d->n_dropped;
+            begin.dropped = d->dropped;
+        }
         FK_TRY(notify_step(d, u, &begin));
+        d->n_dropped = 0;
         for (int k = 0; k < 2; k++) {
             if (!has[k] || e[k].step != step)
                 continue;
@@ -217,8 +290,12 @@ int fk_drive_unit(struct fk_drive *d, struct fk_unit *u, struct fk_unit_result *
             rc = d->obs.ops[j]->start(d->obs.self[j], u);
     if (rc == FK_OK)
         rc = open_states(u);
+    if (rc == FK_OK && u->evict)
+        rc = policy_open(d, u);
     if (rc == FK_OK)
         rc = drive_ahead(d, u);
+    if (rc == FK_OK && u->evict && u->prompt_len > 0)
+        rc = policy_hook(d, u, 1, u->prompt_len - 1);
     if (rc == FK_OK)
         rc = drive_decode(d, u);
     if (rc == FK_OK)
@@ -229,5 +306,8 @@ int fk_drive_unit(struct fk_drive *d, struct fk_unit *u, struct fk_unit_result *
             u->ops->close(u->st[k]);
         u->st[k] = NULL;
     }
+    if (d->pst)
+        u->evict->close(d->pst);
+    d->pst = NULL;
     return rc;
 }

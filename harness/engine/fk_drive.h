@@ -8,6 +8,12 @@
  * then the same for V; then each decode step: FK_STEP_BEGIN (attention sees the cache
  * before the step's eviction), the step's eviction (K, then V; a static codec's were
  * encoded ahead), FK_STEP_END.
+ *
+ * With a token-eviction policy (fk_unit.evict, core/fk_evict.h): after the prefill events
+ * the prefill hook, then at each decode token t, before FK_STEP_BEGIN, token t's mask bits
+ * and the decode hook; FK_STEP_BEGIN carries the rows the hooks dropped. The codec codes
+ * every row its schedule hands over, dropped or not (its event order stays the one it was
+ * written for); a dropped row is never read again and never counted (fk_observe.c).
  */
 #ifndef FK_DRIVE_H
 #define FK_DRIVE_H
@@ -27,6 +33,13 @@ struct fk_drive {
     struct fk_vec_out *out;      /* [cap_n] what encode() reported */
     int32_t *evict_step;         /* [cap_es] decode step evicting each token (static codecs) */
     size_t cap_x, cap_n, cap_es;
+    /* a token-eviction policy (fk_unit.evict): its state, the mask as last notified and
+     * the rows dropped since */
+    void *pst;
+    uint8_t *prev;
+    int32_t *dropped;
+    size_t cap_mask;
+    int n_dropped;
 };
 
 int fk_drive_init(struct fk_drive *d);

@@ -199,41 +199,87 @@ struct err_sums {
     double err_sum, err_enc_sum, res2_sum, x2_sum, nnz_sum;
 };
 
+/* What one coded row adds to the sums (kept per row under an eviction policy, which sums
+ * the rows retained at the end only). */
+struct row_err {
+    float err, err_enc;
+    double xx;
+    int32_t nnz;
+    uint8_t coded, zero, prefill;
+};
+
 struct obs_errors {
     struct err_sums k[2];
     float *rec, *xrow;  /* [m] a reconstructed row, an exact row converted to float32 */
     int cap_rec, cap_xrow;
+    struct row_err *rows[2]; /* [H][T] with an eviction policy */
+    size_t cap_rows;
 };
+
+/* Adds one coded row to the sums. */
+static void err_add(struct err_sums *e, const struct row_err *r)
+{
+    if (r->zero) {
+        e->n_zero++;
+        return;
+    }
+    e->n_vectors++;
+    e->n_prefill_coded += r->prefill;
+    e->err_sum += r->err;
+    e->err_enc_sum += r->err_enc;
+    e->res2_sum += (double)r->err * r->err * r->xx;
+    e->x2_sum += r->xx;
+    e->nnz_sum += r->nnz;
+}
 
 static int errors_start(void *self, const struct fk_unit *u)
 {
     struct obs_errors *o = self;
     memset(o->k, 0, sizeof o->k);
+    size_t n = (size_t)u->n_kv_heads * u->n_tokens;
+    if (u->evict && n > o->cap_rows) {
+        for (int k = 0; k < 2; k++) {
+            struct row_err *p = realloc(o->rows[k], sizeof *p * n);
+            if (!p)
+                return fk_err(FK_ENOMEM, "out of memory (%zu rows)", n);
+            o->rows[k] = p;
+        }
+        o->cap_rows = n;
+    }
+    for (int k = 0; k < 2 && u->evict; k++)
+        memset(o->rows[k], 0, sizeof *o->rows[k] * n);
     FK_TRY(row_buf(&o->rec, &o->cap_rec, u->head_dim));
     return row_buf(&o->xrow, &o->cap_xrow, u->head_dim);
 }
 
 static int errors_commit(void *self, const struct fk_unit *u, const struct fk_commit *c)
 {
-    struct err_sums *e = &((struct obs_errors *)self)->k[c->kind];
+    struct obs_errors *oe = self;
+    struct err_sums *e = &oe->k[c->kind];
     int m = u->head_dim;
     for (int i = 0; i < c->ev->n; i++) {
         const struct fk_vec_out *o = &c->out[i];
-        if (o->flags & FK_VEC_ZERO) {
-            e->n_zero++;
-            continue;
-        }
+        struct row_err r = {.err = o->err, .err_enc = o->err_enc, .nnz = o->nnz, .coded = 1,
+                            .zero = (o->flags & FK_VEC_ZERO) != 0,
+                            .prefill = c->ev->phase == 0};
         const float *x = c->ev->x + (size_t)i * m;
         double xx = 0;
-        for (int j = 0; j < m; j++)
+        for (int j = 0; !r.zero && j < m; j++)
             xx += (double)x[j] * x[j];
-        e->n_vectors++;
-        e->n_prefill_coded += c->ev->phase == 0;
-        e->err_sum += o->err;
-        e->err_enc_sum += o->err_enc;
-        e->res2_sum += (double)o->err * o->err * xx;
-        e->x2_sum += xx;
-        e->nnz_sum += o->nnz;
+        r.xx = xx;
+        if (u->evict) /* summed at the end over the retained rows */
+            oe->rows[c->kind][(size_t)c->ev->head[i] * u->n_tokens + c->ev->token[i]] = r;
+        else if (r.zero)
+            e->n_zero++;
+        else {
+            e->n_vectors++;
+            e->n_prefill_coded += r.prefill;
+            e->err_sum += o->err;
+            e->err_enc_sum += o->err_enc;
+            e->res2_sum += (double)o->err * o->err * xx;
+            e->x2_sum += xx;
+            e->nnz_sum += o->nnz;
+        }
     }
     return FK_OK;
 }
@@ -244,6 +290,8 @@ static int final_error(struct obs_errors *o, const struct fk_unit *u, int k, dou
     int H = u->n_kv_heads, T = u->n_tokens, m = u->head_dim;
     for (int h = 0; h < H; h++)
         for (int t = 0; t < u->n_comp[k]; t++) {
+            if (u->keep && !u->keep[(size_t)h * T + t])
+                continue; /* dropped: never read again */
             const float *x = fk_stored_row(u->kv[k], u->kv_enc[k], (size_t)h * T + t, m,
                                            o->xrow);
             FK_TRY(u->ops->reconstruct(u->st[k], h, t, o->rec));
@@ -264,7 +312,15 @@ static int errors_finish(void *self, const struct fk_unit *u, struct fk_unit_res
     struct obs_errors *o = self;
     for (int k = 0; k < 2; k++) {
         struct fk_stream_result *sr = r->sr[k];
-        const struct err_sums *e = &o->k[k];
+        struct err_sums *e = &o->k[k];
+        /* token-major, heads inner: the order the events committed them (the same sums as
+         * without a policy when every row is kept) */
+        for (int t = 0; u->evict && t < u->n_tokens; t++)
+            for (int h = 0; h < u->n_kv_heads; h++) {
+                size_t i = (size_t)h * u->n_tokens + t;
+                if (u->keep[i] && o->rows[k][i].coded)
+                    err_add(e, &o->rows[k][i]);
+            }
         FK_TRY(final_error(o, u, k, &sr->err_final_sum));
         sr->n_vectors = e->n_vectors;
         sr->n_zero = e->n_zero;
@@ -302,8 +358,12 @@ static void errors_release(void *self)
     struct obs_errors *o = self;
     free(o->rec);
     free(o->xrow);
+    free(o->rows[0]);
+    free(o->rows[1]);
     o->rec = o->xrow = NULL;
+    o->rows[0] = o->rows[1] = NULL;
     o->cap_rec = o->cap_xrow = 0;
+    o->cap_rows = 0;
 }
 
 static const struct fk_observer_ops obs_errors = {
@@ -507,7 +567,58 @@ struct obs_account {
     int cap_tok;
     int done[2];      /* tokens summed into codes[] */
     double codes[2];  /* code bytes of tokens 0 .. done-1 */
+    /* With an eviction policy, only retained rows count (families.md 0.1 item 6): */
+    double *row_bytes[2]; /* [H][T] bytes of each coded row as encode() reported them */
+    size_t cap_rows;
+    double kept_codes[2]; /* bytes of the retained rows below n_comp */
+    long kept_coded[2];   /* their count */
+    long kept;            /* retained rows (head, token) up to the current token */
+    double codes_seen[2]; /* the codec's bytes_codes after the last commit */
+    int comp_seen[2];     /* tokens below which kept_codes counts the retained rows */
 };
+
+/* Bytes of stream k held under a policy: the retained coded rows, the retained exact rows
+ * (fp16), the dictionary state. */
+static double held_kept(const struct obs_account *o, const struct fk_unit *u, int k)
+{
+    struct fk_stream_stats ss;
+    u->ops->stats(u->st[k], &ss);
+    return o->kept_codes[k] + ss.bytes_dict_seq +
+           (double)(o->kept - o->kept_coded[k]) * u->head_dim * 2;
+}
+
+/* A policy's step: token t arrives, the dropped rows leave, the rows coded since the last
+ * step join the coded ones if retained; at FK_STEP_END adds B(t) / (t + 1). */
+static void account_step_kept(struct obs_account *o, const struct fk_unit *u,
+                              const struct fk_step *s)
+{
+    int H = u->n_kv_heads, T = u->n_tokens;
+    if (s->when == FK_STEP_BEGIN) {
+        o->kept += H;
+        for (int i = 0; i < s->n_dropped; i++) {
+            int j = s->dropped[i] % T;
+            o->kept--;
+            for (int k = 0; k < 2; k++)
+                if (j < o->comp_seen[k]) {
+                    o->kept_codes[k] -= o->row_bytes[k][s->dropped[i]];
+                    o->kept_coded[k]--;
+                }
+        }
+        return;
+    }
+    for (int k = 0; k < 2; k++) {
+        for (int j = o->comp_seen[k]; j < s->n_comp[k]; j++)
+            for (int h = 0; h < H; h++)
+                if (u->keep[(size_t)h * T + j]) {
+                    o->kept_codes[k] += o->row_bytes[k][(size_t)h * T + j];
+                    o->kept_coded[k]++;
+                }
+        if (s->n_comp[k] > o->comp_seen[k])
+            o->comp_seen[k] = s->n_comp[k];
+        o->tok_sum[k] += held_kept(o, u, k) / (s->t + 1);
+    }
+    o->steps++;
+}
 
 /* Bytes of stream k held after step t: codes of the compressed tokens, dictionary state and
  * the exact (fp16) rows of tokens n_comp .. t of every head. */
@@ -528,6 +639,10 @@ static double held_bytes(struct obs_account *o, const struct fk_unit *u, int k, 
 static int account_step(void *self, const struct fk_unit *u, const struct fk_step *s)
 {
     struct obs_account *o = self;
+    if (u->evict) {
+        account_step_kept(o, u, s);
+        return FK_OK;
+    }
     if (s->when != FK_STEP_END)
         return FK_OK;
     for (int k = 0; k < 2; k++)
@@ -540,11 +655,31 @@ static int account_start(void *self, const struct fk_unit *u)
 {
     struct obs_account *o = self;
     double *keep[2] = {o->tok_bytes[0], o->tok_bytes[1]};
+    double *rows[2] = {o->row_bytes[0], o->row_bytes[1]};
     int cap = o->cap_tok;
+    size_t cap_rows = o->cap_rows;
     memset(o, 0, sizeof *o);
     o->tok_bytes[0] = keep[0];
     o->tok_bytes[1] = keep[1];
+    o->row_bytes[0] = rows[0];
+    o->row_bytes[1] = rows[1];
     o->cap_tok = cap;
+    o->cap_rows = cap_rows;
+    if (u->evict) {
+        size_t n = (size_t)u->n_kv_heads * u->n_tokens;
+        if (n > o->cap_rows) {
+            for (int k = 0; k < 2; k++) {
+                double *p = realloc(o->row_bytes[k], sizeof(double) * n);
+                if (!p)
+                    return fk_err(FK_ENOMEM, "out of memory");
+                o->row_bytes[k] = p;
+            }
+            o->cap_rows = n;
+        }
+        for (int k = 0; k < 2; k++)
+            memset(o->row_bytes[k], 0, sizeof(double) * n);
+        o->kept = (long)u->n_kv_heads * u->prompt_len; /* the prefill's rows; steps add theirs */
+    }
     if (!(u->ops->caps & FK_CAP_STATIC))
         return FK_OK;
     if (u->n_tokens > o->cap_tok) {
@@ -566,6 +701,8 @@ static void account_release(void *self)
     struct obs_account *o = self;
     free(o->tok_bytes[0]);
     free(o->tok_bytes[1]);
+    free(o->row_bytes[0]);
+    free(o->row_bytes[1]);
     memset(o, 0, sizeof *o);
 }
 
@@ -573,6 +710,21 @@ static int account_commit(void *self, const struct fk_unit *u, const struct fk_c
 {
     struct obs_account *o = self;
     o->cpu_s[c->kind] += c->cpu_s;
+    if (u->evict) {
+        /* each row's bytes: as encode() reported them when they add up to what the codec's
+         * stats grew by, else that growth shared evenly over the event's rows (codecs that
+         * report per-row bytes only in stats, e.g. kivi) */
+        struct fk_stream_stats ss;
+        u->ops->stats(u->st[c->kind], &ss);
+        double grew = ss.bytes_codes - o->codes_seen[c->kind], sum = 0;
+        o->codes_seen[c->kind] = ss.bytes_codes;
+        for (int i = 0; i < c->ev->n; i++)
+            sum += c->out[i].bytes;
+        int own = fabs(sum - grew) <= 1e-6 * (fabs(grew) + 1);
+        for (int i = 0; i < c->ev->n; i++)
+            o->row_bytes[c->kind][(size_t)c->ev->head[i] * u->n_tokens + c->ev->token[i]] =
+                own ? c->out[i].bytes : grew / c->ev->n;
+    }
     for (int i = 0; (u->ops->caps & FK_CAP_STATIC) && i < c->ev->n; i++)
         o->tok_bytes[c->kind][c->ev->token[i]] += c->out[i].bytes;
     return FK_OK;
@@ -619,6 +771,25 @@ static int account_finish(void *self, const struct fk_unit *u, struct fk_unit_re
         FK_TRY(support_hashes(u, k, sr));
         sr->bytes_buf = (double)(T - u->n_comp[k]) * H * m * 2;
         sr->bytes_full = (double)T * H * m * 2;
+        sr->n_kept = (long)H * T;
+        if (u->evict) { /* the retained rows at the end, counted afresh */
+            double codes = 0;
+            long kept = 0, exact = 0;
+            for (int h = 0; h < H; h++)
+                for (int t = 0; t < T; t++) {
+                    size_t i = (size_t)h * T + t;
+                    if (!u->keep[i])
+                        continue;
+                    kept++;
+                    if (t < u->n_comp[k])
+                        codes += o->row_bytes[k][i];
+                    else
+                        exact++;
+                }
+            sr->n_kept = kept;
+            sr->st.bytes_codes = codes;
+            sr->bytes_buf = (double)exact * m * 2;
+        }
         sr->bytes_tok_avg = o->steps ? o->tok_sum[k] / o->steps : NAN;
         sr->n_heads = H;
         sr->head_dim = m;
@@ -700,8 +871,8 @@ static int attn_step(void *self, const struct fk_unit *u, const struct fk_step *
                             .k_enc = u->kv_enc[0], .v_enc = u->kv_enc[1], .ops = u->ops,
                             .kstate = u->st[0], .vstate = u->st[1],
                             .inv_scale = u->attn_inv_scale, .softcap = u->attn_softcap,
-                            .window = u->attn_window};
-    int rc = s->n_comp[0] > 0 || s->n_comp[1] > 0 ? attn_reserve(o, u) : FK_OK;
+                            .window = u->attn_window, .keep = u->keep};
+    int rc = s->n_comp[0] > 0 || s->n_comp[1] > 0 || u->keep ? attn_reserve(o, u) : FK_OK;
     if (rc == FK_OK)
         rc = fk_attn_eval(&ai, o->as, &o->acc);
     u->times->t_attn += fk_clock_s(CLOCK_THREAD_CPUTIME_ID) - a0;

@@ -53,6 +53,16 @@ struct fk_unit {
     void *st[2];                      /* the open K and V codec states */
     struct fk_buffer buf[2];          /* the K and V buffer rules (fk_codec_buffer) */
     int n_comp[2];                    /* K / V tokens 0 .. n_comp[k]-1 are compressed */
+    /* A token-eviction policy (core/fk_evict.h), or evict NULL. The driver runs it; keep is
+     * its mask [H][T] (1 = retained) as the attention of the current step sees it; rows
+     * after the current token are 0. Observers read only retained rows. */
+    const struct fk_evict_ops *evict;
+    const void *evict_opts;
+    uint8_t *keep;                    /* [H][T], owned by the worker; NULL without a policy */
+    const float *kvf[2];              /* [H][T][m] exact K and V as float32 (the policy's view) */
+    const float *qa;                  /* [H_q][n_qa][m] the queries the policy reads */
+    int n_qa;
+    const int32_t *qarow;             /* [T] row in qa of token t's query, or -1 */
     struct fk_unit_times *times;      /* observers add their own time where it belongs */
 };
 
@@ -77,6 +87,10 @@ struct fk_step {
     int step, t;
     int n_comp[2];
     enum fk_step_when when;
+    /* FK_STEP_BEGIN with a policy: the rows (h * T + token) it dropped since the previous
+     * step (at the first step, the prefill's drops too), ascending; else 0 / NULL */
+    int n_dropped;
+    const int32_t *dropped;
 };
 
 /* Where a unit's results go: its K and V stream results and its attention accumulator. */

@@ -125,6 +125,14 @@ struct worker {
     int pooled;                  /* gram[] came from (and go back to) the pool's slot */
     float *ext[2];               /* [H_kv][T][m] external K and V rows (FK_CAP_EXTERNAL) */
     size_t cap_ext[2];           /* their capacities in floats */
+    /* an eviction policy's inputs: float32 K and V, its queries, the keep mask */
+    float *kvf[2];
+    size_t cap_kvf[2];
+    float *qa;                   /* [H_q][n_qa][m] */
+    int32_t *qaidx, *qarow;      /* [Tq] rows read; [T] row in qa of token t, or -1 */
+    size_t cap_qa, cap_qaidx, cap_qarow;
+    uint8_t *keep;
+    size_t cap_keep;
     struct fk_drive drive;       /* observers and event buffers */
     struct fk_unit_times times;
 };
@@ -152,6 +160,12 @@ static void worker_free(struct worker *w)
     free(w->gram[1]);
     free(w->ext[0]);
     free(w->ext[1]);
+    free(w->kvf[0]);
+    free(w->kvf[1]);
+    free(w->qa);
+    free(w->qaidx);
+    free(w->qarow);
+    free(w->keep);
     fk_drive_free(&w->drive);
 }
 
@@ -215,6 +229,160 @@ static int read_queries(struct worker *w, struct fk_trace *tr, int layer)
     return rc;
 }
 
+/* The prefill tokens whose queries a policy reads: the last n of them (0 if none). */
+static int policy_prefill_q(const struct fk_evict_ops *ev, const void *opts, int P)
+{
+    unsigned nd = ev->needs ? ev->needs(opts) : 0;
+    if (!(nd & FK_EVICT_NEED_PREFILL_Q) || !ev->prefill_queries)
+        return 0;
+    int n = ev->prefill_queries(opts, P);
+    return n < 0 ? 0 : n > P ? P : n;
+}
+
+/* Token t's query is read by the policy. */
+static int policy_reads_q(const struct fk_evict_ops *ev, const void *opts, int P, int t)
+{
+    unsigned nd = ev->needs ? ev->needs(opts) : 0;
+    return t >= P ? (nd & FK_EVICT_NEED_DECODE_Q) != 0 : t >= P - policy_prefill_q(ev, opts, P);
+}
+
+/* Which query row of each token the policy reads (its last row) into qarow [T] (-1: none
+ * wanted), the rows ascending into qaidx; the count into *n. FK_ECONFIG naming the trace,
+ * the layer and the first token whose query is wanted but absent. qidx: [Tq] the layer's
+ * query_token_idx. */
+static int policy_rows(const struct fk_evict_ops *ev, const void *opts, struct fk_trace *tr,
+                       int layer, int32_t *qidx, int32_t *qarow, int *n)
+{
+    const struct fk_trace_info *info = fk_trace_get_info(tr);
+    int T = info->n_tokens, P = info->prompt_len;
+    for (int t = 0; t < T; t++)
+        qarow[t] = -1;
+    for (int r = 0; info->has_queries && r < info->n_queries; r++)
+        qarow[qidx[r]] = r;
+    for (int t = 0; t < T; t++) {
+        int want = policy_reads_q(ev, opts, P, t);
+        if (want && qarow[t] < 0)
+            return fk_err(FK_ECONFIG,
+                          "%s: layer %d: eviction policy '%s' reads the query of %s token %d, "
+                          "but the trace records %s (record every token's queries, e.g. "
+                          "`fadkv-bench synth --prefill-queries 1`)",
+                          fk_trace_path(tr), layer, ev->name, t < P ? "prefill" : "decode", t,
+                          info->has_queries ? "no query of that token" : "no queries");
+        if (!want)
+            qarow[t] = -1;
+    }
+    /* the wanted rows, ascending (qidx rewritten behind the read position); qarow[t]
+     * becomes the place of t's row in that list */
+    int k = 0;
+    for (int r = 0; info->has_queries && r < info->n_queries; r++) {
+        int t = qidx[r];
+        if (qarow[t] == r) {
+            qidx[k] = r;
+            qarow[t] = k++;
+        }
+    }
+    *n = k;
+    return FK_OK;
+}
+
+int fk_replay_check_evict(const struct fk_cell_input *in)
+{
+    const struct fk_evict_ops *ev = in->evict;
+    if (!ev)
+        return FK_OK;
+    FK_TRY(fk_evict_check_names(ev, in->ops));
+    if (ev->check)
+        FK_TRY(ev->check(in->evict_opts));
+    if (in->ops->caps & (FK_CAP_GROWS | FK_CAP_ADAPTS))
+        return fk_err(FK_ECONFIG, "codec %s cannot store what eviction policy '%s' keeps "
+                      "exactly: its dictionary grows or adapts from every row it codes, the "
+                      "dropped ones included (compose the policy with a codec whose rows are "
+                      "coded independently of the dropped rows, e.g. full, kivi, lexico)",
+                      in->ops->name, ev->name);
+    if (in->ops->caps & FK_CAP_BASIS)
+        return fk_err(FK_ECONFIG, "codec %s codes the KV heads of a group together, so a "
+                      "per-head kept set of eviction policy '%s' cannot drop one head's row "
+                      "from it", in->ops->name, ev->name);
+    unsigned nd = ev->needs ? ev->needs(in->evict_opts) : 0;
+    if (!(nd & (FK_EVICT_NEED_DECODE_Q | FK_EVICT_NEED_PREFILL_Q)))
+        return FK_OK;
+    int rc = FK_OK;
+    for (int t = 0; t < in->n_traces && rc == FK_OK; t++) {
+        struct fk_trace *tr = in->traces[t];
+        const struct fk_trace_info *info = fk_trace_get_info(tr);
+        int32_t *qidx = malloc(sizeof(int32_t) * ((size_t)info->n_queries + 1));
+        int32_t *qarow = malloc(sizeof(int32_t) * ((size_t)info->n_tokens + 1));
+        if (!qidx || !qarow)
+            rc = fk_err(FK_ENOMEM, "out of memory");
+        for (int l = 0; l < info->n_layers && rc == FK_OK; l++) {
+            int n = 0;
+            if (info->has_queries) {
+                pthread_mutex_lock(&h5_lock);
+                rc = fk_trace_read_query_idx(tr, l, qidx);
+                pthread_mutex_unlock(&h5_lock);
+            }
+            if (rc == FK_OK)
+                rc = policy_rows(ev, in->evict_opts, tr, l, qidx, qarow, &n);
+        }
+        free(qidx);
+        free(qarow);
+    }
+    return rc;
+}
+
+/* A policy's inputs of one layer: K and V as float32, its queries, a zeroed keep mask. */
+static int read_policy_inputs(struct worker *w, struct fk_trace *tr, int layer,
+                              struct fk_unit *u)
+{
+    const struct fk_evict_ops *ev = w->in->evict;
+    const struct fk_trace_info *info = fk_trace_get_info(tr);
+    int T = info->n_tokens, m = info->head_dim, H = info->n_kv_heads;
+    size_t nkv = (size_t)H * T * m;
+    for (int k = 0; k < 2; k++) {
+        if (w->kv_enc[k] == FK_ENC_F32) {
+            u->kvf[k] = w->kv[k];
+            continue;
+        }
+        FK_TRY(grow((void **)&w->kvf[k], &w->cap_kvf[k], nkv, sizeof(float)));
+        for (size_t r = 0; r < (size_t)H * T; r++) {
+            float *dst = w->kvf[k] + r * m;
+            const float *src = fk_stored_row(w->kv[k], w->kv_enc[k], r, m, dst);
+            if (src != dst)
+                memcpy(dst, src, sizeof(float) * (size_t)m);
+        }
+        u->kvf[k] = w->kvf[k];
+    }
+    FK_TRY(grow((void **)&w->keep, &w->cap_keep, (size_t)H * T, 1));
+    memset(w->keep, 0, (size_t)H * T);
+    u->keep = w->keep;
+    FK_TRY(grow((void **)&w->qaidx, &w->cap_qaidx, (size_t)info->n_queries + 1, sizeof(int32_t)));
+    FK_TRY(grow((void **)&w->qarow, &w->cap_qarow, (size_t)T, sizeof(int32_t)));
+    int rc = FK_OK;
+    if (info->has_queries) {
+        pthread_mutex_lock(&h5_lock);
+        rc = fk_trace_read_query_idx(tr, layer, w->qaidx);
+        pthread_mutex_unlock(&h5_lock);
+    }
+    int n = 0;
+    if (rc == FK_OK)
+        rc = policy_rows(ev, w->in->evict_opts, tr, layer, w->qaidx, w->qarow, &n);
+    FK_TRY(rc);
+    size_t nq = (size_t)info->n_q_heads * n * m;
+    FK_TRY(grow((void **)&w->qa, &w->cap_qa, nq ? nq : 1, sizeof(float)));
+    if (n > 0) {
+        pthread_mutex_lock(&h5_lock);
+        rc = fk_trace_read_query_rows(tr, layer, w->qaidx, n, w->qa);
+        pthread_mutex_unlock(&h5_lock);
+        FK_TRY(rc);
+    }
+    u->qa = w->qa;
+    u->n_qa = n;
+    u->qarow = w->qarow;
+    u->evict = ev;
+    u->evict_opts = w->in->evict_opts;
+    return FK_OK;
+}
+
 static int replay_layer(struct worker *w, int ti, int layer, const struct fk_base_dict *bases)
 {
     struct fk_trace *tr = w->in->traces[ti];
@@ -234,8 +402,9 @@ static int replay_layer(struct worker *w, int ti, int layer, const struct fk_bas
     double t0 = fk_clock_s(CLOCK_MONOTONIC);
     FK_TRY(read_kv_locked(w, tr, layer, 0, nkv));
     FK_TRY(read_kv_locked(w, tr, layer, 1, nkv));
-    if (u.attention) {
+    if (u.attention)
         FK_TRY(read_queries(w, tr, layer));
+    if (u.attention || w->in->evict) { /* a policy scores with the layer's logits too */
         pthread_mutex_lock(&h5_lock);
         int rc = fk_trace_layer_attention(tr, layer, &u.attn_inv_scale, &u.attn_softcap,
                                           &u.attn_window);
@@ -252,6 +421,8 @@ static int replay_layer(struct worker *w, int ti, int layer, const struct fk_bas
         FK_TRY(rc);
         u.ext[k] = w->ext[k];
     }
+    if (w->in->evict)
+        FK_TRY(read_policy_inputs(w, tr, layer, &u));
     w->times.t_io += fk_clock_s(CLOCK_MONOTONIC) - t0;
     for (int k = 0; k < 2; k++) {
         u.kv[k] = w->kv[k];
@@ -401,6 +572,7 @@ static int check_cell(const struct fk_cell_input *in, const struct fk_replay_opt
                       in->ops->name);
     if (in->ops->caps & FK_CAP_EXTERNAL)
         FK_TRY(fk_replay_check_external(in));
+    FK_TRY(fk_replay_check_evict(in));
     if (in->ops->caps & FK_CAP_BASIS)
         return fk_replay_check_basis(in);
     if (in->ops->check)

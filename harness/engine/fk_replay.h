@@ -28,6 +28,7 @@
 
 #include "engine/fk_attn.h"
 #include "core/fk_codec.h"
+#include "core/fk_evict.h"
 #include "formats/fk_basis.h"
 #include "formats/fk_dict.h"
 #include "formats/fk_trace.h"
@@ -87,7 +88,11 @@ struct fk_stream_result {
     double bytes_buf, bytes_full;/* buffer and full-precision bytes (fp16 accounting) */
     double bytes_tok_avg;        /* time average over decode steps t of B(t) / (t + 1), B(t)
                                   * = codes + dictionary state + exact tokens after step t,
-                                  * summed over heads (families.md 0.1.6); NaN: no step */
+                                  * summed over heads (families.md 0.1.6); NaN: no step. With
+                                  * an eviction policy only retained rows count (codes of the
+                                  * kept coded rows, 2 m bytes per kept exact row) */
+    long n_kept;                 /* rows (head, token) retained at the end (H T without a
+                                  * policy); error sums and bytes then cover these only */
     int n_tokens;                /* T of the trace */
     int n_heads, head_dim;       /* H_kv, m */
     int n_steps;                 /* decode steps */
@@ -124,6 +129,9 @@ struct fk_cell_input {
     const struct fk_basis_file *basis; /* required when ops->caps & FK_CAP_BASIS */
     struct fk_trace *const *external; /* [n_traces] reconstruction files, trace-shaped;
                                        * required when ops->caps & FK_CAP_EXTERNAL */
+    const struct fk_evict_ops *evict; /* (optional) a token-eviction policy over the codec
+                                       * (core/fk_evict.h), NULL: none */
+    const void *evict_opts;           /* evict->opts_size bytes */
 };
 
 int fk_replay_cell(const struct fk_cell_input *in, const struct fk_replay_opts *ro,
@@ -138,6 +146,13 @@ int fk_replay_check_basis(const struct fk_cell_input *in);
 /* The same for a codec of external reconstructions (FK_CAP_EXTERNAL): a reconstruction file
  * for every trace, each with its trace's layers, KV heads, tokens and head_dim. */
 int fk_replay_check_external(const struct fk_cell_input *in);
+/* The checks of a cell with an eviction policy, which a runner makes before any cell runs
+ * (fk_replay_cell makes them again): the policy's options (its check), no option name shared
+ * with the codec, a codec whose stored rows do not depend on rows the policy drops (no
+ * dictionary that grows or adapts during decoding), and every query the policy reads
+ * (fk_evict_ops.needs) in every layer of every trace; messages name the trace, the layer
+ * and what is missing. Nothing to check without a policy. */
+int fk_replay_check_evict(const struct fk_cell_input *in);
 void fk_cell_result_free(struct fk_cell_result *r);
 
 /* The result of stream (trace, layer, kind) of a cell. */

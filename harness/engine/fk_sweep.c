@@ -78,7 +78,7 @@ static void path_normalise(char *path)
  * reconstructions, output, plugins) is relative to the folder of the config file that
  * names it; absolute paths and --set values (relative to the current directory) are kept.
  * NULL out of memory. */
-static char *sweep_path(const struct fk_toml_value *v, const char *p)
+char *fk_sweep_path(const struct fk_toml_value *v, const char *p)
 {
     const char *base = fk_toml_origin(v);
     const char *slash = base ? strrchr(base, '/') : NULL;
@@ -224,7 +224,55 @@ static int is_known_option(const char *key)
     for (int c = 0; fk_codec_at(c); c++)
         if (fk_codec_option(fk_codec_at(c), key))
             return 1;
+    for (int c = 0; fk_evict_policies[c]; c++)
+        if (fk_evict_option(fk_evict_policies[c], key))
+            return 1;
     return 0;
+}
+
+/* A codec composed with an eviction policy, seen as one codec by the resolution: its
+ * options are the codec's, then the policy's at `off` in one options buffer. */
+struct composite {
+    struct fk_codec_ops ops;     /* first: a composite is passed as its ops */
+    const struct fk_codec_ops *codec;
+    const struct fk_evict_ops *ev;
+    size_t off;
+    struct fk_option *options;
+    char name[128];
+};
+
+/* The composite of ops, or NULL when ops is a registered codec. */
+static const struct composite *composite_of(const struct fk_codec_ops *ops)
+{
+    return fk_codec_find(ops->name) == ops ? NULL : (const struct composite *)ops;
+}
+
+static int composite_init(struct composite *c, const struct fk_codec_ops *codec,
+                          const struct fk_evict_ops *ev)
+{
+    size_t nc = 0, ne = 0;
+    while (codec->options[nc].name)
+        nc++;
+    while (ev->options[ne].name)
+        ne++;
+    memset(c, 0, sizeof *c);
+    c->options = calloc(nc + ne + 1, sizeof *c->options);
+    if (!c->options)
+        return fk_err(FK_ENOMEM, "out of memory");
+    c->codec = codec;
+    c->ev = ev;
+    c->off = (codec->opts_size + 15) / 16 * 16;
+    memcpy(c->options, codec->options, nc * sizeof *c->options);
+    for (size_t i = 0; i < ne; i++) {
+        c->options[nc + i] = ev->options[i];
+        c->options[nc + i].offset += c->off;
+    }
+    snprintf(c->name, sizeof c->name, "%s+%s", codec->name, ev->name);
+    c->ops = *codec;
+    c->ops.name = c->name;
+    c->ops.options = c->options;
+    c->ops.opts_size = c->off + ev->opts_size;
+    return FK_OK;
 }
 
 /* ---- datasets ---------------------------------------------------------------------------- */
@@ -239,7 +287,7 @@ static int expand_traces(const struct fk_toml_value *arr, struct fk_dataset *ds)
     if (fk_toml_type(arr) == FK_TOML_STRING) {
         const char *p0;
         get_str(arr, &p0);
-        char *p = sweep_path(arr, p0);
+        char *p = fk_sweep_path(arr, p0);
         if (!p)
             return fk_err(FK_ENOMEM, "out of memory");
         glob_t g;
@@ -279,27 +327,32 @@ static int expand_traces(const struct fk_toml_value *arr, struct fk_dataset *ds)
 }
 
 static int load_dataset(const struct fk_toml_value *tab, const char *name, int is_sweep,
-                        struct fk_dataset *ds)
+                        const char *output, struct fk_dataset *ds)
 {
     ds->name = xstrdup(name);
     for (size_t i = 0; i < fk_toml_table_len(tab); i++) {
         const struct fk_toml_entry *e = fk_toml_table_at(tab, i);
-        if (!strcmp(e->key, "traces")) {
+        int model_key = 0;
+        if (!is_sweep)
+            FK_TRY(fk_sweep_model_key(e, ds, &model_key));
+        if (model_key) {
+            continue;
+        } else if (!strcmp(e->key, "traces")) {
             FK_TRY(expand_traces(e->value, ds));
         } else if (!strcmp(e->key, "dictionary")) {
             const char *p;
             FK_TRY(get_str(e->value, &p));
-            if (!(ds->dict = sweep_path(e->value, p)))
+            if (!(ds->dict = fk_sweep_path(e->value, p)))
                 return fk_err(FK_ENOMEM, "out of memory");
         } else if (!strcmp(e->key, "basis")) {
             const char *p;
             FK_TRY(get_str(e->value, &p));
-            if (!(ds->basis = sweep_path(e->value, p)))
+            if (!(ds->basis = fk_sweep_path(e->value, p)))
                 return fk_err(FK_ENOMEM, "out of memory");
         } else if (!strcmp(e->key, "reconstructions")) {
             const char *p;
             FK_TRY(get_str(e->value, &p));
-            if (!(ds->recon_dir = sweep_path(e->value, p)))
+            if (!(ds->recon_dir = fk_sweep_path(e->value, p)))
                 return fk_err(FK_ENOMEM, "out of memory");
         } else if (!is_sweep && !strcmp(e->key, "defaults")) {
             if (fk_toml_type(e->value) != FK_TOML_TABLE)
@@ -312,9 +365,12 @@ static int load_dataset(const struct fk_toml_value *tab, const char *name, int i
             ds->defaults = e->value;
         } else if (!is_sweep && strcmp(e->key, "name")) {
             return entry_err(e, "unknown key in [[dataset]] (allowed: name, traces, dictionary, "
-                                "basis, reconstructions, defaults)");
+                                "basis, reconstructions, defaults; model, tokenizer, prompts, "
+                                "steps)");
         }
     }
+    if (!is_sweep)
+        FK_TRY(fk_sweep_model_finish(tab, output, ds));
     if (ds->n_traces == 0)
         return cfg_err(tab, "dataset '%s' has no traces (set traces = [\"...\"])%s", name, "");
     qsort(ds->traces, (size_t)ds->n_traces, sizeof(char *), cmp_str);
@@ -348,10 +404,12 @@ static int hash_dataset(struct fk_dataset *ds)
     struct fk_sha256_ctx c;
     fk_sha256_init(&c);
     char hex[65];
-    for (int i = 0; i < ds->n_traces; i++) {
+    for (int i = 0; !ds->model && i < ds->n_traces; i++) {
         FK_TRY(fk_sha256_file(ds->traces[i], hex));
         fk_sha256_update(&c, hex, 64);
     }
+    if (ds->model) /* its traces are written later, from what this hashes */
+        FK_TRY(fk_sweep_model_hash(ds, &c));
     if (ds->dict) {
         FK_TRY(fk_sha256_file(ds->dict, hex));
         fk_sha256_update(&c, hex, 64);
@@ -406,8 +464,24 @@ static int push_cell(struct fk_sweep *s, struct cellvec *cv, const struct fk_cod
         return fk_err_context(FK_ECONFIG, "%s:%d:%d: codec '%s' (dataset '%s')",
                               fk_toml_origin(blk), fk_toml_line(blk), fk_toml_col(blk),
                               ops->name, s->datasets[d].name);
+    const struct composite *cm = composite_of(ops);
+    if (cm && cm->ev->check && cm->ev->check((const char *)opts + cm->off) < 0)
+        return fk_err_context(FK_ECONFIG, "%s:%d:%d: eviction policy '%s' (dataset '%s')",
+                              fk_toml_origin(blk), fk_toml_line(blk), fk_toml_col(blk),
+                              cm->ev->name, s->datasets[d].name);
     char canon[4096];
-    FK_TRY(canon_opts(ops, opts, canon, sizeof canon));
+    FK_TRY(canon_opts(cm ? cm->codec : ops, opts, canon, sizeof canon));
+    if (cm) { /* ";evict=POLICY;its=options" after the codec's */
+        size_t n = strlen(canon);
+        n += (size_t)snprintf(canon + n, sizeof canon - n, ";evict=%s", cm->ev->name);
+        for (const struct fk_option *o = cm->ev->options; o->name && n < sizeof canon; o++) {
+            char v[64];
+            fk_opts_format((const char *)opts + cm->off, o, v, sizeof v);
+            n += (size_t)snprintf(canon + n, sizeof canon - n, ";%s=%s", o->name, v);
+        }
+        if (n >= sizeof canon)
+            return fk_err(FK_ENOMEM, "canonical cell text too long");
+    }
     {
         /* [[exclude]]: drop the cell if every key of one rule matches */
         int excluded = 0;
@@ -467,15 +541,23 @@ static int push_cell(struct fk_sweep *s, struct cellvec *cv, const struct fk_cod
             }
             struct fk_sweep_cell *c = &cv->v[cv->n];
             memset(c, 0, sizeof *c);
-            c->ops = ops;
-            c->opts = malloc(ops->opts_size);
+            const struct fk_codec_ops *co = cm ? cm->codec : ops;
+            c->ops = co;
+            c->opts = malloc(co->opts_size);
             c->canon = xstrdup(full);
-            if (!c->opts || !c->canon) {
+            if (cm)
+                c->evict_opts = malloc(cm->ev->opts_size);
+            if (!c->opts || !c->canon || (cm && !c->evict_opts)) {
                 free(c->opts);
                 free(c->canon);
+                free(c->evict_opts);
                 return fk_err(FK_ENOMEM, "out of memory");
             }
-            memcpy(c->opts, opts, ops->opts_size);
+            memcpy(c->opts, opts, co->opts_size);
+            if (cm) {
+                c->evict = cm->ev;
+                memcpy(c->evict_opts, (const char *)opts + cm->off, cm->ev->opts_size);
+            }
             c->dataset = d;
             c->repeat = rep;
             cv->n++;
@@ -602,6 +684,10 @@ static int warn_overridden(struct fk_sweep *s, const struct fk_toml_value *const
     return FK_OK;
 }
 
+static int resolve_block(struct fk_sweep *s, struct cellvec *cv, const struct fk_toml_value *blk,
+                         const struct fk_toml_value *defaults, const struct fk_toml_value *excl,
+                         const struct fk_codec_ops *ops);
+
 static int resolve_codec(struct fk_sweep *s, struct cellvec *cv, const struct fk_toml_value *blk,
                          const struct fk_toml_value *defaults, const struct fk_toml_value *excl)
 {
@@ -622,6 +708,39 @@ static int resolve_codec(struct fk_sweep *s, struct cellvec *cv, const struct fk
         }
         return cfg_err(nv, "unknown codec '%s' (registered: %s)", name, allowed);
     }
+    /* evict = "POLICY": the codec stores what the policy keeps */
+    const struct fk_toml_value *evv = fk_toml_table_get(blk, "evict");
+    struct composite comp = {0};
+    if (evv) {
+        const char *pname;
+        FK_TRY(get_str(evv, &pname));
+        const struct fk_evict_ops *ev = fk_evict_find(pname);
+        if (!ev) {
+            char allowed[512] = "";
+            for (int i = 0; fk_evict_policies[i]; i++) {
+                size_t n = strlen(allowed);
+                snprintf(allowed + n, sizeof allowed - n, "%s%s", i ? ", " : "",
+                         fk_evict_policies[i]->name);
+            }
+            return cfg_err(evv, "unknown eviction policy '%s' (registered: %s)", pname,
+                           allowed);
+        }
+        if (fk_evict_check_names(ev, ops) < 0)
+            return fk_err_context(FK_ECONFIG, "%s:%d:%d", fk_toml_origin(evv),
+                                  fk_toml_line(evv), fk_toml_col(evv));
+        FK_TRY(composite_init(&comp, ops, ev));
+        ops = &comp.ops;
+    }
+    int rc = resolve_block(s, cv, blk, defaults, excl, ops);
+    free(comp.options);
+    return rc;
+}
+
+/* resolve_codec for the block's codec (or composite). */
+static int resolve_block(struct fk_sweep *s, struct cellvec *cv, const struct fk_toml_value *blk,
+                         const struct fk_toml_value *defaults, const struct fk_toml_value *excl,
+                         const struct fk_codec_ops *ops)
+{
     /* datasets = ["a", "b"] restricts the block to those datasets */
     const struct fk_toml_value *only = fk_toml_table_get(blk, "datasets");
     if (only && fk_toml_type(only) != FK_TOML_ARRAY)
@@ -684,7 +803,7 @@ static int resolve_codec(struct fk_sweep *s, struct cellvec *cv, const struct fk
         for (size_t i = 0; i < fk_toml_table_len(blk) && rc == FK_OK; i++) {
             const struct fk_toml_entry *e = fk_toml_table_at(blk, i);
             if (!strcmp(e->key, "name") || !strcmp(e->key, "preset") ||
-                !strcmp(e->key, "datasets"))
+                !strcmp(e->key, "datasets") || !strcmp(e->key, "evict"))
                 continue;
             if (!strcmp(e->key, "grid"))
                 rc = add_dims(e->value, 0, dims, &n_dims, "grid");
@@ -722,7 +841,7 @@ static int load_sweep_table(struct fk_sweep *s, const struct fk_toml_value *tab)
         } else if (!strcmp(k, "output")) {
             FK_TRY(get_str(e->value, &str));
             free(s->output);
-            if (!(s->output = sweep_path(e->value, str)))
+            if (!(s->output = fk_sweep_path(e->value, str)))
                 return fk_err(FK_ENOMEM, "out of memory");
         } else if (!strcmp(k, "jobs")) {
             FK_TRY(get_int_range(e, 1, 256, &v));
@@ -798,9 +917,11 @@ void fk_sweep_free(struct fk_sweep **sp)
         free(ds->recon);
         free(ds->recon_dir);
         free(ds->content_hash);
+        fk_sweep_model_free(ds);
     }
     for (int c = 0; c < s->n_cells; c++) {
         free(s->cells[c].opts);
+        free(s->cells[c].evict_opts);
         free(s->cells[c].canon);
     }
     free(s->datasets);
@@ -844,7 +965,7 @@ static int load_datasets(struct fk_sweep *s, const struct fk_toml_value *root,
     if (!s->datasets)
         return fk_err(FK_ENOMEM, "out of memory");
     if (fk_toml_table_get(sw, "traces"))
-        FK_TRY(load_dataset(sw, "default", 1, &s->datasets[s->n_datasets++]));
+        FK_TRY(load_dataset(sw, "default", 1, s->output, &s->datasets[s->n_datasets++]));
     for (size_t i = 0; i < fk_toml_array_len(dsa); i++) {
         const struct fk_toml_value *t = fk_toml_array_at(dsa, i);
         const struct fk_toml_value *nm = fk_toml_table_get(t, "name");
@@ -855,7 +976,7 @@ static int load_datasets(struct fk_sweep *s, const struct fk_toml_value *root,
         for (int d = 0; d < s->n_datasets; d++)
             if (!strcmp(s->datasets[d].name, name))
                 return cfg_err(nm, "dataset name '%s' is used twice%s", name, "");
-        FK_TRY(load_dataset(t, name, 0, &s->datasets[s->n_datasets++]));
+        FK_TRY(load_dataset(t, name, 0, s->output, &s->datasets[s->n_datasets++]));
     }
     if (hash_content)
         for (int d = 0; d < s->n_datasets; d++)
@@ -1008,7 +1129,7 @@ static int load_plugins(const struct fk_toml_value *sw)
         const char *p;
         if (fk_toml_type(v) != FK_TOML_STRING || get_str(v, &p) < 0)
             return cfg_err(v, "plugins: expected a file name (a string)%s%s", "", "");
-        char *full = sweep_path(v, p);
+        char *full = fk_sweep_path(v, p);
         if (!full)
             return fk_err(FK_ENOMEM, "out of memory");
         int rc = fk_plugin_load(full);

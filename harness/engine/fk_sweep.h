@@ -8,6 +8,12 @@
  * (equal-length lists advanced together); times datasets, times repeats; [[exclude]] rules
  * drop matching cells; identical resolved cells are kept once. Every key is checked against
  * the codec's option table; errors name FILE:LINE:COL, the key and what is allowed.
+ *
+ * A block with `evict = "POLICY"` composes a token-eviction policy (core/fk_evict.h) with
+ * the codec: the policy's options are ordinary keys of the block (and of grids, zips,
+ * [defaults]); none may share a name with the codec's. The canonical text appends
+ * ";evict=POLICY" and the policy's options to the codec's, so blocks without it keep their
+ * cell ids.
  */
 #ifndef FK_SWEEP_H
 #define FK_SWEEP_H
@@ -15,6 +21,7 @@
 #include <stdint.h>
 
 #include "core/fk_codec.h"
+#include "core/fk_evict.h"
 
 struct fk_toml_value;
 
@@ -29,7 +36,31 @@ struct fk_dataset {
     char **recon;                /* [n_traces] those paths (recon_dir set), else NULL */
     char *content_hash;          /* sha256 over the traces', dictionary's and basis's hashes */
     const struct fk_toml_value *defaults; /* dataset's option defaults (resolution only) */
+    /* A model dataset (closed loop, harness/loop): a llama2.c checkpoint instead of traces;
+     * traces[i] is then where the runner writes prompt i's exact decode
+     * (<output>/loop-traces/<name>-<iiii>.h5), and content_hash covers the model, tokenizer,
+     * prompts and steps instead of those files. */
+    char *model, *tokenizer;     /* checkpoint and tokenizer paths, or NULL */
+    int n_prompts, steps;        /* prompts, decode positions per prompt */
+    char **prompt_text;          /* [n_prompts] a text, or NULL for a token-id prompt */
+    int32_t **prompt_ids;        /* [n_prompts] its ids (token-id prompts) */
+    int *prompt_n;               /* [n_prompts] their count */
 };
+
+/* Model-dataset keys (fk_sweep_model.c): model, tokenizer, prompts, steps of one [[dataset]]
+ * entry (*handled 0 for any other key); finish checks them and names the traces; hash adds
+ * them to the content hash. */
+struct fk_toml_entry;
+struct fk_sha256_ctx;
+int fk_sweep_model_key(const struct fk_toml_entry *e, struct fk_dataset *ds, int *handled);
+int fk_sweep_model_finish(const struct fk_toml_value *tab, const char *output,
+                          struct fk_dataset *ds);
+int fk_sweep_model_hash(const struct fk_dataset *ds, struct fk_sha256_ctx *c);
+void fk_sweep_model_free(struct fk_dataset *ds);
+/* The path rule of a sweep file (fk_sweep.c) for path p of value v: relative to the folder
+ * of the config file naming it; absolute paths and --set values are kept. malloc'd, NULL
+ * out of memory. */
+char *fk_sweep_path(const struct fk_toml_value *v, const char *p);
 
 struct fk_sweep_cell {
     char id[17];                 /* 16 hex digits of the cell hash */
@@ -39,6 +70,8 @@ struct fk_sweep_cell {
     int repeat;                  /* 0 .. repeats-1 */
     uint64_t seed;               /* derived from base_seed and the cell */
     char *canon;                 /* canonical text of the resolved cell */
+    const struct fk_evict_ops *evict; /* the block's `evict` policy (core/fk_evict.h) or NULL */
+    void *evict_opts;            /* evict->opts_size bytes, or NULL */
 };
 
 struct fk_sweep {

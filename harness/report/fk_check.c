@@ -23,7 +23,9 @@ const struct fk_check_metric fk_check_gateable[] = {
     {"attn_mass", 0}, {"dict_size_norm_final", 0}, {"inactive_after_prefill", 0},
     {"gini", 0}, {"adapted_share", 0}, {"pool_recall_256", 1}, {"support_agree", 1},
     {"err_ratio", -1}, {"bytes", -1}, {"bytes_full", 0}, {"appends", 0},
-    {"replacements", 0}, {"adapt_failed", -1}, {"macs", -1}, {NULL, 0},
+    {"replacements", 0}, {"adapt_failed", -1}, {"macs", -1},
+    {"loop_attn_cos", 1}, {"loop_attn_kl", -1}, {"e2e_kl", -1}, {"e2e_top1", 1},
+    {"e2e_nll_diff", -1}, {NULL, 0},
 };
 
 static const struct fk_check_metric *gateable(const char *name)

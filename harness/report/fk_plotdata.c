@@ -38,6 +38,7 @@
 #include <sys/stat.h>
 
 #include "core/fk_codec.h"
+#include "core/fk_evict.h"
 #include "common/fk_err.h"
 #include "formats/fk_h5.h"
 #include "common/fk_str.h"
@@ -202,7 +203,8 @@ struct seqv {
 struct cell {
     int row;                     /* row in cells.csv */
     const char *id;              /* cell id */
-    const char *codec;
+    const char *codec;           /* "CODEC+POLICY" for a cell with an eviction policy */
+    char *codec_own;             /* that name, owned (else NULL) */
     const char *dataset;
     int n_diff;                  /* rank: 1000 x options off the dataset's common values
                                   * + options off the codec's defaults */
@@ -434,6 +436,14 @@ static int store_load(struct store *st, const char *dir, const char *data_dir)
         c->row = i;
         c->id = t->rows[i][ci];
         c->codec = t->rows[i][cc];
+        int ce = fk_csv_col(t, "evict"); /* a policy's cells: a series of their own */
+        if (ce >= 0 && t->rows[i][ce][0]) {
+            size_t n = strlen(c->codec) + strlen(t->rows[i][ce]) + 2;
+            if (!(c->codec_own = malloc(n)))
+                return fk_err(FK_ENOMEM, "out of memory");
+            snprintf(c->codec_own, n, "%s+%s", c->codec, t->rows[i][ce]);
+            c->codec = c->codec_own;
+        }
         c->dataset = t->rows[i][cd];
         int seen = 0;
         for (int d = 0; d < st->n_ds; d++)
@@ -453,6 +463,7 @@ static void store_free(struct store *st)
     for (int i = 0; i < st->n; i++) {
         free(st->c[i].seq);
         free(st->c[i].reps);
+        free(st->c[i].codec_own);
     }
     free(st->c);
     free(st->datasets);
@@ -1667,6 +1678,23 @@ static const char *family_style(const char *codec, int *colour, int *marker)
     int idx = registry_index(codec), nf = 0;
     *colour = 0;
     *marker = 1;
+    const char *plus = strchr(codec, '+');
+    if (plus) { /* CODEC+POLICY: the eviction family, after the registry's families; marker:
+                 * the policy's registry position, composed ones after the plain ones */
+        for (int i = 0; fk_codec_at(i); i++) {
+            int seen = 0;
+            for (int j = 0; j < i && !seen; j++)
+                seen = !strcmp(fk_codec_family(fk_codec_at(j)), fk_codec_family(fk_codec_at(i)));
+            nf += !seen;
+        }
+        int np = 0, at = 0;
+        for (; fk_evict_policies[np]; np++)
+            if (!strcmp(fk_evict_policies[np]->name, plus + 1))
+                at = np + 1;
+        *colour = nf + 1;
+        *marker = at + (strncmp(codec, "full+", 5) ? np : 0);
+        return "evict";
+    }
     if (!fam[0])
         return "-";
     for (int i = 0; fk_codec_at(i); i++) {
@@ -1805,6 +1833,14 @@ static const struct pmetric pmetrics[] = {
     {"pareto_head_kl", "attn_kl", "kl", "attention KL(P || P_hat)",
      " (attention off, or traces without queries)", 0, 1},
     {"pareto_head_err", "rel_err_mean", "err", "relative reconstruction error", "", 0, 1},
+    /* defined under eviction too (docs/RESULTS.md), where attn_kl is empty */
+    {"pareto_head_rkl", "attn_rkl", "rkl", "attention reverse KL(P_hat || P)",
+     " (attention off, or traces without queries)", 0, 1},
+    {"pareto_head_mass", "attn_retained", "mass", "retained attention mass",
+     " (attention off, or traces without queries)", 1, 0},
+    /* closed loop (model datasets only: drawn when the dataset has the column) */
+    {"pareto_head_e2e", "e2e_kl", "e2e", "end-to-end next-token KL(P_exact || P_codec)", "",
+     0, 1},
 };
 
 /* A point of a cross-family Pareto figure. */
@@ -1852,6 +1888,25 @@ static void fig_dbl(struct fk_plot_fig *f, const char *name, double value)
 {
     size_t n = strlen(f->vars);
     snprintf(f->vars + n, sizeof f->vars - n, "%s=%.9g; ", name, isfinite(value) ? value : 0);
+}
+
+/* Starts the data block of codec (the blocks-th, 0-based) and appends its name, family,
+ * colour and marker to the figure's word lists (fams[1024], cfam[256], cpt[256]). */
+static void block_start(struct fk_sb *b, const char *codec, int blocks, char *names,
+                        char *fams, char *cfam, char *cpt)
+{
+    int colour, marker;
+    const char *fam = family_style(codec, &colour, &marker);
+    fk_sb_printf(b, "%s# codec %s (family %s)\n", blocks ? "\n\n" : "", codec, fam);
+    const char *sep = blocks ? " " : "";
+    size_t n = strlen(names);
+    snprintf(names + n, 1024 - n, "%s%s", sep, codec);
+    n = strlen(fams);
+    snprintf(fams + n, 1024 - n, "%s%s", sep, fam);
+    n = strlen(cfam);
+    snprintf(cfam + n, 256 - n, "%s%d", sep, colour);
+    n = strlen(cpt);
+    snprintf(cpt + n, 256 - n, "%s%d", sep, marker);
 }
 
 /* The points of dataset ds for metric m (ppt_cmp_block order): *np points, *n_x cells with
@@ -1925,9 +1980,10 @@ static int pareto_head(struct store *st, struct fk_plot_set *set, const char *ds
     fk_sb_printf(&b, "# Cross-family Pareto, dataset %s: bytes per token per KV head "
                  "(bytes_tok_head: K and V together, mean over layers, end of the trace) vs %s "
                  "(%s), every finished cell; one block per codec (order of `codecs`) by bytes, "
-                 "then the Pareto frontier\n# teacher-forced replay: recorded queries, "
-                 "per-layer error, no propagation across layers or decode steps\n",
-                 ds, m->what, m->col);
+                 "then the Pareto frontier\n# %s\n", ds, m->what, m->col,
+                 strcmp(m->key, "e2e") ? "teacher-forced replay: recorded queries, per-layer "
+                 "error, no propagation across layers or decode steps" : "closed loop: the "
+                 "model decodes from the compressed cache (harness/loop)");
     if (isfinite(fp16))
         fk_sb_printf(&b, "# fp16 level: %.9g bytes (4 x head_dim, 16 bits per element)\n", fp16);
     fk_sb_printf(&b, "# label: options swept within the codec's cells of the dataset or off "
@@ -1937,19 +1993,7 @@ static int pareto_head(struct store *st, struct fk_plot_set *set, const char *ds
     int blocks = 0;
     for (int i = 0; i < np; i++) {
         if (i == 0 || pt[i].codec != pt[i - 1].codec) {
-            int colour, marker;
-            const char *fam = family_style(pt[i].c->codec, &colour, &marker);
-            fk_sb_printf(&b, "%s# codec %s (family %s)\n", blocks ? "\n\n" : "",
-                         pt[i].c->codec, fam);
-            const char *sep = blocks ? " " : "";
-            size_t n = strlen(names);
-            snprintf(names + n, sizeof names - n, "%s%s", sep, pt[i].c->codec);
-            n = strlen(fams);
-            snprintf(fams + n, sizeof fams - n, "%s%s", sep, fam);
-            n = strlen(cfam);
-            snprintf(cfam + n, sizeof cfam - n, "%s%d", sep, colour);
-            n = strlen(cpt);
-            snprintf(cpt + n, sizeof cpt - n, "%s%d", sep, marker);
+            block_start(&b, pt[i].c->codec, blocks, names, fams, cfam, cpt);
             blocks++;
         }
         bpoint(&b, &pt[i]);
@@ -1982,6 +2026,75 @@ static int pareto_head(struct store *st, struct fk_plot_set *set, const char *ds
     else
         snprintf(t, sizeof t, "%s", ds);
     fig_text(f, "subtitle", t);
+    return FK_OK;
+}
+
+/* ---- open loop vs closed loop ------------------------------------------------------------ */
+
+/* 1 when a finished cell of dataset ds ran in the loop (a model dataset). */
+static int has_loop(const struct store *st, const char *ds)
+{
+    if (fk_csv_col(st->cells, "loop_attn_kl") < 0)
+        return 0;
+    for (int i = 0; i < st->n; i++)
+        if (!strcmp(st->c[i].dataset, ds) && isfinite(cnum(st, &st->c[i], "loop_attn_kl")))
+            return 1;
+    return 0;
+}
+
+/* Open loop vs closed loop on dataset ds: each cell's replay attention KL (x, recorded
+ * queries on the compressed copy of the exact cache) against the same codec's attention KL in
+ * the loop (y, the model decoding from the compressed cache), log-log with the diagonal:
+ * points above it are what the replay proxy understates. */
+static int loop_gap(struct store *st, struct fk_plot_set *set, const char *ds)
+{
+    struct fk_plot_fig *f = fig_add(set, "loop_gap", ds, st->n_ds, "loop_gap");
+    if (!f)
+        return fk_err(FK_ENOMEM, "out of memory");
+    static const struct pmetric m = {"loop_gap", "loop_attn_kl", "kl", "", "", 0, 1};
+    const char *cod[64];
+    int nc = codecs_in(st, ds, cod, 64), np, n_x, n_y, n_zero;
+    struct ppt *pt = malloc(sizeof *pt * (size_t)(st->n ? st->n : 1));
+    if (!pt)
+        return fk_err(FK_ENOMEM, "out of memory");
+    int rc = pareto_points(st, ds, &m, cod, nc, pt, &np, &n_x, &n_y, &n_zero);
+    int k = 0;
+    for (int i = 0; rc == FK_OK && i < np; i++) { /* x: the open-loop attention KL */
+        pt[i].x = cnum(st, pt[i].c, "attn_kl");
+        if (pt[i].x > 0)
+            pt[k++] = pt[i];
+    }
+    if (rc < 0 || k == 0) {
+        free(pt);
+        if (rc == FK_OK)
+            fig_skip(f, "no cell of dataset %s has attn_kl > 0 and loop_attn_kl > 0 (attention "
+                     "off, or only the full cache)", ds);
+        return rc;
+    }
+    struct fk_sb b = {0};
+    fk_sb_printf(&b, "# Open loop vs closed loop, dataset %s: attention KL of the replay "
+                 "(attn_kl: recorded queries, compressed copy of the exact cache) vs in the loop "
+                 "(loop_attn_kl: the model decodes from the compressed cache; both mean over "
+                 "steps with a compressed row, heads, layers, prompts); one block per codec\n"
+                 "# attn_kl loop_attn_kl bits_per_elem label codec cell\n", ds);
+    char names[1024] = "", fams[1024] = "", cfam[256] = "", cpt[256] = "";
+    double lo = INFINITY, hi = 0;
+    for (int i = 0; i < k; i++) {
+        if (i == 0 || pt[i].codec != pt[i - 1].codec)
+            block_start(&b, pt[i].c->codec, i, names, fams, cfam, cpt);
+        bpoint(&b, &pt[i]);
+        double a = pt[i].x < pt[i].y ? pt[i].x : pt[i].y, z = pt[i].x > pt[i].y ? pt[i].x : pt[i].y;
+        lo = a < lo ? a : lo;
+        hi = z > hi ? z : hi;
+    }
+    free(pt);
+    FK_TRY(fig_data(st, f, &b));
+    fig_var(f, "codecs", names);
+    fig_var(f, "cfam", cfam);
+    fig_var(f, "cpt", cpt);
+    fig_dbl(f, "lo", lo / 1.5);
+    fig_dbl(f, "hi", hi * 1.5);
+    fig_text(f, "subtitle", ds);
     return FK_OK;
 }
 
@@ -2400,7 +2513,11 @@ int fk_plotdata_export(const char *results_dir, const char *out_dir,
         rc = pareto(&st, set, st.datasets[d]);
     for (int d = 0; d < st.n_ds && rc == FK_OK; d++)
         for (size_t k = 0; k < sizeof pmetrics / sizeof pmetrics[0] && rc == FK_OK; k++)
-            rc = pareto_head(&st, set, st.datasets[d], &pmetrics[k]);
+            if (strcmp(pmetrics[k].key, "e2e") || has_loop(&st, st.datasets[d]))
+                rc = pareto_head(&st, set, st.datasets[d], &pmetrics[k]);
+    for (int d = 0; d < st.n_ds && rc == FK_OK; d++)
+        if (has_loop(&st, st.datasets[d]))
+            rc = loop_gap(&st, set, st.datasets[d]);
     if (rc == FK_OK)
         rc = table4(&st, set, out_dir);
     if (rc == FK_OK)

@@ -15,6 +15,7 @@
 #include "engine/fk_replay.h"
 #include "formats/fk_dict.h"
 #include "formats/fk_trace.h"
+#include "runner/fk_runner_loop.h"
 #include "runner/fk_runner.h"
 #include "store/fk_claim.h"
 #include "store/fk_results.h"
@@ -28,6 +29,7 @@ struct loaded {
     struct fk_dict *dict;
     struct fk_basis_file *basis;
     struct fk_trace **recon;     /* [n_traces] reconstruction files (codec external) or NULL */
+    struct fk_loop_set *loop;    /* model dataset: the model and its exact decodes, or NULL */
 };
 
 /* The state of one run. */
@@ -46,6 +48,7 @@ struct run {
     int index;
     double t_cell, est_cell;
     int *shard;                  /* [n_cells] fk_runner_shards */
+    const struct fk_cell_loop *loop; /* the cell's closed-loop results (model datasets) */
 };
 
 /* Relative running time of a cell for the estimate of the time left: its coding
@@ -192,7 +195,9 @@ static int load_dataset(struct run *r, const struct fk_sweep_cell *cell)
     const struct fk_dataset *ds = &r->s->datasets[cell->dataset];
     struct loaded *L = &r->ld[cell->dataset];
     int rc = FK_OK;
-    if (!L->traces) {
+    if (ds->model && !L->loop)
+        rc = fk_runner_model_dataset(ds, &L->loop);
+    if (rc == FK_OK && !L->traces) {
         L->traces = calloc((size_t)ds->n_traces, sizeof(struct fk_trace *));
         if (!L->traces)
             rc = fk_err(FK_ENOMEM, "out of memory");
@@ -256,6 +261,7 @@ static void free_loaded(struct run *r)
         for (int i = 0; r->ld[d].recon && i < r->s->datasets[d].n_traces; i++)
             fk_trace_close(&r->ld[d].recon[i]);
         free(r->ld[d].recon);
+        fk_loop_set_free(&r->ld[d].loop);
     }
     free(r->ld);
     r->ld = NULL;
@@ -270,14 +276,16 @@ static struct fk_cell_input cell_input(const struct run *r, const struct fk_swee
                                   .dict = (cell->ops->caps & FK_CAP_DICT) ? L->dict : NULL,
                                   .basis = (cell->ops->caps & FK_CAP_BASIS) ? L->basis : NULL,
                                   .external = (cell->ops->caps & FK_CAP_EXTERNAL) ? L->recon
-                                                                                  : NULL};
+                                                                                  : NULL,
+                                  .evict = cell->evict, .evict_opts = cell->evict_opts};
 }
 
 /* A low-rank cell's basis against its traces and options, before any cell runs. */
 static int check_basis(const struct run *r, const struct fk_sweep_cell *cell)
 {
     struct fk_cell_input in = cell_input(r, cell);
-    if (fk_replay_check_basis(&in) == FK_OK && fk_replay_check_external(&in) == FK_OK)
+    if (fk_replay_check_basis(&in) == FK_OK && fk_replay_check_external(&in) == FK_OK &&
+        fk_replay_check_evict(&in) == FK_OK)
         return FK_OK;
     char msg[1100];
     snprintf(msg, sizeof msg, "%s", fk_errmsg());
@@ -344,7 +352,8 @@ static void cell_meta(const struct run *r, const struct fk_sweep_cell *cell,
                                   .attn_stride = s->attention ? s->attn_stride : 0,
                                   .seed = (long)(cell->seed & 0x7fffffffffffffffULL),
                                   .repeat = cell->repeat,
-                                  .sweep = s->name};
+                                  .sweep = s->name, .evict = cell->evict,
+                                  .evict_opts = cell->evict_opts, .loop = r->loop};
     memcpy(meta->id, cell->id, sizeof meta->id);
 }
 
@@ -410,6 +419,14 @@ static int run_cell(struct run *r, int c)
     struct fk_cell_result res;
     double c0 = fk_wall_s();
     int rrc = fk_replay_cell(&in, &ro, &res);
+    struct fk_cell_loop loop = {0};
+    const struct loaded *L = &r->ld[cell->dataset];
+    if (rrc == FK_OK && L->loop) { /* a model dataset: the codec in the loop too */
+        rrc = fk_runner_loop_cell(L->loop, &in, &loop);
+        if (rrc < 0)
+            fk_cell_result_free(&res);
+        r->loop = rrc == FK_OK ? &loop : NULL;
+    }
     double dt = fk_wall_s() - c0;
     if (rrc == FK_EINTR || (r->o->stop && *r->o->stop)) {
         if (rrc == FK_OK)
@@ -417,7 +434,10 @@ static int run_cell(struct run *r, int c)
         r->sum->interrupted = 1;
         return FK_OK;
     }
-    FK_TRY(commit(r, cell, rrc, &res, dt));
+    int crc = commit(r, cell, rrc, &res, dt);
+    r->loop = NULL;
+    fk_runner_loop_free(&loop);
+    FK_TRY(crc);
     if (fk_results_tables(s->output, r->ids, s->n_cells, s->cost_baseline) < 0)
         return fk_err(FK_EIO, "writing cells.csv: %s", fk_errmsg());
     return FK_OK;

@@ -19,6 +19,7 @@
 #include "formats/fk_h5.h"
 #include "common/fk_sha256.h"
 #include "common/fk_str.h"
+#include "store/fk_results_loop.h"
 
 /* ---- text helpers ------------------------------------------------------------------ */
 
@@ -242,6 +243,7 @@ struct headline {
     double saturated, premature;
     double t_corr, t_code, t_adapt;
     long vectors, zero_vectors;
+    double attn_rkl, attn_retained, retained_frac; /* eviction (docs/RESULTS.md) */
 };
 
 static double stream_err(const struct fk_stream_result *s, double sum)
@@ -402,16 +404,18 @@ static int attn_p5_mass(const struct fk_cell_result *r, long nvals, struct headl
 {
     size_t n_acc = (size_t)r->n_traces * r->n_layers;
     h->attn_cos_p5 = NAN;
-    h->attn_mass = NAN;
+    h->attn_mass = h->attn_rkl = h->attn_retained = NAN;
     if (nvals <= 0)
         return FK_OK;
     double *all = malloc(sizeof(double) * (size_t)nvals);
     if (!all) /* a cell without its percentile is not a finished cell */
         return fk_err(FK_ENOMEM, "out of memory (attention percentiles of %ld values)", nvals);
-    double mass = 0;
+    double mass = 0, rkl = 0, ret = 0;
     long k = 0;
     for (size_t i = 0; i < n_acc; i++) {
         mass += r->attn[i].mass_sum;
+        rkl += r->attn[i].rkl_sum;
+        ret += r->attn[i].retained_sum;
         for (long j = 0; j < r->attn[i].n && r->attn[i].cos_vals; j++)
             all[k++] = r->attn[i].cos_vals[j];
     }
@@ -423,6 +427,8 @@ static int attn_p5_mass(const struct fk_cell_result *r, long nvals, struct headl
         h->attn_cos_p5 = all[lo] + (pos - lo) * (all[hi] - all[lo]);
     }
     h->attn_mass = mass / nvals;
+    h->attn_rkl = rkl / nvals;
+    h->attn_retained = ret / nvals;
     free(all);
     return FK_OK;
 }
@@ -464,6 +470,15 @@ static int aggregate(const struct fk_cell_result *r, struct headline *h)
 {
     memset(h, 0, sizeof *h);
     aggregate_streams(r, h);
+    /* retained fraction: rows kept at the end over rows seen (the K streams; V has the same
+     * mask) */
+    double kept = 0, rows = 0;
+    for (size_t i = 0; i < (size_t)r->n_traces * r->n_layers; i++) {
+        const struct fk_stream_result *sk = &r->streams[2 * i];
+        kept += sk->n_kept;
+        rows += (double)sk->n_heads * sk->n_tokens;
+    }
+    h->retained_frac = rows > 0 ? kept / rows : NAN;
     return aggregate_attn(r, h);
 }
 
@@ -474,6 +489,15 @@ static void meta_opts(struct fk_sb *b, const struct fk_cell_meta *m)
     for (const struct fk_option *o = m->ops->options; o->name; o++) {
         char v[64];
         fk_opts_format(m->opts, o, v, sizeof v);
+        fk_sb_printf(b, "opt.%s\t%s\n", o->name, v);
+    }
+    if (!m->evict)
+        return;
+    /* the eviction policy and its options (columns evict, and its options, of cells.csv) */
+    fk_sb_printf(b, "opt.evict\t%s\n", m->evict->name);
+    for (const struct fk_option *o = m->evict->options; o->name; o++) {
+        char v[64];
+        fk_opts_format(m->evict_opts, o, v, sizeof v);
         fk_sb_printf(b, "opt.%s\t%s\n", o->name, v);
     }
 }
@@ -542,6 +566,8 @@ static int write_h5(const char *path, const struct fk_cell_meta *m,
         snprintf(g, sizeof g, "T%02d", t);
         hid_t gt = H5Gcreate2(f, g, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
         rc = fk_h5_put_str(gt, "trace", m->traces[t]);
+        if (!rc)
+            rc = fk_results_loop_h5(gt, m->loop, t);
         for (int l = 0; !rc && l < r->n_layers; l++) {
             char gl[32];
             snprintf(gl, sizeof gl, "L%02d", l);
@@ -612,7 +638,8 @@ static int write_h5(const char *path, const struct fk_cell_meta *m,
     X(macs_per_vec) X(cpu_us_per_vec) X(appends) X(replacements)                          \
     X(adapt_failed) X(growth_capped) X(collateral_reencodes) X(saturated) X(premature)   \
     X(t_corr) X(t_code)                                                                   \
-    X(t_adapt)
+    X(t_adapt)                                                                            \
+    X(attn_rkl) X(attn_retained) X(retained_frac)
 
 /* cells/<id>.summary.csv: one row per trace x layer x kind (summary.csv without header). */
 static int summary_rows(const struct fk_cell_meta *m, const struct fk_cell_result *r,
@@ -624,6 +651,8 @@ static int summary_rows(const struct fk_cell_meta *m, const struct fk_cell_resul
                 const struct fk_stream_result *s =
                     &r->streams[((size_t)t * r->n_layers + l) * 2 + k];
                 const struct fk_attn_acc *a = &r->attn[(size_t)t * r->n_layers + l];
+                double lv[5]; /* closed loop (fk_results_loop_layer) */
+                fk_results_loop_layer(m->loop, t, l, lv);
                 fk_sb_printf(b, "%s,%s,", m->id, m->ops->name);
                 fk_csv_field(b, base_name(m->traces[t]));
                 fk_sb_printf(b, ",%d,%s,%ld,%ld,", l, k ? "V" : "K", s->n_vectors, s->n_zero);
@@ -641,7 +670,7 @@ static int summary_rows(const struct fk_cell_meta *m, const struct fk_cell_resul
                     s->support_agree, s->err_ratio,
                     s->st.bytes_codes + s->bytes_buf + s->st.bytes_dict_seq, s->bytes_full,
                     (double)s->st.appends, (double)s->st.replacements, (double)s->st.adapt_failed,
-                    s->cpu_s, s->st.macs,
+                    s->cpu_s, s->st.macs, lv[0], lv[1], lv[2], lv[3], lv[4],
                 };
                 for (size_t i = 0; i < sizeof v / sizeof v[0]; i++) {
                     sb_num(b, v[i]);
@@ -682,6 +711,7 @@ static int meta_text(const struct fk_cell_meta *m, const struct fk_cell_result *
 #define X(name) fk_sb_printf(mb, #name "\t%.9g\n", (double)h.name);
     H_ITEMS(X)
 #undef X
+    fk_results_loop_meta(mb, m->loop);
     fk_sb_printf(mb, "top1_overlap\t%.9g\ntop8_overlap\t%.9g\ntop32_overlap\t%.9g\n", h.top[0],
               h.top[1], h.top[2]);
     for (int q = 0; q < FK_RECALL_NS; q++)
@@ -867,7 +897,8 @@ static const char *const cell_metrics[] = {
     "bytes_tok_head_avg", "bits_per_elem", "bits_per_elem_avg", "bytes_model", "macs_per_vec",
     "cpu_us_per_vec", "appends",
     "replacements", "adapt_failed", "growth_capped", "collateral_reencodes", "saturated", "premature",
-    "vectors", "zero_vectors", "attn_evals", "attn_skipped_steps", "wall_s", NULL,
+    "vectors", "zero_vectors", "attn_evals", "attn_skipped_steps", "wall_s",
+    "attn_rkl", "attn_retained", "retained_frac", NULL,
 };
 
 static const char summary_header[] =
@@ -875,7 +906,7 @@ static const char summary_header[] =
     "rel_err_final_mean,energy_ratio,nnz_mean,attn_cos,attn_kl,top1_overlap,top8_overlap,"
     "top32_overlap,attn_relerr,attn_mass,dict_size_norm_final,inactive_after_prefill,gini,"
     "adapted_share,pool_recall_256,support_agree,err_ratio,bytes,bytes_full,appends,"
-    "replacements,adapt_failed,cpu_s,macs\n";
+    "replacements,adapt_failed,cpu_s,macs,loop_attn_cos,loop_attn_kl,e2e_kl,e2e_top1,e2e_nll_diff\n";
 
 /* The union of the option columns of every registered codec, in registry order. */
 static int option_columns(const char **cols, int cap)
@@ -883,6 +914,17 @@ static int option_columns(const char **cols, int cap)
     int n = 0;
     for (int c = 0; fk_codec_at(c); c++)
         for (const struct fk_option *o = fk_codec_at(c)->options; o->name; o++) {
+            int seen = 0;
+            for (int j = 0; j < n; j++)
+                seen |= !strcmp(cols[j], o->name);
+            if (!seen && n < cap)
+                cols[n++] = o->name;
+        }
+    /* then `evict` and the eviction policies' options (empty for cells without one) */
+    if (n < cap)
+        cols[n++] = "evict";
+    for (int c = 0; fk_evict_policies[c]; c++)
+        for (const struct fk_option *o = fk_evict_policies[c]->options; o->name; o++) {
             int seen = 0;
             for (int j = 0; j < n; j++)
                 seen |= !strcmp(cols[j], o->name);
@@ -900,6 +942,8 @@ static void cells_header(struct fk_sb *b, const char *const *opt_cols, int n_opt
     fk_sb_printf(b, ",n_traces,traces,dictionary,basis,seed,attn_stride,repeat");
     for (int j = 0; cell_metrics[j]; j++)
         fk_sb_printf(b, ",%s", cell_metrics[j]);
+    for (int j = 0; fk_loop_metric_names[j]; j++)
+        fk_sb_printf(b, ",%s", fk_loop_metric_names[j]);
     fk_sb_printf(b, ",bytes_ratio_full,cost_mac_rel,cpu_time_rel,error\n");
 }
 
@@ -945,6 +989,10 @@ static void cells_row(struct fk_sb *b, const struct kv *m, const char *const *op
     for (int j = 0; cell_metrics[j]; j++) {
         fk_sb_printf(b, ",");
         sb_num(b, kv_num(m, cell_metrics[j]));
+    }
+    for (int j = 0; fk_loop_metric_names[j]; j++) {
+        fk_sb_printf(b, ",");
+        sb_num(b, kv_num(m, fk_loop_metric_names[j]));
     }
     /* bytes per token: per sequence bytes over the mean trace length */
     double full = kv_num(m, "bytes_full_per_seq"), seq = kv_num(m, "bytes_per_seq");

@@ -25,6 +25,21 @@
 
 #define FK_ID_LEN 16
 
+/* What a cell of a model dataset measured in the loop (harness/loop), per prompt p (the
+ * dataset's traces are their exact decodes, trace p = prompt p). Teacher-forced series are
+ * fed the exact greedy decode; free-running ones the codec's own argmax. */
+struct fk_cell_loop {
+    int n_prompts, n_layers, n_steps;
+    double *kl;                  /* [p][step] KL(P_exact || P_codec), nats */
+    uint8_t *top1;               /* [p][step] argmaxes agree */
+    double *nll_exact, *nll_codec; /* [p][step] -log p(next reference id) */
+    double *kl_free;             /* [p][step] free running, against the exact decode's logits */
+    int32_t *tokens_free;        /* [p][step] the codec's free-running argmax */
+    int32_t *tokens_greedy;      /* [p][step] the exact greedy id it is compared with */
+    int32_t *first_diverge;      /* [p] first free-running step that differs, -1: none */
+    double *attn_cos, *attn_kl;  /* [p][layer] closed-loop attention fidelity (teacher) */
+};
+
 /* What identifies a cell (written with its results). */
 struct fk_cell_meta {
     char id[FK_ID_LEN + 1];      /* hex cell id */
@@ -39,6 +54,9 @@ struct fk_cell_meta {
     long seed;                   /* the cell's seed */
     int repeat;                  /* 0 .. repeats-1 of the sweep (cells.csv column repeat) */
     const char *sweep;           /* name of the sweep that computed it (NULL: none) */
+    const struct fk_evict_ops *evict; /* the cell's eviction policy, or NULL */
+    const void *evict_opts;
+    const struct fk_cell_loop *loop; /* closed-loop results (model datasets), or NULL */
 };
 
 /* Creates dir and dir/cells if needed (refuses an unwritable directory). */

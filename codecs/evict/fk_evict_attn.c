@@ -1,0 +1,212 @@
+/* SPDX-License-Identifier: MIT
+ * The eviction policies' shared attention kernel and keep rule (fk_evict_attn.h).
+ */
+#include "evict/fk_evict_attn.h"
+
+#include <cblas.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/fk_err.h"
+
+void fk_evict_scratch_free(struct fk_evict_scratch *s)
+{
+    free(s->kg);
+    free(s->qg);
+    free(s->c);
+    free(s->p);
+    memset(s, 0, sizeof *s);
+}
+
+static int reserve(void **p, size_t *cap, size_t need, size_t elem)
+{
+    if (need <= *cap)
+        return FK_OK;
+    void *n = realloc(*p, need * elem);
+    if (!n)
+        return fk_err(FK_ENOMEM, "eviction scores: out of memory (%zu bytes)", need * elem);
+    *p = n;
+    *cap = need;
+    return FK_OK;
+}
+
+/* The layer's logit of a scaled dot product (soft cap when the layer has one). */
+static double logit(const struct fk_evict_env *env, double dot, double scale)
+{
+    double z = dot / scale;
+    return env->softcap > 0 ? env->softcap * tanh(z / env->softcap) : z;
+}
+
+static double inv_scale(const struct fk_evict_env *env)
+{
+    return env->inv_scale > 0 ? env->inv_scale : sqrt((double)env->head_dim);
+}
+
+/* Softmax of the n logits c (float) in double into p; returns nothing (max subtracted). */
+static void softmax_row(const struct fk_evict_env *env, const float *c, int n, double scale,
+                        double *p)
+{
+    double mx = -INFINITY;
+    for (int i = 0; i < n; i++) {
+        p[i] = logit(env, c[i], scale);
+        if (p[i] > mx)
+            mx = p[i];
+    }
+    double sum = 0;
+    for (int i = 0; i < n; i++) {
+        p[i] = exp(p[i] - mx);
+        sum += p[i];
+    }
+    for (int i = 0; i < n; i++)
+        p[i] /= sum;
+}
+
+/* The G query rows of token tq of KV head h into s->qg at row offset r0 (of G*stride). */
+static int gather_q(const struct fk_evict_env *env, const struct fk_evict_view *v, int h,
+                    int tq, float *dst, size_t ld_head)
+{
+    int G = env->n_q_heads / env->n_kv_heads, m = env->head_dim;
+    int row = tq >= 0 && tq < env->n_tokens && v->qrow ? v->qrow[tq] : -1;
+    if (row < 0 || row >= v->n_qrows)
+        return fk_err(FK_EINVAL, "eviction scores: layer %d has no recorded query of token %d",
+                      env->layer, tq);
+    for (int g = 0; g < G; g++)
+        memcpy(dst + (size_t)g * ld_head,
+               v->q + ((size_t)(h * G + g) * v->n_qrows + row) * m, sizeof(float) * (size_t)m);
+    return FK_OK;
+}
+
+int fk_evict_attn_group(const struct fk_evict_env *env, const struct fk_evict_view *v, int h,
+                        int tq, const int32_t *idx, int n, struct fk_evict_scratch *s,
+                        double *score)
+{
+    int G = env->n_q_heads / env->n_kv_heads, m = env->head_dim, T = env->n_tokens;
+    if (n < 1)
+        return FK_OK;
+    FK_TRY(reserve((void **)&s->qg, &s->cap_qg, (size_t)G * m, sizeof(float)));
+    FK_TRY(reserve((void **)&s->c, &s->cap_c, (size_t)G * n, sizeof(float)));
+    FK_TRY(reserve((void **)&s->p, &s->cap_p, (size_t)n, sizeof(double)));
+    FK_TRY(gather_q(env, v, h, tq, s->qg, (size_t)m));
+    const float *kh = v->k + (size_t)h * T * m;
+    int lo = idx[0], hi = idx[n - 1] + 1;
+    /* One query row against many keys is a matrix-vector product: SGEMV per query head
+     * (an SGEMM of G rows packs the whole key block at every call, which cost more than the
+     * products themselves), over the stored rows lo .. hi-1 when the kept ones are dense
+     * there, else over the kept rows gathered. */
+    if (hi - lo <= 2 * n) {
+        FK_TRY(reserve((void **)&s->kg, &s->cap_kg, (size_t)(hi - lo), sizeof(float)));
+        for (int g = 0; g < G; g++) {
+            cblas_sgemv(CblasRowMajor, CblasNoTrans, hi - lo, m, 1.0f, kh + (size_t)lo * m, m,
+                        s->qg + (size_t)g * m, 1, 0.0f, s->kg, 1);
+            for (int i = 0; i < n; i++)
+                s->c[(size_t)g * n + i] = s->kg[idx[i] - lo];
+        }
+    } else {
+        FK_TRY(reserve((void **)&s->kg, &s->cap_kg, (size_t)n * m, sizeof(float)));
+        for (int i = 0; i < n; i++)
+            memcpy(s->kg + (size_t)i * m, kh + (size_t)idx[i] * m, sizeof(float) * (size_t)m);
+        for (int g = 0; g < G; g++)
+            cblas_sgemv(CblasRowMajor, CblasNoTrans, n, m, 1.0f, s->kg, m,
+                        s->qg + (size_t)g * m, 1, 0.0f, s->c + (size_t)g * n, 1);
+    }
+    double scale = inv_scale(env);
+    for (int i = 0; i < n; i++)
+        score[i] = 0;
+    for (int g = 0; g < G; g++) {
+        softmax_row(env, s->c + (size_t)g * n, n, scale, s->p);
+        for (int i = 0; i < n; i++)
+            score[i] += s->p[i];
+    }
+    for (int i = 0; i < n; i++)
+        score[i] /= G;
+    return FK_OK;
+}
+
+#define QBLOCK 64 /* queries per SGEMM of the causal sums */
+
+int fk_evict_attn_causal_sum(const struct fk_evict_env *env, const struct fk_evict_view *v,
+                             int h, const int32_t *qtok, int nq, int L, double scale,
+                             struct fk_evict_scratch *s, double *acc)
+{
+    int G = env->n_q_heads / env->n_kv_heads, m = env->head_dim, T = env->n_tokens;
+    if (nq < 1 || L < 1)
+        return FK_OK;
+    int rows = G * (nq < QBLOCK ? nq : QBLOCK);
+    FK_TRY(reserve((void **)&s->qg, &s->cap_qg, (size_t)rows * m, sizeof(float)));
+    FK_TRY(reserve((void **)&s->c, &s->cap_c, (size_t)rows * L, sizeof(float)));
+    FK_TRY(reserve((void **)&s->p, &s->cap_p, (size_t)L, sizeof(double)));
+    const float *kh = v->k + (size_t)h * T * m;
+    double sc = inv_scale(env);
+    for (int b0 = 0; b0 < nq; b0 += QBLOCK) {
+        int nb = nq - b0 < QBLOCK ? nq - b0 : QBLOCK, hi = 0;
+        /* rows ordered (query, head): row b*G + g */
+        for (int b = 0; b < nb; b++) {
+            int tq = qtok[b0 + b];
+            if (tq < 0 || tq >= L)
+                return fk_err(FK_EINVAL, "eviction scores: query token %d outside keys 0..%d",
+                              tq, L - 1);
+            FK_TRY(gather_q(env, v, h, tq, s->qg + (size_t)b * G * m, (size_t)m));
+            if (tq + 1 > hi)
+                hi = tq + 1;
+        }
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nb * G, hi, m, 1.0f, s->qg, m, kh,
+                    m, 0.0f, s->c, hi);
+        for (int b = 0; b < nb; b++) {
+            int tq = qtok[b0 + b];
+            for (int g = 0; g < G; g++) {
+                softmax_row(env, s->c + (size_t)(b * G + g) * hi, tq + 1, sc, s->p);
+                for (int j = 0; j <= tq; j++)
+                    acc[j] += scale * s->p[j];
+            }
+        }
+    }
+    return FK_OK;
+}
+
+int fk_evict_kept(const struct fk_evict_env *env, int h, int lo, int hi, int32_t *idx)
+{
+    const uint8_t *k = env->keep + (size_t)h * env->n_tokens;
+    int n = 0;
+    for (int j = lo < 0 ? 0 : lo; j < hi; j++)
+        if (k[j])
+            idx[n++] = j;
+    return n;
+}
+
+static int by_score(const void *a, const void *b)
+{
+    const double *x = a, *y = b;
+    if (x[0] != y[0])
+        return x[0] > y[0] ? -1 : 1;
+    return x[1] < y[1] ? -1 : x[1] > y[1];
+}
+
+void fk_evict_keep_top(const double *score, const int32_t *idx, int n, int k,
+                       uint8_t *keep_h, double *tmp)
+{
+    if (k >= n)
+        return;
+    if (k < 0)
+        k = 0;
+    if (n - k <= 8) {
+        /* a few to drop (a decode step's one token): the worst one at a time, lower score
+         * first, the higher token on ties, as the sorted order below drops them */
+        for (int e = 0; e < n - k; e++) {
+            int w = -1;
+            for (int i = 0; i < n; i++)
+                if (keep_h[idx[i]] && (w < 0 || score[i] < score[w] ||
+                                       (score[i] == score[w] && idx[i] > idx[w])))
+                    w = i;
+            keep_h[idx[w]] = 0;
+        }
+        return;
+    }
+    for (int i = 0; i < n; i++) {
+        tmp[2 * i] = score[i];
+        tmp[2 * i + 1] = idx[i];
+    }
+    qsort(tmp, (size_t)n, 2 * sizeof(double), by_score);
+    for (int i = k; i < n; i++)
+        keep_h[(int)tmp[2 * i + 1]] = 0;
+}

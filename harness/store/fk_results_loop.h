@@ -1,0 +1,24 @@
+/* SPDX-License-Identifier: MIT
+ * The closed-loop part of a cell's files (fk_results.c calls these; struct fk_cell_loop is
+ * in fk_results.h).
+ */
+#ifndef FK_RESULTS_LOOP_H
+#define FK_RESULTS_LOOP_H
+
+#include <stdint.h>
+
+#include "common/fk_str.h"
+#include "store/fk_results.h"
+
+/* The cells.csv columns of the headline keys, NULL-terminated. */
+extern const char *const fk_loop_metric_names[];
+/* Appends the headline keys ("name\tvalue" lines) of L (nothing when L is NULL). */
+void fk_results_loop_meta(struct fk_sb *b, const struct fk_cell_loop *L);
+/* Writes prompt p's series into group loop of the cell HDF5's trace group (nothing when L
+ * is NULL). */
+int fk_results_loop_h5(int64_t trace_group, const struct fk_cell_loop *L, int p);
+/* summary.csv's closed-loop columns of prompt p, layer l (NaN without L): loop_attn_cos,
+ * loop_attn_kl (this layer), e2e_kl, e2e_top1, e2e_nll_diff (this prompt's means). */
+void fk_results_loop_layer(const struct fk_cell_loop *L, int p, int l, double v[5]);
+
+#endif

@@ -1,0 +1,621 @@
+/* SPDX-License-Identifier: MIT
+ * Token-eviction policies (codecs/core/fk_evict.h, codecs/evict/): every registered policy
+ * driven through the fk_evict.h contract on random data with GQA groups of 3, its keep mask
+ * after every hook compared with an independent naive reference written here (double
+ * precision, one query head at a time, plain loops and a selection sort); the contract's
+ * invariants (the current token kept, >= 1 token per head, no token re-admitted);
+ * causality (a planted huge later key never changes a kept set before it arrives, and rows
+ * after the current token poisoned with NaN change nothing); option checks and name
+ * collisions with codecs.
+ */
+#include "fk_check_main.h"
+#include "core/fk_evict.h"
+#include "evict/fk_evict_attn.h"
+#include "common/fk_err.h"
+
+#include <check.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum { H = 2, G = 3, HQ = H * G, M = 16, P = 40, T = 110 };
+
+struct data {
+    float k[H][T][M], v[H][T][M];
+    float q[HQ][T][M];           /* one query row per token: qrow[t] = t */
+    int32_t qrow[T];
+};
+
+static uint64_t rng_state;
+static double unif(void)
+{
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return ((rng_state >> 11) + 0.5) / 9007199254740992.0;
+}
+static double gauss(void)
+{
+    return sqrt(-2 * log(unif())) * cos(6.283185307179586 * unif());
+}
+
+static void make_data(struct data *d, uint64_t seed)
+{
+    rng_state = seed * 2654435761u + 1;
+    for (int h = 0; h < H; h++)
+        for (int t = 0; t < T; t++)
+            for (int c = 0; c < M; c++) {
+                d->k[h][t][c] = (float)(gauss() * (0.5 + (t % 7) * 0.2));
+                d->v[h][t][c] = (float)gauss();
+            }
+    for (int j = 0; j < HQ; j++)
+        for (int t = 0; t < T; t++)
+            for (int c = 0; c < M; c++)
+                d->q[j][t][c] = (float)(2.0 * gauss());
+    for (int t = 0; t < T; t++)
+        d->qrow[t] = t;
+}
+
+/* ---- driving a policy through the contract ---------------------------------------- */
+
+/* masks[s][h][t] after hook s (s = 0 prefill, s = 1 + i decode token P + i). */
+typedef uint8_t masks_t[T - P + 1][H][T];
+
+static void set_opt(const struct fk_evict_ops *ops, void *opts, const char *name, double v)
+{
+    const struct fk_option *o = fk_evict_option(ops, name);
+    ck_assert_msg(o != NULL, "%s has no option %s", ops->name, name);
+    ck_assert_int_eq(fk_evict_opts_set(ops, opts, o, v), FK_OK);
+}
+
+/* Runs the policy; with poison, the view's rows after the hook's token are NaN. */
+static void drive(const struct fk_evict_ops *ops, const void *opts, const struct data *d,
+                  int poison, masks_t out)
+{
+    uint8_t keep[H][T];
+    memset(keep, 0, sizeof keep);
+    struct fk_evict_env env = {.layer = 0, .n_kv_heads = H, .n_q_heads = HQ, .head_dim = M,
+                               .n_tokens = T, .prompt_len = P, .keep = &keep[0][0]};
+    void *st = NULL;
+    ck_assert_int_eq(ops->open(opts, &env, &st), FK_OK);
+    struct data *w = malloc(sizeof *w);
+    ck_assert_ptr_nonnull(w);
+    for (int s = 0; s <= T - P; s++) {
+        int t = s == 0 ? P - 1 : P + s - 1;
+        memcpy(w, d, sizeof *w);
+        if (poison)
+            for (int j = t + 1; j < T; j++) {
+                for (int h = 0; h < H; h++)
+                    for (int c = 0; c < M; c++)
+                        w->k[h][j][c] = w->v[h][j][c] = NAN;
+                for (int g = 0; g < HQ; g++)
+                    for (int c = 0; c < M; c++)
+                        w->q[g][j][c] = NAN;
+            }
+        struct fk_evict_view v = {.t = t, .k = &w->k[0][0][0], .v = &w->v[0][0][0],
+                                  .q = &w->q[0][0][0], .n_qrows = T, .qrow = w->qrow};
+        if (s == 0) {
+            for (int h = 0; h < H; h++)
+                memset(keep[h], 1, P);
+            ck_assert_int_eq(ops->prefill ? ops->prefill(st, &v) : FK_OK, FK_OK);
+        } else {
+            for (int h = 0; h < H; h++)
+                keep[h][t] = 1;
+            ck_assert_int_eq(ops->decode ? ops->decode(st, &v) : FK_OK, FK_OK);
+        }
+        memcpy(out[s], keep, sizeof keep);
+        /* the contract's invariants */
+        for (int h = 0; h < H; h++) {
+            int n = 0;
+            for (int j = 0; j <= t; j++) {
+                n += keep[h][j];
+                if (s > 0 && keep[h][j])
+                    ck_assert_msg(out[s - 1][h][j] || j == t, "%s re-admitted token %d",
+                                  ops->name, j);
+            }
+            ck_assert_msg(n >= 1, "%s keeps no token of head %d at %d", ops->name, h, t);
+            if (s > 0)
+                ck_assert_msg(keep[h][t], "%s dropped the current token %d", ops->name, t);
+            for (int j = t + 1; j < T; j++)
+                ck_assert_int_eq(keep[h][j], 0);
+        }
+    }
+    free(w);
+    ops->close(st);
+}
+
+/* ---- the naive references ------------------------------------------------------------ */
+
+static double dotd(const float *a, const float *b)
+{
+    double s = 0;
+    for (int c = 0; c < M; c++)
+        s += (double)a[c] * b[c];
+    return s;
+}
+
+/* Attention of token tq's query on the tokens kept in mk[h] up to `end` (exclusive), the
+ * mean over the group of h, into a[j] (0 for the others). */
+static void attn_naive(const struct data *d, int h, int tq, const uint8_t *mk, int end,
+                       double *a)
+{
+    for (int j = 0; j < T; j++)
+        a[j] = 0;
+    for (int g = 0; g < G; g++) {
+        const float *q = d->q[h * G + g][tq];
+        double z[T], mx = -INFINITY, sum = 0;
+        for (int j = 0; j < end; j++)
+            if (mk[j]) {
+                z[j] = dotd(q, d->k[h][j]) / sqrt((double)M);
+                mx = z[j] > mx ? z[j] : mx;
+            }
+        for (int j = 0; j < end; j++)
+            if (mk[j])
+                sum += exp(z[j] - mx);
+        for (int j = 0; j < end; j++)
+            if (mk[j])
+                a[j] += exp(z[j] - mx) / sum / G;
+    }
+}
+
+/* Keeps the k best-scored candidates (cand[j] = 1) of mk: higher score, then lower token
+ * (a selection sort: pick the best remaining k times). */
+static void keep_best(uint8_t *mk, const uint8_t *cand, const double *sc, int end, int k)
+{
+    uint8_t chosen[T] = {0};
+    for (int r = 0; r < k; r++) {
+        int best = -1;
+        for (int j = 0; j < end; j++)
+            if (cand[j] && !chosen[j] && (best < 0 || sc[j] > sc[best]))
+                best = j;
+        if (best < 0)
+            break;
+        chosen[best] = 1;
+    }
+    for (int j = 0; j < end; j++)
+        if (cand[j] && !chosen[j])
+            mk[j] = 0;
+}
+
+static void ref_streaming(const struct data *d, int sinks, int recent, masks_t out)
+{
+    (void)d;
+    memset(out, 0, sizeof(masks_t));
+    for (int s = 0; s <= T - P; s++) {
+        int t = s == 0 ? P - 1 : P + s - 1;
+        for (int h = 0; h < H; h++)
+            for (int j = 0; j <= t; j++)
+                out[s][h][j] = t + 1 <= sinks + recent || j < sinks || j > t - recent;
+    }
+}
+
+static void ref_snapkv(const struct data *d, int W, int kern, int keep, masks_t out)
+{
+    uint8_t mk[H][T];
+    memset(mk, 0, sizeof mk);
+    for (int h = 0; h < H; h++) {
+        memset(mk[h], 1, P);
+        double raw[T] = {0}, sc[T];
+        uint8_t all[T], cand[T] = {0};
+        memset(all, 1, sizeof all);
+        for (int g = 0; g < G; g++)
+            for (int i = P - W; i < P; i++) {
+                /* query i, head h*G+g, over keys 0..i */
+                double z[T], mx = -INFINITY, sum = 0;
+                for (int j = 0; j <= i; j++) {
+                    z[j] = dotd(d->q[h * G + g][i], d->k[h][j]) / sqrt((double)M);
+                    mx = z[j] > mx ? z[j] : mx;
+                }
+                for (int j = 0; j <= i; j++)
+                    sum += exp(z[j] - mx);
+                for (int j = 0; j < P - W; j++)
+                    raw[j] += exp(z[j] - mx) / sum / (W * G);
+            }
+        for (int i = 0; i < P - W; i++) {
+            double a = 0;
+            for (int dd = -kern / 2; dd <= kern / 2; dd++)
+                a += i + dd >= 0 && i + dd < P - W ? raw[i + dd] : 0;
+            sc[i] = a / kern;
+            cand[i] = 1;
+        }
+        keep_best(mk[h], cand, sc, P, keep - W);
+        (void)all;
+    }
+    for (int s = 0; s <= T - P; s++) {
+        int t = s == 0 ? P - 1 : P + s - 1;
+        if (s > 0)
+            for (int h = 0; h < H; h++)
+                mk[h][t] = 1;
+        memcpy(out[s], mk, sizeof mk);
+    }
+}
+
+static void ref_knorm(const struct data *d, int keep, masks_t out)
+{
+    uint8_t mk[H][T];
+    memset(mk, 0, sizeof mk);
+    for (int h = 0; h < H; h++) {
+        memset(mk[h], 1, P);
+        double sc[T];
+        uint8_t cand[T] = {0};
+        for (int j = 0; j < P; j++) {
+            sc[j] = -sqrt(dotd(d->k[h][j], d->k[h][j]));
+            cand[j] = 1;
+        }
+        keep_best(mk[h], cand, sc, P, keep);
+    }
+    for (int s = 0; s <= T - P; s++) {
+        if (s > 0)
+            for (int h = 0; h < H; h++)
+                mk[h][P + s - 1] = 1;
+        memcpy(out[s], mk, sizeof mk);
+    }
+}
+
+/* H2O as the reference code runs it: after each forward's attention, accumulate, then
+ * evict to heavy + recent (the recent being the last positions). */
+static void ref_h2o(const struct data *d, int heavy, int recent, masks_t out)
+{
+    uint8_t mk[H][T];
+    double acc[H][T];
+    memset(mk, 0, sizeof mk);
+    memset(acc, 0, sizeof acc);
+    for (int h = 0; h < H; h++)
+        memset(mk[h], 1, P);
+    for (int s = 0; s <= T - P; s++) {
+        int t = s == 0 ? P - 1 : P + s - 1;
+        if (s > 0)
+            for (int h = 0; h < H; h++)
+                mk[h][t] = 1;
+        /* the cache attention sees at t is the mask now */
+        memcpy(out[s], mk, sizeof mk);
+        for (int h = 0; h < H; h++) {
+            double a[T];
+            if (s == 0) {
+                for (int i = 0; i < P; i++) {
+                    uint8_t causal[T] = {0};
+                    memset(causal, 1, (size_t)i + 1);
+                    attn_naive(d, h, i, causal, i + 1, a);
+                    for (int j = 0; j <= i; j++)
+                        acc[h][j] += a[j];
+                }
+            } else {
+                attn_naive(d, h, t, mk[h], t + 1, a);
+                for (int j = 0; j <= t; j++)
+                    acc[h][j] += a[j];
+            }
+            int n = 0;
+            for (int j = 0; j <= t; j++)
+                n += mk[h][j];
+            if (n > heavy + recent) {
+                uint8_t cand[T] = {0};
+                for (int j = 0; j <= t - recent; j++)
+                    cand[j] = mk[h][j];
+                keep_best(mk[h], cand, acc[h], t + 1, heavy);
+            }
+        }
+        /* prefill: its eviction is visible at once (the hook runs after the prefill's
+         * attention); decode: the eviction after t's attention shows at t + 1 */
+        if (s == 0)
+            memcpy(out[0], mk, sizeof mk);
+    }
+}
+
+/* SCOPE (alpha < 0: instantaneous a) or Moment-KV (alpha >= 0: I = alpha I + a). */
+static void ref_decode_phase(const struct data *d, int budget0, int recent, int adaptive,
+                             int delta, double alpha, masks_t out)
+{
+    uint8_t mk[H][T];
+    double I[H][T];
+    memset(mk, 0, sizeof mk);
+    memset(I, 0, sizeof I);
+    for (int h = 0; h < H; h++)
+        memset(mk[h], 1, P);
+    memcpy(out[0], mk, sizeof mk);
+    for (int s = 1; s <= T - P; s++) {
+        int t = P + s - 1, budget = budget0;
+        if (adaptive && recent + (t - P) / delta < budget)
+            budget = recent + (t - P) / delta;
+        for (int h = 0; h < H; h++) {
+            mk[h][t] = 1;
+            int nd = 0;
+            for (int j = P; j <= t; j++)
+                nd += mk[h][j];
+            double a[T];
+            if (alpha >= 0 || nd > budget)
+                attn_naive(d, h, t, mk[h], t + 1, a);
+            if (alpha >= 0)
+                for (int j = P; j <= t; j++)
+                    if (mk[h][j])
+                        I[h][j] = alpha * I[h][j] + a[j];
+            if (nd > budget) {
+                uint8_t cand[T] = {0};
+                for (int j = P; j <= t - recent; j++)
+                    cand[j] = mk[h][j];
+                keep_best(mk[h], cand, alpha >= 0 ? I[h] : a, t + 1, budget - recent);
+            }
+        }
+        memcpy(out[s], mk, sizeof mk);
+    }
+}
+
+/* ---- tests ----------------------------------------------------------------------------- */
+
+static void expect_same(const struct fk_evict_ops *ops, masks_t got, masks_t want,
+                        const char *what)
+{
+    for (int s = 0; s <= T - P; s++)
+        for (int h = 0; h < H; h++)
+            for (int j = 0; j < T; j++)
+                ck_assert_msg(got[s][h][j] == want[s][h][j],
+                              "%s (%s): hook %d head %d token %d: kept %d, reference %d",
+                              ops->name, what, s, h, j, got[s][h][j], want[s][h][j]);
+}
+
+static int count_kept(masks_t mk, int s, int h)
+{
+    int n = 0;
+    for (int j = 0; j < T; j++)
+        n += mk[s][h][j];
+    return n;
+}
+
+static void *opts_of(const struct fk_evict_ops *ops)
+{
+    void *o = calloc(1, ops->opts_size);
+    ck_assert_ptr_nonnull(o);
+    fk_evict_opts_defaults(ops, o);
+    return o;
+}
+
+/* The keep rule against keep_best, with ties, dropping few (one at a time) and many
+ * (sorted). */
+START_TEST(test_keep_top)
+{
+    rng_state = 99;
+    for (int rep = 0; rep < 200; rep++) {
+        int n = 1 + rep % 40, k = (int)(unif() * (n + 2)) - 1;
+        double sc[T], tmp[2 * T], byt[T];
+        int32_t idx[T];
+        uint8_t got[T] = {0}, want[T] = {0}, cand[T] = {0};
+        for (int i = 0; i < n; i++) {
+            idx[i] = 2 * i + (rep % 2); /* candidates are every other token */
+            sc[i] = floor(unif() * 5); /* many ties */
+            got[idx[i]] = want[idx[i]] = cand[idx[i]] = 1;
+            byt[idx[i]] = sc[i];
+        }
+        fk_evict_keep_top(sc, idx, n, k, got, tmp);
+        keep_best(want, cand, byt, T, k < 0 ? 0 : k);
+        for (int j = 0; j < T; j++)
+            ck_assert_msg(got[j] == want[j], "n %d k %d token %d: kept %d, reference %d", n, k,
+                          j, got[j], want[j]);
+    }
+}
+END_TEST
+
+START_TEST(test_streaming)
+{
+    const struct fk_evict_ops *ops = fk_evict_find("streaming");
+    ck_assert_ptr_nonnull(ops);
+    static struct data d;
+    static masks_t got, want;
+    make_data(&d, 1);
+    void *o = opts_of(ops);
+    int cases[][2] = {{4, 16}, {0, 1}, {2, 60}, {4, 200}};
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        set_opt(ops, o, "sinks", cases[c][0]);
+        set_opt(ops, o, "recent", cases[c][1]);
+        drive(ops, o, &d, 0, got);
+        ref_streaming(&d, cases[c][0], cases[c][1], want);
+        expect_same(ops, got, want, "sinks + window");
+    }
+    free(o);
+}
+END_TEST
+
+START_TEST(test_snapkv)
+{
+    const struct fk_evict_ops *ops = fk_evict_find("snapkv");
+    ck_assert_ptr_nonnull(ops);
+    static struct data d;
+    static masks_t got, want;
+    void *o = opts_of(ops);
+    int cases[][3] = {{8, 5, 20}, {8, 3, 9}, {16, 7, 30}, {4, 1, 4}};
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        make_data(&d, 10 + c);
+        set_opt(ops, o, "window", cases[c][0]);
+        set_opt(ops, o, "kernel", cases[c][1]);
+        set_opt(ops, o, "budget", cases[c][2]);
+        drive(ops, o, &d, 0, got);
+        ref_snapkv(&d, cases[c][0], cases[c][1], cases[c][2], want);
+        expect_same(ops, got, want, "kvpress SnapKV");
+        ck_assert_int_eq(count_kept(got, 0, 0), cases[c][2]);
+    }
+    /* ratio: int(P (1 - ratio)) tokens */
+    set_opt(ops, o, "budget", 0);
+    set_opt(ops, o, "window", 8);
+    set_opt(ops, o, "kernel", 5);
+    set_opt(ops, o, "ratio", 0.7);
+    drive(ops, o, &d, 0, got);
+    ref_snapkv(&d, 8, 5, (int)(P * (1 - 0.7)), want);
+    expect_same(ops, got, want, "ratio 0.7");
+    free(o);
+}
+END_TEST
+
+START_TEST(test_knorm)
+{
+    const struct fk_evict_ops *ops = fk_evict_find("knorm");
+    ck_assert_ptr_nonnull(ops);
+    static struct data d;
+    static masks_t got, want;
+    make_data(&d, 3);
+    void *o = opts_of(ops);
+    set_opt(ops, o, "budget", 13);
+    drive(ops, o, &d, 0, got);
+    ref_knorm(&d, 13, want);
+    expect_same(ops, got, want, "lowest norms");
+    set_opt(ops, o, "budget", 0);
+    set_opt(ops, o, "ratio", 1.0); /* keeps int(0) -> clamped to 1 token (kvpress PR #264) */
+    drive(ops, o, &d, 0, got);
+    ref_knorm(&d, 1, want);
+    expect_same(ops, got, want, "n_kept >= 1");
+    ck_assert_int_eq(count_kept(got, 0, 1), 1);
+    /* ties go to the lower token: every key of head 1 has the same norm */
+    for (int j = 0; j < T; j++)
+        for (int c = 0; c < M; c++)
+            d.k[1][j][c] = (float)((c + j) % M == 0 ? 2.0 : 0.0);
+    set_opt(ops, o, "budget", 7);
+    drive(ops, o, &d, 0, got);
+    for (int j = 0; j < P; j++)
+        ck_assert_int_eq(got[0][1][j], j < 7);
+    free(o);
+}
+END_TEST
+
+START_TEST(test_h2o)
+{
+    const struct fk_evict_ops *ops = fk_evict_find("h2o");
+    ck_assert_ptr_nonnull(ops);
+    static struct data d;
+    static masks_t got, want;
+    void *o = opts_of(ops);
+    int cases[][2] = {{10, 6}, {3, 1}, {0, 5}, {25, 20}};
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        make_data(&d, 20 + c);
+        set_opt(ops, o, "heavy", cases[c][0]);
+        set_opt(ops, o, "recent", cases[c][1]);
+        drive(ops, o, &d, 0, got);
+        ref_h2o(&d, cases[c][0], cases[c][1], want);
+        expect_same(ops, got, want, "accumulated attention");
+        ck_assert_int_eq(count_kept(got, T - P, 0), cases[c][0] + cases[c][1] + 1);
+    }
+    free(o);
+}
+END_TEST
+
+START_TEST(test_scope_momentum)
+{
+    const struct fk_evict_ops *sc = fk_evict_find("scope"), *mo = fk_evict_find("momentum");
+    ck_assert_ptr_nonnull(sc);
+    ck_assert_ptr_nonnull(mo);
+    static struct data d;
+    static masks_t got, want;
+    void *o = opts_of(sc);
+    int cases[][4] = {{20, 5, 0, 1}, {7, 1, 0, 1}, {30, 4, 1, 3}, {12, 12, 0, 1}};
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        make_data(&d, 30 + c);
+        set_opt(sc, o, "decode_budget", cases[c][0]);
+        set_opt(sc, o, "recent", cases[c][1]);
+        set_opt(sc, o, "variant", cases[c][2]);
+        set_opt(sc, o, "delta", cases[c][3]);
+        drive(sc, o, &d, 0, got);
+        ref_decode_phase(&d, cases[c][0], cases[c][1], cases[c][2], cases[c][3], -1, want);
+        expect_same(sc, got, want, "SCOPE");
+        if (!cases[c][2])
+            ck_assert_int_eq(count_kept(got, T - P, 1), P + cases[c][0]);
+    }
+    free(o);
+    o = opts_of(mo);
+    double alphas[] = {0.9, 0.0, 1.0, 0.5};
+    for (size_t c = 0; c < 4; c++) {
+        make_data(&d, 40 + c);
+        set_opt(mo, o, "alpha", alphas[c]);
+        set_opt(mo, o, "decode_budget", 15 + 3 * (int)c);
+        set_opt(mo, o, "recent", 2 + (int)c);
+        drive(mo, o, &d, 0, got);
+        ref_decode_phase(&d, 15 + 3 * (int)c, 2 + (int)c, 0, 1, alphas[c], want);
+        expect_same(mo, got, want, "Moment-KV");
+    }
+    free(o);
+}
+END_TEST
+
+/* Causality: a planted huge key at token tp (aligned with every query) changes no kept set
+ * before tp arrives; rows after the current token poisoned with NaN change nothing. */
+START_TEST(test_causality)
+{
+    static struct data d, d2;
+    static masks_t a, b;
+    for (int i = 0; fk_evict_policies[i]; i++) {
+        const struct fk_evict_ops *ops = fk_evict_policies[i];
+        void *o = opts_of(ops);
+        /* budgets small enough that every policy evicts on this data */
+        const char *small[][2] = {{"recent", "6"}, {"heavy", "5"}, {"budget", "12"},
+                                  {"window", "4"}, {"decode_budget", "10"}, {"sinks", "2"}};
+        for (size_t s = 0; s < sizeof small / sizeof small[0]; s++)
+            if (fk_evict_option(ops, small[s][0]))
+                set_opt(ops, o, small[s][0], atof(small[s][1]));
+        make_data(&d, 50);
+        drive(ops, o, &d, 0, a);
+        drive(ops, o, &d, 1, b);
+        expect_same(ops, b, a, "future rows poisoned");
+        for (int tp = P + 5; tp < T; tp += 23) {
+            memcpy(&d2, &d, sizeof d);
+            for (int h = 0; h < H; h++)
+                for (int c = 0; c < M; c++)
+                    d2.k[h][tp][c] = 1e3f * d.q[h * G][tp][c];
+            drive(ops, o, &d2, 0, b);
+            int changed = 0;
+            for (int s = 0; s <= T - P; s++) {
+                int t = s == 0 ? P - 1 : P + s - 1;
+                int diff = memcmp(a[s], b[s], sizeof a[s]) != 0;
+                ck_assert_msg(t >= tp || !diff, "%s: a key planted at %d changed the kept set "
+                              "at %d", ops->name, tp, t);
+                changed |= diff;
+            }
+            (void)changed;
+        }
+        free(o);
+    }
+}
+END_TEST
+
+START_TEST(test_options_and_names)
+{
+    const struct fk_evict_ops *sc = fk_evict_find("scope");
+    void *o = opts_of(sc);
+    set_opt(sc, o, "recent", 300);
+    set_opt(sc, o, "decode_budget", 100);
+    ck_assert_int_eq(sc->check(o), FK_ECONFIG);
+    ck_assert_ptr_nonnull(strstr(fk_errmsg(), "decode_budget"));
+    free(o);
+    const struct fk_evict_ops *sn = fk_evict_find("snapkv");
+    o = opts_of(sn);
+    ck_assert_int_eq(fk_evict_opts_set(sn, o, fk_evict_option(sn, "ratio"), 1.5), FK_ECONFIG);
+    ck_assert_ptr_nonnull(strstr(fk_errmsg(), "snapkv"));
+    set_opt(sn, o, "kernel", 4);
+    ck_assert_int_eq(sn->check(o), FK_ECONFIG);
+    free(o);
+    ck_assert_ptr_null(fk_evict_find("nope"));
+    /* no registered policy option collides with a registered codec's */
+    for (int i = 0; fk_evict_policies[i]; i++)
+        for (int c = 0; fk_codecs[c]; c++)
+            ck_assert_msg(fk_evict_check_names(fk_evict_policies[i], fk_codecs[c]) == FK_OK,
+                          "%s", fk_errmsg());
+    /* a collision is refused, naming both */
+    static const struct fk_option bad_opts[] = {
+        {"n_b", FK_OPT_INT, 0, 1, 0, 10, NULL, "x"}, {NULL, 0, 0, 0, 0, 0, NULL, NULL}};
+    struct fk_evict_ops bad = {.name = "bad", .options = bad_opts, .opts_size = sizeof(int)};
+    ck_assert_int_eq(fk_evict_check_names(&bad, fk_codec_find("full")), FK_ECONFIG);
+    ck_assert_ptr_nonnull(strstr(fk_errmsg(), "'n_b'"));
+    ck_assert_ptr_nonnull(strstr(fk_errmsg(), "full"));
+}
+END_TEST
+
+int main(void)
+{
+    Suite *s = suite_create("evict");
+    TCase *tc = tcase_create("core");
+    tcase_set_timeout(tc, 120);
+    tcase_add_test(tc, test_keep_top);
+    tcase_add_test(tc, test_streaming);
+    tcase_add_test(tc, test_snapkv);
+    tcase_add_test(tc, test_knorm);
+    tcase_add_test(tc, test_h2o);
+    tcase_add_test(tc, test_scope_momentum);
+    tcase_add_test(tc, test_causality);
+    tcase_add_test(tc, test_options_and_names);
+    suite_add_tcase(s, tc);
+    return fk_suite_run(s);
+}
