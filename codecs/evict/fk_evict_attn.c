@@ -49,18 +49,24 @@ static void softmax_row(const struct fk_evict_env *env, const float *c, int n, d
                         double *p)
 {
     double mx = -INFINITY;
-    for (int i = 0; i < n; i++) {
-        p[i] = logit(env, c[i], scale);
-        if (p[i] > mx)
-            mx = p[i];
-    }
+    if (env->softcap > 0)
+        for (int i = 0; i < n; i++) {
+            p[i] = logit(env, c[i], scale);
+            mx = p[i] > mx ? p[i] : mx;
+        }
+    else /* the plain logits: the same numbers as logit(), without its branch */
+        for (int i = 0; i < n; i++) {
+            p[i] = c[i] / scale;
+            mx = p[i] > mx ? p[i] : mx;
+        }
     double sum = 0;
     for (int i = 0; i < n; i++) {
         p[i] = exp(p[i] - mx);
         sum += p[i];
     }
+    double inv = 1.0 / sum;
     for (int i = 0; i < n; i++)
-        p[i] /= sum;
+        p[i] *= inv;
 }
 
 /* The G query rows of token tq of KV head h into s->qg at row offset r0 (of G*stride). */
