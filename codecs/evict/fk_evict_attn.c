@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "common/fk_err.h"
+#include "kernels/fk_simd.h"
 
 void fk_evict_scratch_free(struct fk_evict_scratch *s)
 {
@@ -48,18 +49,24 @@ static void softmax_row(const struct fk_evict_env *env, const float *c, int n, d
                         double *p)
 {
     double mx = -INFINITY;
-    for (int i = 0; i < n; i++) {
-        p[i] = logit(env, c[i], scale);
-        if (p[i] > mx)
-            mx = p[i];
-    }
+    if (env->softcap > 0)
+        for (int i = 0; i < n; i++) {
+            p[i] = logit(env, c[i], scale);
+            mx = p[i] > mx ? p[i] : mx;
+        }
+    else /* the plain logits: the same numbers as logit(), without its branch */
+        for (int i = 0; i < n; i++) {
+            p[i] = c[i] / scale;
+            mx = p[i] > mx ? p[i] : mx;
+        }
     double sum = 0;
     for (int i = 0; i < n; i++) {
         p[i] = exp(p[i] - mx);
         sum += p[i];
     }
+    double inv = 1.0 / sum;
     for (int i = 0; i < n; i++)
-        p[i] /= sum;
+        p[i] *= inv;
 }
 
 /* The G query rows of token tq of KV head h into s->qg at row offset r0 (of G*stride). */
@@ -77,6 +84,38 @@ static int gather_q(const struct fk_evict_env *env, const struct fk_evict_view *
     return FK_OK;
 }
 
+#define LANES 8
+
+/* z[g][i] = q_g . k_{idx[i]} for the G query rows q [G][m] and the n key rows idx[] of kh:
+ * each key row read once for the G queries, in place (no gathered copy, no dropped row
+ * touched). Coordinate c goes to float lane c % LANES, the lanes summed in a fixed pairwise
+ * order; nothing is reassociated (ISO C, no contraction), so every clone gives the same
+ * bits. A BLAS SGEMM of G = 3 rows packed the whole key block at every call and cost more
+ * than the products; SGEMV per query head read the block G times. */
+FK_CLONES static void dots_rows(const float *restrict q, int G, const float *restrict kh,
+                                const int32_t *restrict idx, int n, int m, float *restrict z)
+{
+    int mv = m / LANES * LANES;
+    for (int i = 0; i < n; i++) {
+        const float *k = kh + (size_t)idx[i] * m;
+        for (int g = 0; g < G; g++) {
+            const float *qg = q + (size_t)g * m;
+            float acc[LANES] = {0};
+            for (int c = 0; c < mv; c += LANES)
+                for (int l = 0; l < LANES; l++)
+                    acc[l] += qg[c + l] * k[c + l];
+            for (int c = mv; c < m; c++)
+                acc[c - mv] += qg[c] * k[c];
+            float s4[4], s2[2];
+            for (int l = 0; l < 4; l++)
+                s4[l] = acc[l] + acc[l + 4];
+            s2[0] = s4[0] + s4[2];
+            s2[1] = s4[1] + s4[3];
+            z[(size_t)g * n + i] = s2[0] + s2[1];
+        }
+    }
+}
+
 int fk_evict_attn_group(const struct fk_evict_env *env, const struct fk_evict_view *v, int h,
                         int tq, const int32_t *idx, int n, struct fk_evict_scratch *s,
                         double *score)
@@ -89,27 +128,7 @@ int fk_evict_attn_group(const struct fk_evict_env *env, const struct fk_evict_vi
     FK_TRY(reserve((void **)&s->p, &s->cap_p, (size_t)n, sizeof(double)));
     FK_TRY(gather_q(env, v, h, tq, s->qg, (size_t)m));
     const float *kh = v->k + (size_t)h * T * m;
-    int lo = idx[0], hi = idx[n - 1] + 1;
-    /* One query row against many keys is a matrix-vector product: SGEMV per query head
-     * (an SGEMM of G rows packs the whole key block at every call, which cost more than the
-     * products themselves), over the stored rows lo .. hi-1 when the kept ones are dense
-     * there, else over the kept rows gathered. */
-    if (hi - lo <= 2 * n) {
-        FK_TRY(reserve((void **)&s->kg, &s->cap_kg, (size_t)(hi - lo), sizeof(float)));
-        for (int g = 0; g < G; g++) {
-            cblas_sgemv(CblasRowMajor, CblasNoTrans, hi - lo, m, 1.0f, kh + (size_t)lo * m, m,
-                        s->qg + (size_t)g * m, 1, 0.0f, s->kg, 1);
-            for (int i = 0; i < n; i++)
-                s->c[(size_t)g * n + i] = s->kg[idx[i] - lo];
-        }
-    } else {
-        FK_TRY(reserve((void **)&s->kg, &s->cap_kg, (size_t)n * m, sizeof(float)));
-        for (int i = 0; i < n; i++)
-            memcpy(s->kg + (size_t)i * m, kh + (size_t)idx[i] * m, sizeof(float) * (size_t)m);
-        for (int g = 0; g < G; g++)
-            cblas_sgemv(CblasRowMajor, CblasNoTrans, n, m, 1.0f, s->kg, m,
-                        s->qg + (size_t)g * m, 1, 0.0f, s->c + (size_t)g * n, 1);
-    }
+    dots_rows(s->qg, G, kh, idx, n, m, s->c);
     double scale = inv_scale(env);
     for (int i = 0; i < n; i++)
         score[i] = 0;

@@ -1,7 +1,9 @@
 /* SPDX-License-Identifier: MIT
  * What the eviction policies share (core/fk_evict.h): the attention-score kernel (exact
- * keys, recorded queries, one SGEMM per KV head and call, GQA group averaged per KV head as
- * kvpress does: never repeat_kv), the kept-set helpers and the top-k keep rule.
+ * keys, recorded queries; a decode step reads each kept key row once for its KV head's G
+ * query rows, the prefill's causal sums are one SGEMM per block of queries; GQA group
+ * averaged per KV head as kvpress does: never repeat_kv), the kept-set helpers and the
+ * top-k keep rule.
  */
 #ifndef FK_EVICT_ATTN_H
 #define FK_EVICT_ATTN_H

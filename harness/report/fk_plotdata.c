@@ -1743,6 +1743,8 @@ static int label_cols(const struct store *st, const char *ds, const char *codec,
         fk_opts_defaults(ops, def);
     *n_cols = 0;
     for (int j = st->col_first_opt; j < st->col_end_opt && *n_cols < LABEL_COLS; j++) {
+        if (!strcmp(st->cells->head[j], "evict"))
+            continue; /* the series' name says it (CODEC+POLICY) */
         const struct fk_option *o = ops ? fk_codec_option(ops, st->cells->head[j]) : NULL;
         char dv[64] = "";
         if (o)
