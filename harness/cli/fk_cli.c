@@ -124,6 +124,8 @@ static int print_options(const struct fk_codec_ops *c)
             printf("    %-14s = %-10s %s [%s]\n", o->name, def, o->help, ch);
         } else if (o->type == FK_OPT_BOOL) {
             printf("    %-14s = %-10s %s\n", o->name, def, o->help);
+        } else if (o->type == FK_OPT_INT) { /* integer bounds in full (1 << 24, not 1.67772e+07) */
+            printf("    %-14s = %-10s %s [%.0f, %.0f]\n", o->name, def, o->help, o->min, o->max);
         } else {
             printf("    %-14s = %-10s %s [%g, %g]\n", o->name, def, o->help, o->min, o->max);
         }
