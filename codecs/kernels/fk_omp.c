@@ -19,6 +19,7 @@
 
 #include <cblas.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -27,10 +28,175 @@
 #define STRIP 256 /* atoms per strip of the fused update (1 KiB of stack) */
 
 
+/* ---- correlations of a few vectors --------------------------------------------------- */
+
+/* An adaptive codec correlates one event at a time (a few vectors), and OpenBLAS then packs
+ * the whole dictionary for those few. Where OpenBLAS's SGEMM computes every element as one
+ * fmaf chain (k ascending, from 0; its regular kernels do, its small-matrix kernels do not),
+ * corr_chain computes the same bits without packing: fk_correlate uses it for at most
+ * CORR_SMALL vectors, for each shape (nx, N, m) only after a probe on random data of that
+ * shape found the two bit-identical (fk_correlate_uses_chain). */
+#define CORR_SMALL 16
+
+static void corr_chain_ref(const float *x, int nx, const float *atoms, int N, int m,
+                           float *a, int j0)
+{
+    for (int i = 0; i < nx; i++)
+        for (int j = j0; j < N; j++) {
+            float c = 0.0f;
+            for (int k = 0; k < m; k++)
+                c = fmaf(x[(size_t)i * m + k], atoms[(size_t)j * m + k], c);
+            a[(size_t)i * N + j] = c;
+        }
+}
+
+#if defined(__GNUC__) && defined(__x86_64__)
+#include <immintrin.h>
+#define CORR_HAVE_AVX2 1
+
+/* The same chains, 8 vectors per register lane group: x transposed into xt [m][16] (zero
+ * lanes past nx), BA atoms at a time in the lanes of nx <= 8, or BB with nx <= 16. */
+__attribute__((target("avx2,fma"))) static void corr_chain_avx2(const float *x, int nx,
+                                                                const float *atoms, int N,
+                                                                int m, float *a, float *xt)
+{
+    enum { BA = 12, BB = 6 };
+    for (int k = 0; k < m; k++)
+        for (int i = 0; i < 16; i++)
+            xt[k * 16 + i] = i < nx ? x[(size_t)i * m + k] : 0.0f;
+    float tmp[16];
+    int j = 0;
+    if (nx <= 8) {
+        for (; j + BA <= N; j += BA) {
+            __m256 acc[BA];
+            for (int b = 0; b < BA; b++)
+                acc[b] = _mm256_setzero_ps();
+            const float *d = atoms + (size_t)j * m;
+            for (int k = 0; k < m; k++) {
+                __m256 xv = _mm256_loadu_ps(xt + k * 16);
+                for (int b = 0; b < BA; b++)
+                    acc[b] = _mm256_fmadd_ps(_mm256_broadcast_ss(d + (size_t)b * m + k), xv,
+                                             acc[b]);
+            }
+            for (int b = 0; b < BA; b++) {
+                _mm256_storeu_ps(tmp, acc[b]);
+                for (int i = 0; i < nx; i++)
+                    a[(size_t)i * N + j + b] = tmp[i];
+            }
+        }
+    } else {
+        for (; j + BB <= N; j += BB) {
+            __m256 lo[BB], hi[BB];
+            for (int b = 0; b < BB; b++)
+                lo[b] = hi[b] = _mm256_setzero_ps();
+            const float *d = atoms + (size_t)j * m;
+            for (int k = 0; k < m; k++) {
+                __m256 xl = _mm256_loadu_ps(xt + k * 16), xh = _mm256_loadu_ps(xt + k * 16 + 8);
+                for (int b = 0; b < BB; b++) {
+                    __m256 dv = _mm256_broadcast_ss(d + (size_t)b * m + k);
+                    lo[b] = _mm256_fmadd_ps(dv, xl, lo[b]);
+                    hi[b] = _mm256_fmadd_ps(dv, xh, hi[b]);
+                }
+            }
+            for (int b = 0; b < BB; b++) {
+                _mm256_storeu_ps(tmp, lo[b]);
+                _mm256_storeu_ps(tmp + 8, hi[b]);
+                for (int i = 0; i < nx; i++)
+                    a[(size_t)i * N + j + b] = tmp[i];
+            }
+        }
+    }
+    corr_chain_ref(x, nx, atoms, N, m, a, j); /* the last atoms, the same chains */
+}
+#else
+#define CORR_HAVE_AVX2 0
+#endif
+
+/* The chains of every element (xt: [m][16] scratch). */
+static void corr_chain(const float *x, int nx, const float *atoms, int N, int m, float *a,
+                       float *xt)
+{
+#if CORR_HAVE_AVX2
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+        corr_chain_avx2(x, nx, atoms, N, m, a, xt);
+        return;
+    }
+#endif
+    (void)xt;
+    corr_chain_ref(x, nx, atoms, N, m, a, 0);
+}
+
+/* The probe of one shape: 1 when corr_chain gives SGEMM's bits on random data of it. */
+static int corr_probe(int nx, int N, int m)
+{
+    size_t nd = (size_t)N * m, ne = (size_t)nx * N;
+    float *d = malloc(sizeof(float) * (nd + (size_t)nx * m + 2 * ne + (size_t)m * 16));
+    if (!d)
+        return 0;
+    float *x = d + nd, *a = x + (size_t)nx * m, *b = a + ne, *xt = b + ne;
+    uint64_t r = 0x9E3779B97F4A7C15ull ^ ((uint64_t)N << 20 ^ (uint64_t)m << 5 ^ (uint64_t)nx);
+    for (size_t i = 0; i < nd + (size_t)nx * m; i++) {
+        r ^= r << 13, r ^= r >> 7, r ^= r << 17;
+        d[i] = (float)((double)(r >> 11) / 9007199254740992.0 * 2.0 - 1.0);
+    }
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nx, N, m, 1.0f, x, m, d, m, 0.0f, a,
+                N);
+    corr_chain(x, nx, d, N, m, b, xt);
+    int same = !memcmp(a, b, sizeof(float) * ne);
+    free(d);
+    return same;
+}
+
+/* The probes' verdicts by shape (open addressing; a full table means SGEMM). */
+enum { CORR_SLOTS = 8192 };
+static struct {
+    uint64_t key;      /* nx | N << 8 | m << 36, 0 = empty */
+    int use;           /* 1: corr_chain, 0: SGEMM */
+} corr_seen[CORR_SLOTS];
+static pthread_mutex_t corr_lock = PTHREAD_MUTEX_INITIALIZER;
+
+int fk_correlate_uses_chain(int nx, int N, int m)
+{
+    if (nx < 1 || nx > CORR_SMALL || N < 1 || N > (1 << 27) || m < 1 || m > 256)
+        return 0;
+    uint64_t key = (uint64_t)nx | (uint64_t)N << 8 | (uint64_t)m << 36;
+    size_t h = (size_t)((key * 0x9E3779B97F4A7C15ull) >> 51) % CORR_SLOTS;
+    pthread_mutex_lock(&corr_lock);
+    int use = 0, found = 0;
+    size_t i = h;
+    for (int probes = 0; probes < 64; probes++, i = (i + 1) % CORR_SLOTS) {
+        if (corr_seen[i].key == key) {
+            use = corr_seen[i].use;
+            found = 1;
+            break;
+        }
+        if (!corr_seen[i].key)
+            break;
+    }
+    pthread_mutex_unlock(&corr_lock);
+    if (found)
+        return use;
+    use = corr_probe(nx, N, m); /* outside the lock: two threads may probe one shape alike */
+    pthread_mutex_lock(&corr_lock);
+    for (int probes = 0; probes < 64; probes++, i = (i + 1) % CORR_SLOTS)
+        if (!corr_seen[i].key || corr_seen[i].key == key) {
+            corr_seen[i].key = key;
+            corr_seen[i].use = use;
+            break;
+        }
+    pthread_mutex_unlock(&corr_lock);
+    return use;
+}
+
 void fk_correlate(const struct fk_dict_view *d, const float *x, int nx, float *a)
 {
     if (nx <= 0 || d->n_atoms <= 0)
         return;
+    if (fk_correlate_uses_chain(nx, d->n_atoms, d->m)) {
+        float xt[16 * 256]; /* m <= 256 */
+        corr_chain(x, nx, d->atoms, d->n_atoms, d->m, a, xt);
+        return;
+    }
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nx, d->n_atoms, d->m, 1.0f, x, d->m,
                 d->atoms, d->m, 0.0f, a, d->n_atoms);
 }
