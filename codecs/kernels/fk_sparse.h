@@ -48,14 +48,9 @@ struct fk_dict_view {
 };
 
 /* A = X D^T: correlations of nx vectors X [nx][m] with every atom -> A [nx][n_atoms].
- * One SGEMM (OpenBLAS), or its bits without it for a few vectors (below). For bit-identical results at any thread count, call it with the same
+ * One SGEMM (OpenBLAS). For bit-identical results at any thread count, call it with the same
  * block partition and OpenBLAS at one thread (fk_blas_threads_set(1)) in worker threads. */
 void fk_correlate(const struct fk_dict_view *d, const float *x, int nx, float *a);
-/* 1 when fk_correlate computes nx vectors against N atoms of length m itself (one fmaf chain
- * per element, k ascending, for at most 16 vectors, m <= 256): only where a probe of that
- * shape on random data found it bit-identical to the SGEMM (OpenBLAS's small-matrix kernels
- * sum in another order; then the SGEMM is called). Probes once per shape per process. */
-int fk_correlate_uses_chain(int nx, int N, int m);
 
 /* A buffer of n_floats floats for a Gram matrix (free() it): 2 MiB-aligned and advised
  * for transparent huge pages. The page faults of a fresh buffer in 4 KiB pages can cost
