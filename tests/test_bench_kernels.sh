@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: MIT
-# `bench omp --kernels`: the child process that reruns the benchmark for the other kernel
-# column gets this run's arguments and reports this run's figures. With --kernels same the
+# `bench omp --kernels`: the child processes that rerun the benchmark for the other kernel
+# column (and this run's kernels again) get this run's arguments and report their figures. With --kernels same the
 # child keeps this environment (OPENBLAS_CORETYPE is never set here), so its codes must be
 # bit-identical to an independent --tsv run of the same arguments; a bad mode is a usage
 # error.
@@ -26,7 +26,8 @@ line=$(printf "%s\n" "$out" | grep "^  codes hash  ") || fail "no codes hash row
 set -- $line
 [ "$3" = "$hash" ] || fail "this run's codes hash $3, the --tsv run's $hash"
 [ "$4" = "$hash" ] || fail "the child's codes hash $4, the --tsv run's $hash"
-[ "$5" = "equal" ] || fail "codes hash row says $5"
+[ "$5" = "$hash" ] || fail "the second child's codes hash $5, the --tsv run's $hash"
+[ "$6 $7" = "all equal" ] || fail "codes hash row says $6 $7"
 printf '%s\n' "$out" | grep -q "^  SGEMM floor vectors/s " || fail "no SGEMM floor row: $out"
 
 "$BIN" "${ARGS[@]}" --kernels 'Has well' >/dev/null 2>&1

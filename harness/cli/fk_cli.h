@@ -53,7 +53,16 @@ int fk_cli_kernels_child(const char *mode, int argc, char **argv, struct fk_cli_
                          char *err, size_t cap);
 /* The value of figure name (NULL: the child did not print it). */
 const char *fk_cli_fig(const struct fk_cli_figs *figs, const char *name);
-/* One line: this run's kernel set and how it was chosen, and the child's. */
-void fk_cli_kernels_header(const char *mode, const struct fk_cli_figs *child);
+/* How a figure is shown: its NAME, label and printf format. */
+struct fk_cli_fig_label {
+    const char *name, *label, *fmt;
+};
+/* The kernel-set table: runs the child with mode's kernels, then one with this run's again,
+ * and prints each figure of own (those of labels, NULL-name terminated, in that order; or
+ * all of own by name when labels is NULL) in the three runs, with other / mean(this, again);
+ * a codes_hash figure is compared. A child that fails is reported in a line. */
+void fk_cli_kernels_compare(const char *mode, int argc, char **argv,
+                            const struct fk_cli_figs *own,
+                            const struct fk_cli_fig_label *labels);
 
 #endif

@@ -195,7 +195,7 @@ static void print_result(const struct omp_args *a, const struct fk_bench_omp_dat
 }
 
 /* The figures both kernel columns show: name, label, printf format. */
-static const struct { const char *name, *label, *fmt; } figs[] = {
+static const struct fk_cli_fig_label figs[] = {
     {"gemm_vps", "SGEMM floor vectors/s", "%.0f"},
     {"e2e_vps", "end to end vectors/s", "%.0f"},
     {"e2e_per_core", "end to end per core", "%.0f"},
@@ -231,28 +231,6 @@ static void own_figs(const struct fk_bench_omp_result *res, const struct fk_benc
     }
     snprintf(f->name[f->n], sizeof f->name[0], "codes_hash");
     snprintf(f->value[f->n++], sizeof f->value[0], "%016" PRIx64, res->codes_hash);
-}
-
-/* The kernel-set table: this run's figures and the child's, side by side. */
-static void print_kernels(const char *mode, const struct fk_cli_figs *own,
-                          const struct fk_cli_figs *child)
-{
-    fk_cli_kernels_header(mode, child);
-    printf("  %-34s %14s %14s %9s\n", "figure", fk_cli_fig(own, "kernels"),
-           fk_cli_fig(child, "kernels") ? fk_cli_fig(child, "kernels") : "?", "other/this");
-    for (int i = 0; figs[i].name; i++) {
-        const char *a = fk_cli_fig(own, figs[i].name), *b = fk_cli_fig(child, figs[i].name);
-        if (!a || !b)
-            continue;
-        char ta[32], tb[32];
-        snprintf(ta, sizeof ta, figs[i].fmt, atof(a));
-        snprintf(tb, sizeof tb, figs[i].fmt, atof(b));
-        printf("  %-34s %14s %14s %9.3f\n", figs[i].label, ta, tb,
-               atof(a) != 0 ? atof(b) / atof(a) : 0.0);
-    }
-    const char *ha = fk_cli_fig(own, "codes_hash"), *hb = fk_cli_fig(child, "codes_hash");
-    printf("  %-34s %14s %14s %9s\n", "codes hash", ha, hb ? hb : "?",
-           hb && !strcmp(ha, hb) ? "equal" : "differ");
 }
 
 int fk_cli_bench_omp(int argc, char **argv)
@@ -301,19 +279,13 @@ int fk_cli_bench_omp(int argc, char **argv)
         printf(")\n  gm codes %s the unshared path (fk_omp_naive + fk_refine)\n",
                sr.gm_same ? "bit-identical to" : "DIFFER from");
     }
-    struct fk_cli_figs own, child;
+    struct fk_cli_figs own;
     if (rc == FK_OK)
         own_figs(&res, &a.cfg, pool > 0 ? &sr : NULL, &own);
     for (int i = 0; rc == FK_OK && a.tsv && i < own.n; i++)
         printf("%s\t%s\n", own.name[i], own.value[i]);
     if (rc == FK_OK && !a.tsv && fk_cli_kernels_wanted(a.kernels)) {
-        char err[256];
-        fflush(stdout);
-        if (fk_cli_kernels_child(a.kernels, argc, argv, &child, err, sizeof err) == 0)
-            print_kernels(a.kernels, &own, &child);
-        else
-            printf("OpenBLAS kernel sets: this run %s; the other column failed: %s\n",
-                   openblas_get_corename(), err);
+        fk_cli_kernels_compare(a.kernels, argc, argv, &own, figs);
     } else if (rc == FK_OK && !a.tsv) {
         printf("OpenBLAS kernel set: %s (%s)%s\n", openblas_get_corename(),
                fk_cli_kernels_origin(),

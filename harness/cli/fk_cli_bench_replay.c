@@ -222,28 +222,6 @@ static void end_figs(const struct fk_bench_replay_cfg *c, const struct fk_bench_
     (void)c;
 }
 
-/* The kernel-set table: this run's headline figures and the child's, side by side. */
-static void print_kernels(const char *mode, const struct fk_cli_figs *own,
-                          const struct fk_cli_figs *child)
-{
-    printf("\n");
-    fk_cli_kernels_header(mode, child);
-    const char *kb = fk_cli_fig(child, "kernels");
-    printf("  %-34s %14s %14s %9s\n", "figure", fk_cli_fig(own, "kernels"), kb ? kb : "?",
-           "other/this");
-    for (int i = 0; i < own->n; i++) {
-        const char *b = fk_cli_fig(child, own->name[i]);
-        if (!b || !strcmp(own->name[i], "kernels"))
-            continue;
-        double x = atof(own->value[i]), y = atof(b);
-        const char *fmt = x >= 100 ? "%.0f" : "%.3f";
-        char ta[32], tb[32];
-        snprintf(ta, sizeof ta, fmt, x);
-        snprintf(tb, sizeof tb, fmt, y);
-        printf("  %-34s %14s %14s %9.3f\n", own->name[i], ta, tb, x != 0 ? y / x : 0.0);
-    }
-}
-
 int fk_cli_bench_replay(int argc, char **argv)
 {
     struct fk_bench_replay_cfg cfg;
@@ -288,13 +266,8 @@ int fk_cli_bench_replay(int argc, char **argv)
     if (rc == FK_OK)
         printf("peak resident memory of the whole benchmark: %.0f MiB\n", r->peak_rss_kib / 1024.0);
     if (rc == FK_OK && fk_cli_kernels_wanted(kernels)) {
-        static struct fk_cli_figs child; /* large: not on the stack */
-        char err[256];
-        fflush(stdout);
-        if (fk_cli_kernels_child(kernels, argc, argv, &child, err, sizeof err) == 0)
-            print_kernels(kernels, &p->figs, &child);
-        else
-            printf("OpenBLAS kernel sets: the other column failed: %s\n", err);
+        printf("\n");
+        fk_cli_kernels_compare(kernels, argc, argv, &p->figs, NULL);
     } else if (rc == FK_OK) {
         printf("OpenBLAS kernel set: %s (%s)%s\n", fk_cli_fig(&p->figs, "kernels"),
                fk_cli_kernels_origin(),

@@ -9,6 +9,7 @@
  */
 #include <cblas.h>
 #include <errno.h>
+#include <math.h>
 #include <spawn.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -195,7 +196,7 @@ const char *fk_cli_fig(const struct fk_cli_figs *figs, const char *name)
     return NULL;
 }
 
-void fk_cli_kernels_header(const char *mode, const struct fk_cli_figs *child)
+static void kernels_header(const char *mode, const struct fk_cli_figs *child)
 {
     const char *k = fk_cli_fig(child, "kernels");
     char how[96];
@@ -204,7 +205,64 @@ void fk_cli_kernels_header(const char *mode, const struct fk_cli_figs *child)
                  !strcmp(mode, "best") ? "unset: the CPU's best" : "as here");
     else
         snprintf(how, sizeof how, "OPENBLAS_CORETYPE=%s", mode);
-    printf("OpenBLAS kernel sets: this run %s (%s); other column %s (%s, in a child process "
-           "run after this one, not interleaved)\n", openblas_get_corename(),
-           fk_cli_kernels_origin(), k ? k : "?", how);
+    printf("OpenBLAS kernel sets: this run %s (%s); other %s (%s). Both columns after this run "
+           "come from child processes run in turn (other, then this run's kernels again): "
+           "other/this divides by the mean of the two runs with this run's kernels\n",
+           openblas_get_corename(), fk_cli_kernels_origin(), k ? k : "?", how);
+}
+
+/* One row: the figure in the three runs, and other / mean(this, again). */
+static void table_row(const char *label, const char *fmt, const char *a, const char *b,
+                      const char *c)
+{
+    double x = atof(a), y = atof(b), z = c ? atof(c) : x, ref = 0.5 * (x + z);
+    char ta[32], tb[32], tc[32];
+    if (!fmt)
+        fmt = fabs(x) >= 100 ? "%.0f" : "%.4f";
+    snprintf(ta, sizeof ta, fmt, x);
+    snprintf(tb, sizeof tb, fmt, y);
+    snprintf(tc, sizeof tc, fmt, z);
+    printf("  %-34s %14s %14s %14s %10.3f\n", label, ta, tb, c ? tc : "?",
+           ref != 0 ? y / ref : 0.0);
+}
+
+static void kernels_table(const char *mode, const struct fk_cli_figs *own,
+                          const struct fk_cli_figs *other, const struct fk_cli_figs *again,
+                          const struct fk_cli_fig_label *labels)
+{
+    kernels_header(mode, other);
+    const char *ko = fk_cli_fig(other, "kernels");
+    printf("  %-34s %14s %14s %14s %10s\n", "figure", fk_cli_fig(own, "kernels"),
+           ko ? ko : "?", "this again", "other/this");
+    for (int i = 0; labels ? labels[i].name != NULL : i < own->n; i++) {
+        const char *name = labels ? labels[i].name : own->name[i];
+        const char *a = fk_cli_fig(own, name), *b = fk_cli_fig(other, name);
+        if (!a || !b || !strcmp(name, "kernels") || !strcmp(name, "codes_hash"))
+            continue;
+        table_row(labels ? labels[i].label : name, labels ? labels[i].fmt : NULL, a, b,
+                  fk_cli_fig(again, name));
+    }
+    const char *ha = fk_cli_fig(own, "codes_hash"), *hb = fk_cli_fig(other, "codes_hash"),
+               *hc = fk_cli_fig(again, "codes_hash");
+    if (ha)
+        printf("  %-34s %14s %14s %14s %10s\n", "codes hash", ha, hb ? hb : "?", hc ? hc : "?",
+               hc && !strcmp(ha, hc) ? (hb && !strcmp(ha, hb) ? "all equal" : "again equal")
+                                     : "differ");
+}
+
+void fk_cli_kernels_compare(const char *mode, int argc, char **argv,
+                            const struct fk_cli_figs *own,
+                            const struct fk_cli_fig_label *labels)
+{
+    static struct fk_cli_figs other, again; /* large: not on the stack */
+    char err[256];
+    fflush(stdout);
+    if (fk_cli_kernels_child(mode, argc, argv, &other, err, sizeof err) != 0) {
+        printf("OpenBLAS kernel sets: this run %s; the other column failed: %s\n",
+               openblas_get_corename(), err);
+        return;
+    }
+    if (fk_cli_kernels_child("same", argc, argv, &again, err, sizeof err) != 0)
+        again.n = 0; /* the column shows ? */
+    kernels_table(mode, own, &other, &again, labels);
 }
