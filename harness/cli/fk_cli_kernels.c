@@ -135,7 +135,8 @@ int fk_cli_kernels_child(const char *mode, int argc, char **argv, struct fk_cli_
         have_fa = 1;
         posix_spawn_file_actions_adddup2(&fa, fd[1], STDOUT_FILENO);
         posix_spawn_file_actions_addclose(&fa, fd[0]);
-        int e = posix_spawn(&pid, exe, &fa, NULL, av, env);
+        /* /proc/self/exe: this very program, even when its file was replaced meanwhile */
+        int e = posix_spawn(&pid, "/proc/self/exe", &fa, NULL, av, env);
         if (e != 0) {
             snprintf(err, cap, "cannot start %s: %s", exe, strerror(e));
             pid = -1;
