@@ -61,27 +61,32 @@ static void teardown(void)
     ck_assert_int_eq(system(cmd), 0);
 }
 
-static struct fk_sweep *load(const char *out)
+/* The sweep with output DIR/out and an optional second --set. */
+static struct fk_sweep *load_with(const char *out, const char *extra)
 {
     char set[300];
     snprintf(set, sizeof set, "sweep.output=\"%s/%s\"", g_dir, out);
-    const char *sets[1] = {set};
+    const char *sets[2] = {set, extra};
     struct fk_sweep *s = NULL;
-    ck_assert_msg(fk_sweep_load(g_toml, sets, 1, 1, &s) == FK_OK, "%s", fk_errmsg());
+    ck_assert_msg(fk_sweep_load(g_toml, sets, extra ? 2 : 1, 1, &s) == FK_OK, "%s",
+                  fk_errmsg());
     return s;
 }
 
+static struct fk_sweep *load(const char *out) { return load_with(out, NULL); }
+
 struct seen {
     int start, cell_start, cell_end, failed, progress, todo;
-    int last_index;
+    unsigned long long started, ended; /* bit i-1: index i seen (cells may run side by side) */
+    int max_running, jobs;
 };
 
 static void h_start(void *ctx, const struct fk_sweep *s, int todo)
 {
     struct seen *w = ctx;
-    (void)s;
     w->start++;
     w->todo = todo;
+    w->jobs = s->jobs;
 }
 
 static void h_cell_start(void *ctx, const struct fk_sweep *s, const struct fk_sweep_cell *c,
@@ -89,7 +94,11 @@ static void h_cell_start(void *ctx, const struct fk_sweep *s, const struct fk_sw
 {
     struct seen *w = ctx;
     (void)s, (void)c;
-    ck_assert_int_eq(index, w->last_index + 1);
+    ck_assert(index >= 1 && index <= todo && index <= 64);
+    ck_assert_msg(!(w->started >> (index - 1) & 1), "index %d started twice", index);
+    /* indices are given in start order: every lower one has started */
+    ck_assert(w->started == (1ull << (index - 1)) - 1);
+    w->started |= 1ull << (index - 1);
     ck_assert_int_eq(todo, w->todo);
     w->cell_start++;
 }
@@ -99,6 +108,14 @@ static void h_progress(void *ctx, const struct fk_runner_progress *p)
     struct seen *w = ctx;
     ck_assert(p->units_done >= 1 && p->units_done <= p->units_total);
     ck_assert(p->vec_per_s > 0);
+    ck_assert(p->index >= 1 && (w->started >> (p->index - 1) & 1));
+    ck_assert(!(w->ended >> (p->index - 1) & 1));
+    ck_assert(p->running >= 1 && p->running <= w->jobs);
+    w->max_running = p->running > w->max_running ? p->running : w->max_running;
+    /* cells side by side fit the memory budget (one over it runs alone) */
+    ck_assert_msg(p->running == 1 || p->mem_in_flight <= p->mem_budget,
+                  "%d cells in flight need %.0f bytes, over the budget of %.0f", p->running,
+                  p->mem_in_flight, p->mem_budget);
     w->progress++;
 }
 
@@ -106,7 +123,9 @@ static void h_cell_end(void *ctx, const struct fk_sweep *s, const struct fk_runn
 {
     struct seen *w = ctx;
     (void)s;
-    w->last_index = e->index;
+    ck_assert(e->index >= 1 && (w->started >> (e->index - 1) & 1));
+    ck_assert(!(w->ended >> (e->index - 1) & 1));
+    w->ended |= 1ull << (e->index - 1);
     w->cell_end++;
     w->failed += e->failed;
     ck_assert(e->failed || (e->vectors > 0 && isfinite(e->rel_err)));
@@ -383,6 +402,40 @@ START_TEST(unreadable_dataset_touches_nothing)
 }
 END_TEST
 
+/* cells.csv (timings aside) is the same at --jobs 1, 2 and 3; at 2 and 3 cells ran side by
+ * side (the 5 cells of 4 layers each, heaviest first, one worker each: the first two start
+ * together and each takes many milliseconds), at 1 never. With a budget of 1 MiB the cells
+ * in flight never need more (h_progress checks it) and the results are the same again. */
+START_TEST(jobs_do_not_change_results)
+{
+    static const char *const jobs[] = {"sweep.jobs=1", "sweep.jobs=2", "sweep.jobs=3",
+                                       "sweep.mem_limit=1"};
+    char *ref = NULL;
+    for (int i = 0; i < 4; i++) {
+        char name[16];
+        snprintf(name, sizeof name, "jobs%d", i);
+        struct fk_sweep *s = load_with(name, jobs[i]);
+        struct seen w = {0};
+        struct fk_runner_summary a = run(s, 0, 0, 1, &w);
+        ck_assert_int_eq(a.done, s->n_cells);
+        ck_assert_int_eq(w.cell_end, s->n_cells);
+        if (i == 0)
+            ck_assert_int_eq(w.max_running, 1);
+        else if (i < 3)
+            ck_assert_msg(w.max_running >= 2, "%s: cells did not run side by side", jobs[i]);
+        char *t = table(s->output);
+        if (!ref)
+            ref = t;
+        else
+            ck_assert_msg(!strcmp(ref, t), "%s: cells.csv differs from --jobs 1", jobs[i]);
+        if (t != ref)
+            free(t);
+        fk_sweep_free(&s);
+    }
+    free(ref);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("runner");
@@ -396,6 +449,7 @@ int main(void)
     tcase_add_test(tc, undefined_metrics_empty);
     tcase_add_test(tc, stop_before_first_cell);
     tcase_add_test(tc, unreadable_dataset_touches_nothing);
+    tcase_add_test(tc, jobs_do_not_change_results);
     suite_add_tcase(s, tc);
     return fk_suite_run(s);
 }

@@ -676,7 +676,10 @@ static void show_progress(void *ctx, const struct fk_runner_progress *p)
     if (d->tty) {
         progress_line(d, p, eta);
     } else if (now - d->last >= 5) {
-        fprintf(stderr, "    ... %d/%d layers, %.0f vec/s, ETA %s\n", p->units_done,
+        char which[32] = ""; /* cells side by side: say which */
+        if (p->running > 1)
+            snprintf(which, sizeof which, " [%d/%d]", p->index, p->todo);
+        fprintf(stderr, "   %s ... %d/%d layers, %.0f vec/s, ETA %s\n", which, p->units_done,
                 p->units_total, p->vec_per_s, eta);
         d->last = now;
     }
@@ -687,17 +690,18 @@ static void show_cell_end(void *ctx, const struct fk_sweep *s, const struct fk_r
     const struct display *d = ctx;
     if (d->quiet)
         return;
-    if (d->tty) {
-        fprintf(stderr, "\r\033[K[%d/%d] ", e->index, e->todo);
+    if (d->tty || e->running > 1) { /* side by side, the start line may be far above */
+        fprintf(stderr, "%s[%d/%d] ", d->tty ? "\r\033[K" : "", e->index, e->todo);
         print_cell_label(s, e->cell, stderr);
     }
     if (e->failed) {
-        fprintf(stderr, "%s  FAILED: %s\n", d->tty ? "" : "   ", e->error);
+        fprintf(stderr, "%s  FAILED: %s\n", d->tty || e->running > 1 ? "" : "   ", e->error);
         return;
     }
     char eta[32];
     fmt_eta(e->eta_s, eta, sizeof eta);
-    fprintf(stderr, "%s  %.1f s, %.0f vec/s, rel_err %.4f, ETA %s\n", d->tty ? "" : "   ",
+    fprintf(stderr, "%s  %.1f s, %.0f vec/s, rel_err %.4f, ETA %s\n",
+            d->tty || e->running > 1 ? "" : "   ",
             e->wall_s, e->vectors / (e->wall_s > 0 ? e->wall_s : 1), e->rel_err, eta);
 }
 

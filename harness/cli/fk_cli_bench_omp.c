@@ -6,6 +6,7 @@
 #include "bench/fk_bench.h"
 #include "common/fk_err.h"
 
+#include <cblas.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
@@ -18,14 +19,19 @@ static void usage(FILE *f)
             "usage: fadkv-bench bench omp [--atoms N] [--dim m] [--sparsity s] [--signals n]\n"
             "       [--threads t] [--repeats r] [--block b] [--naive n] [--noise sigma]\n"
             "       [--seed x] [--dump FILE.h5] [--input FILE.h5] [--codes-out FILE.h5]\n"
-            "       [--pool n]\n"
+            "       [--pool n] [--kernels best|NAME|same|none] [--tsv]\n"
             "  Times Batch-OMP (Gram mode, progressive update) end to end (block SGEMM +\n"
             "  greedy loops) against the correlation SGEMM alone, median of repeats.\n"
             "  --dump writes the synthetic dictionary and signals and stops; --input codes\n"
             "  the /dict and /signals of a file; --codes-out writes the codes.\n"
             "  --pool n (default N/16; 0 = skip): then times the screening coders gm (Top-n\n"
             "  pool, greedy OMP in it, ridge) and pl (Top-s, ridge) next to Batch-OMP on the\n"
-            "  same data, one thread, each block one SGEMM; ratios taken within each round.\n");
+            "  same data, one thread, each block one SGEMM; ratios taken within each round.\n"
+            "  --kernels (default best): the figures again in a column of their own from a\n"
+            "  child process with other OpenBLAS kernels: best = OPENBLAS_CORETYPE unset (the\n"
+            "  set OpenBLAS picks for this CPU; skipped when this run has it already), NAME =\n"
+            "  OPENBLAS_CORETYPE=NAME (e.g. Haswell), same = this environment, none = no child.\n"
+            "  --tsv prints the figures as NAME<TAB>VALUE lines instead of the table.\n");
 }
 
 static int parse_long(const char *opt, const char *s, long lo, long hi, long *out)
@@ -46,6 +52,8 @@ struct omp_args {
     struct fk_bench_omp_cfg cfg;
     int pool; /* -1: N / 16 */
     const char *dump, *input, *codes_out;
+    const char *kernels; /* --kernels mode (fk_cli.h) */
+    int tsv;
 };
 
 /* One option and its value: 0 taken, 2 usage error (printed). */
@@ -81,6 +89,13 @@ static int parse_one(struct omp_args *a, const char *o, const char *v)
         *path = v;
         return 0;
     }
+    if (!strcmp(o, "--kernels")) {
+        if (fk_cli_kernels_mode(v, &a->kernels) == 0)
+            return 0;
+        fprintf(stderr, "fadkv-bench bench omp: --kernels: expected best, none, same or an "
+                        "OpenBLAS core name (letters and digits, e.g. Haswell), got '%s'\n", v);
+        return 2;
+    }
     if (!strcmp(o, "--noise")) {
         char *end;
         c->noise = strtod(v, &end);
@@ -101,12 +116,17 @@ static int parse(int argc, char **argv, struct omp_args *a)
 {
     *a = (struct omp_args){0};
     a->pool = -1;
+    a->kernels = "best";
     fk_bench_omp_defaults(&a->cfg);
     for (int i = 1; i < argc; i++) {
         const char *o = argv[i];
         if (!strcmp(o, "--help") || !strcmp(o, "-h")) {
             usage(stdout);
             return 0;
+        }
+        if (!strcmp(o, "--tsv")) {
+            a->tsv = 1;
+            continue;
         }
         if (i + 1 >= argc) {
             fprintf(stderr, "fadkv-bench bench omp: unknown option or missing value: '%s'\n", o);
@@ -174,6 +194,45 @@ static void print_result(const struct omp_args *a, const struct fk_bench_omp_dat
         printf("  wrote codes to %s\n", codes_out);
 }
 
+/* The figures both kernel columns show: name, label, printf format. */
+static const struct fk_cli_fig_label figs[] = {
+    {"gemm_vps", "SGEMM floor vectors/s", "%.0f"},
+    {"e2e_vps", "end to end vectors/s", "%.0f"},
+    {"e2e_per_core", "end to end per core", "%.0f"},
+    {"floor_ratio", "end to end / SGEMM floor (time)", "%.3f"},
+    {"e2e1_vps", "one vector at a time vectors/s", "%.0f"},
+    {"naive_vps", "naive OMP vectors/s", "%.0f"},
+    {"agree", "supports == naive (share)", "%.6f"},
+    {"mean_rel_err", "mean relative error", "%.6f"},
+    {"gm_vps", "gm vectors/s", "%.0f"},
+    {"gm_rel", "gm time / omp", "%.3f"},
+    {"pl_vps", "pl vectors/s", "%.0f"},
+    {"pl_rel", "pl time / omp", "%.3f"},
+    {NULL, NULL, NULL}};
+
+/* This run's figures as text (a figure not measured is left out). */
+static void own_figs(const struct fk_bench_omp_result *res, const struct fk_bench_omp_cfg *c,
+                     const struct fk_bench_screen_result *sr, struct fk_cli_figs *f)
+{
+    const double v[] = {res->gemm_vps, res->e2e_vps, res->e2e_vps / c->threads,
+                        res->floor_ratio, res->e2e1_vps,
+                        res->naive_n > 0 ? res->naive_vps : -1,
+                        res->naive_n > 0 ? (double)res->agree_n / res->naive_n : -1,
+                        res->mean_rel_err, sr ? sr->gm_vps : -1, sr ? sr->gm_rel : -1,
+                        sr ? sr->pl_vps : -1, sr ? sr->pl_rel : -1};
+    memset(f, 0, sizeof *f);
+    snprintf(f->name[f->n], sizeof f->name[0], "kernels");
+    snprintf(f->value[f->n++], sizeof f->value[0], "%s", openblas_get_corename());
+    for (int i = 0; figs[i].name; i++) {
+        if (v[i] < 0)
+            continue;
+        snprintf(f->name[f->n], sizeof f->name[0], "%s", figs[i].name);
+        snprintf(f->value[f->n++], sizeof f->value[0], "%.9g", v[i]);
+    }
+    snprintf(f->name[f->n], sizeof f->name[0], "codes_hash");
+    snprintf(f->value[f->n++], sizeof f->value[0], "%016" PRIx64, res->codes_hash);
+}
+
 int fk_cli_bench_omp(int argc, char **argv)
 {
     struct omp_args a;
@@ -196,7 +255,7 @@ int fk_cli_bench_omp(int argc, char **argv)
     if (rc == FK_OK && a.codes_out)
         rc = fk_bench_omp_codes_write(a.codes_out, codes, data.n_signals, a.cfg.sparsity, &res,
                                       a.cfg.threads);
-    if (rc == FK_OK)
+    if (rc == FK_OK && !a.tsv)
         print_result(&a, &data, &res);
     int pool = a.pool < 0 ? data.n_atoms / 16 : a.pool;
     if (pool > 0 && pool < a.cfg.sparsity)
@@ -204,7 +263,7 @@ int fk_cli_bench_omp(int argc, char **argv)
     struct fk_bench_screen_result sr;
     if (rc == FK_OK && pool > 0)
         rc = fk_bench_screen_run(&a.cfg, &data, pool, &sr);
-    if (rc == FK_OK && pool > 0) {
+    if (rc == FK_OK && pool > 0 && !a.tsv) {
         printf("screening coders next to Batch-OMP: n=%d (pool), s=%d, 1 thread, block %d, "
                "ridge lambda0 1e-4 rho 0.2\n", sr.pool, a.cfg.sparsity,
                a.cfg.block < data.n_signals ? a.cfg.block : data.n_signals);
@@ -219,6 +278,18 @@ int fk_cli_bench_omp(int argc, char **argv)
             printf(" %.3f", sr.pl_rel_r[r]);
         printf(")\n  gm codes %s the unshared path (fk_omp_naive + fk_refine)\n",
                sr.gm_same ? "bit-identical to" : "DIFFER from");
+    }
+    struct fk_cli_figs own;
+    if (rc == FK_OK)
+        own_figs(&res, &a.cfg, pool > 0 ? &sr : NULL, &own);
+    for (int i = 0; rc == FK_OK && a.tsv && i < own.n; i++)
+        printf("%s\t%s\n", own.name[i], own.value[i]);
+    if (rc == FK_OK && !a.tsv && fk_cli_kernels_wanted(a.kernels)) {
+        fk_cli_kernels_compare(a.kernels, argc, argv, &own, figs);
+    } else if (rc == FK_OK && !a.tsv) {
+        printf("OpenBLAS kernel set: %s (%s)%s\n", openblas_get_corename(),
+               fk_cli_kernels_origin(),
+               !strcmp(a.kernels, "best") ? ": the CPU's best that this OpenBLAS has" : "");
     }
     if (rc != FK_OK)
         fprintf(stderr, "fadkv-bench bench omp: %s\n", fk_errmsg());

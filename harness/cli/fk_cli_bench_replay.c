@@ -15,6 +15,7 @@ static void usage(FILE *f)
     fprintf(f, "usage: fadkv-bench bench replay [--config FILE] [--jobs N] [--ref-layers K]\n"
                "       [--scale-layers K] [--no-kernel] [--no-attention] [--overhead]\n"
                "       [--only CODEC] [--ref-codec CODEC] [--rounds R]\n"
+               "       [--kernels best|NAME|same|none] [--tsv]\n"
                "Runs every cell of FILE (default configs/bench-3b.toml) and prints vectors/s,\n"
                "a time breakdown and peak memory; then the reference codec (--ref-codec, by\n"
                "default the config's first static dictionary codec: lexico) optimised vs\n"
@@ -23,13 +24,22 @@ static void usage(FILE *f)
                "(default 8) and the OMP kernel benchmark at the same N, m, s (synthetic data\n"
                "and the trace's own layer 0 keys), with the median of each round's ratios.\n"
                "--overhead also replays each cell without attention right after it and prints\n"
-               "the extra time of attention fidelity, per cell and in total.\n");
+               "the extra time of attention fidelity, per cell and in total.\n"
+               "--kernels (default best): the headline figures again in a column of their own\n"
+               "from a child process with other OpenBLAS kernels: best = OPENBLAS_CORETYPE\n"
+               "unset (the set OpenBLAS picks for this CPU; skipped when this run has it\n"
+               "already), NAME = OPENBLAS_CORETYPE=NAME (e.g. Haswell), same = this\n"
+               "environment, none = no child. --tsv prints the headline figures as\n"
+               "NAME<TAB>VALUE lines instead of the tables.\n");
 }
 
 /* Returns 0, or the exit status (help, usage error). */
-static int parse(int argc, char **argv, struct fk_bench_replay_cfg *c)
+static int parse(int argc, char **argv, struct fk_bench_replay_cfg *c, const char **kernels,
+                 int *tsv)
 {
     fk_bench_replay_defaults(c);
+    *kernels = "best";
+    *tsv = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         int *num = !strcmp(a, "--jobs")           ? &c->jobs
@@ -47,6 +57,15 @@ static int parse(int argc, char **argv, struct fk_bench_replay_cfg *c)
             else
                 *str = v;
             i++;
+        } else if (!strcmp(a, "--kernels") && v) {
+            if (fk_cli_kernels_mode(v, kernels) != 0) {
+                fprintf(stderr, "fadkv-bench bench replay: --kernels: expected best, none, same "
+                                "or an OpenBLAS core name (e.g. Haswell), got '%s'\n", v);
+                return 2;
+            }
+            i++;
+        } else if (!strcmp(a, "--tsv")) {
+            *tsv = 1;
         } else if (!strcmp(a, "--no-kernel")) {
             c->kernel = 0;
         } else if (!strcmp(a, "--no-attention")) {
@@ -72,12 +91,29 @@ struct printer {
                                   * column: the cost of each cell against it, one run) */
     char ov_lines[4096];
     size_t ov_len;
+    int tsv;                     /* print nothing but the figures at the end */
+    struct fk_cli_figs figs;     /* this run's headline figures */
 };
+
+/* Adds a figure (name, value) to f. */
+static void add_fig(struct fk_cli_figs *f, const char *name, const char *fmt, double v)
+{
+    if (f->n >= FK_CLI_FIGS_MAX)
+        return;
+    snprintf(f->name[f->n], sizeof f->name[0], "%s", name);
+    snprintf(f->value[f->n++], sizeof f->value[0], fmt, v);
+}
 
 static void on_info(void *ctx, const struct fk_bench_replay_info *in)
 {
     struct printer *p = ctx;
     p->stride = in->attn_stride;
+    if (p->figs.n < FK_CLI_FIGS_MAX) {
+        snprintf(p->figs.name[p->figs.n], sizeof p->figs.name[0], "kernels");
+        snprintf(p->figs.value[p->figs.n++], sizeof p->figs.value[0], "%s", in->kernels);
+    }
+    if (p->tsv)
+        return;
     printf("bench replay: %s: %d trace(s), %d layers, %d/%d heads, head_dim %d, %d tokens "
            "(%d prefill), N = %d, %d job(s), attention %s (stride %d), OpenBLAS %s kernels\n",
            p->config, in->n_traces, in->n_layers, in->n_q_heads, in->n_kv_heads, in->head_dim,
@@ -95,6 +131,11 @@ static void on_cell(void *ctx, const struct fk_bench_cell_row *r)
     const struct fk_bench_timing *t = &r->t;
     if (p->first_wall <= 0)
         p->first_wall = t->wall;
+    char name[48];
+    snprintf(name, sizeof name, "cell %d %s vec/s", p->figs.n, r->codec);
+    add_fig(&p->figs, name, "%.9g", t->vectors / t->wall);
+    if (p->tsv)
+        return;
     printf("%-11s %8.1f %7.2f %9ld %7.0f | %6.1f %6.1f %6.1f %6.1f %6.1f %6.1f %6.1f %6.2f\n",
            r->codec, t->wall, t->wall / p->first_wall, t->vectors, t->vectors / t->wall, t->io,
            t->gram, t->corr, t->code, t->adapt, t->attn, t->metrics, t->write);
@@ -158,10 +199,35 @@ static void print_rounds(const struct fk_bench_replay_cfg *c,
     }
 }
 
+/* The headline figures after the cells (cells' vec/s are added as they end). */
+static void end_figs(const struct fk_bench_replay_cfg *c, const struct fk_bench_replay_result *r,
+                     struct fk_cli_figs *f)
+{
+    if (r->cells_rss_kib)
+        add_fig(f, "whole config wall s", "%.9g", r->total_wall);
+    if (r->ref_done) {
+        add_fig(f, "optimised vec/s", "%.9g", r->opt.vectors / r->opt.wall);
+        add_fig(f, "optimised / reference", "%.9g", r->ref.wall / r->opt.wall);
+    }
+    if (r->rounds) {
+        add_fig(f, "1 thread vec/s", "%.9g", fk_bench_median(r->vps1, r->rounds));
+        add_fig(f, "2 threads / 1", "%.9g", fk_bench_median(r->scale, r->rounds));
+    }
+    for (int k = 0; k < 2 && r->kernel_done && r->rounds; k++) {
+        add_fig(f, k ? "OMP kernel (trace) vec/s" : "OMP kernel vec/s", "%.9g",
+                fk_bench_median(r->kernel_vps[k], r->rounds));
+        add_fig(f, k ? "replay / kernel (trace)" : "replay / kernel", "%.9g",
+                fk_bench_median(r->kernel_ratio[k], r->rounds));
+    }
+    (void)c;
+}
+
 int fk_cli_bench_replay(int argc, char **argv)
 {
     struct fk_bench_replay_cfg cfg;
-    int u = parse(argc, argv, &cfg);
+    const char *kernels;
+    int tsv;
+    int u = parse(argc, argv, &cfg, &kernels, &tsv);
     if (u)
         return u == 1 ? 0 : u;
     struct printer *p = calloc(1, sizeof *p);
@@ -173,8 +239,18 @@ int fk_cli_bench_replay(int argc, char **argv)
         return 1;
     }
     p->config = cfg.config;
+    p->tsv = tsv;
     struct fk_bench_replay_hooks h = {.ctx = p, .info = on_info, .cell = on_cell};
     int rc = fk_bench_replay_run(&cfg, &h, r);
+    if (rc == FK_OK)
+        end_figs(&cfg, r, &p->figs);
+    if (rc == FK_OK && tsv) {
+        for (int i = 0; i < p->figs.n; i++)
+            printf("%s\t%s\n", p->figs.name[i], p->figs.value[i]);
+        free(p);
+        free(r);
+        return 0;
+    }
     if (r->cells_rss_kib && r->ov_without > 0)
         printf("attention fidelity (stride %d), each cell replayed again without it right "
                "after:\n%s  all cells  %6.1f s with, %6.1f s without: %+5.1f%%\n", p->stride,
@@ -189,7 +265,15 @@ int fk_cli_bench_replay(int argc, char **argv)
         print_rounds(&cfg, r);
     if (rc == FK_OK)
         printf("peak resident memory of the whole benchmark: %.0f MiB\n", r->peak_rss_kib / 1024.0);
-    else
+    if (rc == FK_OK && fk_cli_kernels_wanted(kernels)) {
+        printf("\n");
+        fk_cli_kernels_compare(kernels, argc, argv, &p->figs, NULL);
+    } else if (rc == FK_OK) {
+        printf("OpenBLAS kernel set: %s (%s)%s\n", fk_cli_fig(&p->figs, "kernels"),
+               fk_cli_kernels_origin(),
+               !strcmp(kernels, "best") ? ": the CPU's best that this OpenBLAS has" : "");
+    }
+    if (rc != FK_OK)
         fprintf(stderr, "fadkv-bench bench replay: %s\n", fk_errmsg());
     free(p);
     free(r);

@@ -17,6 +17,9 @@
 
 static pthread_mutex_t h5_lock = PTHREAD_MUTEX_INITIALIZER; /* HDF5 calls are serialised */
 
+void fk_replay_h5_lock(void) { pthread_mutex_lock(&h5_lock); }
+void fk_replay_h5_unlock(void) { pthread_mutex_unlock(&h5_lock); }
+
 struct fk_stream_result *fk_cell_stream(struct fk_cell_result *r, int trace, int layer,
                                         int kind)
 {

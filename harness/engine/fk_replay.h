@@ -155,6 +155,12 @@ int fk_replay_check_external(const struct fk_cell_input *in);
 int fk_replay_check_evict(const struct fk_cell_input *in);
 void fk_cell_result_free(struct fk_cell_result *r);
 
+/* The lock that serialises the engine's HDF5 calls (the library may be built without
+ * thread safety): a caller that uses HDF5 while cells replay in other threads (a runner
+ * committing one cell while others run) holds it around its calls. */
+void fk_replay_h5_lock(void);
+void fk_replay_h5_unlock(void);
+
 /* The result of stream (trace, layer, kind) of a cell. */
 struct fk_stream_result *fk_cell_stream(struct fk_cell_result *r, int trace, int layer,
                                         int kind);

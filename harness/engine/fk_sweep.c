@@ -846,6 +846,9 @@ static int load_sweep_table(struct fk_sweep *s, const struct fk_toml_value *tab)
         } else if (!strcmp(k, "jobs")) {
             FK_TRY(get_int_range(e, 1, 256, &v));
             s->jobs = (int)v;
+        } else if (!strcmp(k, "mem_limit")) {
+            FK_TRY(get_int_range(e, 1, 1L << 30, &v));
+            s->mem_limit_mib = v;
         } else if (!strcmp(k, "attention")) {
             FK_TRY(fk_toml_get_bool(e->value, &b));
             s->attention = b;
@@ -889,8 +892,8 @@ static int load_sweep_table(struct fk_sweep *s, const struct fk_toml_value *tab)
         } else if (strcmp(k, "traces") && strcmp(k, "dictionary") && strcmp(k, "basis") &&
                    strcmp(k, "reconstructions") && strcmp(k, "plugins")) {
             return entry_err(e, "unknown key in [sweep] (allowed: name, traces, dictionary, basis, "
-                                "output, jobs, attention, attn_stride, attn_layers, recall, "
-                                "recall_every, repeats, base_seed, cost_baseline, plugins)");
+                                "output, jobs, mem_limit, attention, attn_stride, attn_layers, "
+                                "recall, recall_every, repeats, base_seed, cost_baseline, plugins)");
         }
     }
     return FK_OK;

@@ -79,6 +79,8 @@ struct fk_sweep {
     char *name;                  /* [sweep] name */
     char *output;                /* results directory */
     int jobs;                    /* worker threads */
+    long mem_limit_mib;          /* [sweep] mem_limit: MiB for the cells in flight (0: half
+                                  * the RAM; fk_runner_run) */
     int attention;               /* attention fidelity on/off */
     int attn_stride;             /* every k-th decode step */
     uint8_t *attn_layers;        /* [max layer + 1] or NULL = all */

@@ -4,6 +4,7 @@
 #include <cblas.h>
 #include <hdf5.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -15,8 +16,8 @@
 #include "engine/fk_replay.h"
 #include "formats/fk_dict.h"
 #include "formats/fk_trace.h"
-#include "runner/fk_runner_loop.h"
 #include "runner/fk_runner.h"
+#include "runner/fk_runner_loop.h"
 #include "store/fk_claim.h"
 #include "store/fk_results.h"
 #include "fk_version.h"
@@ -32,23 +33,40 @@ struct loaded {
     struct fk_loop_set *loop;    /* model dataset: the model and its exact decodes, or NULL */
 };
 
+/* A cell in flight: when the sweep's jobs outnumber what one cell can use, cells run side by
+ * side, each in a lane (a thread) of its own with its own Gram buffer pool. */
+struct lane {
+    struct run *r;
+    const struct fk_sweep_cell *cell;
+    int index, jobs;             /* 1-based start order among the cells to run; its workers */
+    double t_cell, est_cell, frac; /* start, cost-model weight, fraction of units done */
+    double bytes;                /* estimated footprint (cell_bytes) */
+    struct fk_replay_pool *pool; /* Gram buffers from cell to cell (optional) */
+    const struct fk_cell_loop *loop; /* the cell's closed-loop results (model datasets) */
+};
+
 /* The state of one run. */
 struct run {
     const struct fk_sweep *s;
     const struct fk_runner_opts *o;
     struct loaded *ld;           /* [n_datasets] */
     const char **ids;            /* [n_cells] cell ids, for the tables */
-    struct fk_replay_pool *pool; /* Gram buffers from cell to cell (optional) */
     struct fk_runner_summary *sum;
     int prepared;                /* the results directory exists and holds provenance */
     double t_start;
     double est_total, est_done;  /* cost-model weights: all cells to run, finished ones */
-    /* the cell in progress */
-    const struct fk_sweep_cell *cell;
-    int index;
-    double t_cell, est_cell;
     int *shard;                  /* [n_cells] fk_runner_shards */
-    const struct fk_cell_loop *loop; /* the cell's closed-loop results (model datasets) */
+    /* the scheduler of cells (fk_runner_run); mu guards it, the summary and the hooks */
+    pthread_mutex_t mu, store_mu; /* store_mu: one commit and table rewrite at a time */
+    pthread_cond_t cv;
+    int *order, n_order, next;   /* cells of this shard in the order they are taken */
+    double est_left;             /* weight of the cells not taken yet */
+    int free_jobs, started;      /* workers not in use; cells started */
+    double mem_budget, mem_used; /* bytes for the cells in flight, and their estimates */
+    struct lane *lanes;          /* [n_lanes] */
+    int n_lanes;
+    int rc;                      /* first error of a lane (its message in errmsg) */
+    char errmsg[1100];
 };
 
 /* Relative running time of a cell for the estimate of the time left: its coding
@@ -319,28 +337,49 @@ static int prepare(struct run *r)
         return fk_err(FK_EIO, "results directory: %s", msg);
     }
     r->prepared = 1;
-    if (fk_replay_pool_new(&r->pool) < 0)
-        r->pool = NULL;
     return FK_OK;
+}
+
+/* The cost-model weight done: finished cells and the finished part of those in flight
+ * (under r->mu). */
+static double work_done(const struct run *r)
+{
+    double w = r->est_done;
+    for (int i = 0; i < r->n_lanes; i++)
+        if (r->lanes[i].cell)
+            w += r->lanes[i].est_cell * r->lanes[i].frac;
+    return w;
+}
+
+static int in_flight(const struct run *r)
+{
+    int n = 0;
+    for (int i = 0; i < r->n_lanes; i++)
+        n += r->lanes[i].cell != NULL;
+    return n;
 }
 
 static void on_unit(void *ctx, int done, int total, long vectors)
 {
-    struct run *r = ctx;
+    struct lane *ln = ctx;
+    struct run *r = ln->r;
     const struct fk_runner_hooks *h = &r->o->hooks;
-    if (!h->progress)
-        return;
-    double now = fk_wall_s(), frac = total ? (double)done / total : 1;
+    pthread_mutex_lock(&r->mu);
+    double now = fk_wall_s();
+    ln->frac = total ? (double)done / total : 1;
     struct fk_runner_progress p = {
-        .cell = r->cell, .index = r->index, .todo = r->sum->todo, .units_done = done,
+        .cell = ln->cell, .index = ln->index, .todo = r->sum->todo, .units_done = done,
         .units_total = total,
-        .vec_per_s = vectors / (now - r->t_cell > 1e-9 ? now - r->t_cell : 1e-9),
-        .eta_s = eta(r, r->est_done + r->est_cell * frac)};
-    h->progress(h->ctx, &p);
+        .vec_per_s = vectors / (now - ln->t_cell > 1e-9 ? now - ln->t_cell : 1e-9),
+        .eta_s = eta(r, work_done(r)), .running = in_flight(r), .mem_in_flight = r->mem_used,
+        .mem_budget = r->mem_budget};
+    if (h->progress)
+        h->progress(h->ctx, &p);
+    pthread_mutex_unlock(&r->mu);
 }
 
 static void cell_meta(const struct run *r, const struct fk_sweep_cell *cell,
-                      struct fk_cell_meta *meta)
+                      const struct fk_cell_loop *loop, struct fk_cell_meta *meta)
 {
     const struct fk_sweep *s = r->s;
     const struct fk_dataset *ds = &s->datasets[cell->dataset];
@@ -353,68 +392,94 @@ static void cell_meta(const struct run *r, const struct fk_sweep_cell *cell,
                                   .seed = (long)(cell->seed & 0x7fffffffffffffffULL),
                                   .repeat = cell->repeat,
                                   .sweep = s->name, .evict = cell->evict,
-                                  .evict_opts = cell->evict_opts, .loop = r->loop};
+                                  .evict_opts = cell->evict_opts, .loop = loop};
     memcpy(meta->id, cell->id, sizeof meta->id);
 }
 
-/* Commits a cell's outcome (finished or failed) and reports it. */
-static int commit(struct run *r, const struct fk_sweep_cell *cell, int rrc,
-                  struct fk_cell_result *res, double dt)
+/* Reports a cell's end (under r->mu). */
+static void report_end(struct run *r, struct lane *ln, struct fk_runner_cell_end *e)
 {
-    const struct fk_sweep *s = r->s;
-    struct fk_cell_meta meta;
-    cell_meta(r, cell, &meta);
-    struct fk_runner_cell_end e = {.cell = cell, .index = r->index, .todo = r->sum->todo,
-                                   .wall_s = dt, .rel_err = NAN};
-    char msg[1100];
-    if (rrc < 0) {
-        snprintf(msg, sizeof msg, "%s", fk_errmsg());
+    pthread_mutex_lock(&r->mu);
+    if (e->failed) {
         r->sum->failed++;
-        e.failed = 1;
-        e.error = msg;
-        e.eta_s = eta(r, r->est_done);
-        if (r->o->hooks.cell_end)
-            r->o->hooks.cell_end(r->o->hooks.ctx, s, &e);
-        if (fk_results_commit_failed(s->output, &meta, "failed", msg) < 0) {
-            snprintf(msg, sizeof msg, "%s", fk_errmsg());
-            return fk_err(FK_EIO, "results: %s", msg);
-        }
-        return FK_OK;
+    } else {
+        r->est_done += ln->est_cell;
+        r->sum->done++;
     }
-    int cr = fk_results_commit(s->output, &meta, res);
-    e.vectors = res->vectors;
-    fk_cell_result_free(res);
-    if (cr < 0) {
-        snprintf(msg, sizeof msg, "%s", fk_errmsg());
-        return fk_err(cr, "writing results (nothing of this cell was recorded as finished): %s",
-                      msg);
-    }
-    fk_results_metric(s->output, cell->id, "rel_err_mean", &e.rel_err);
-    r->est_done += r->est_cell;
-    r->sum->done++;
-    e.eta_s = eta(r, r->est_done);
+    ln->frac = 0;
+    e->running = in_flight(r);
+    e->eta_s = eta(r, work_done(r));
     if (r->o->hooks.cell_end)
-        r->o->hooks.cell_end(r->o->hooks.ctx, s, &e);
-    return FK_OK;
+        r->o->hooks.cell_end(r->o->hooks.ctx, r->s, e);
+    pthread_mutex_unlock(&r->mu);
 }
 
-/* Runs cell c; sets sum->interrupted when a stop was asked for. */
-static int run_cell(struct run *r, int c)
+/* Commits a cell's outcome (finished or failed) and reports it; then rewrites the tables.
+ * One lane at a time (store_mu), and the HDF5 file under the engine's HDF5 lock. */
+static int commit(struct lane *ln, int rrc, struct fk_cell_result *res, double dt)
 {
+    struct run *r = ln->r;
     const struct fk_sweep *s = r->s;
-    const struct fk_sweep_cell *cell = &s->cells[c];
-    FK_TRY(load_dataset(r, cell));
-    r->cell = cell;
-    r->index = r->sum->done + r->sum->failed + 1;
-    r->t_cell = fk_wall_s();
-    r->est_cell = cell_weight(s, cell);
+    const struct fk_sweep_cell *cell = ln->cell;
+    struct fk_cell_meta meta;
+    cell_meta(r, cell, ln->loop, &meta);
+    struct fk_runner_cell_end e = {.cell = cell, .index = ln->index, .todo = r->sum->todo,
+                                   .wall_s = dt, .rel_err = NAN};
+    char msg[1100];
+    int rc = FK_OK;
+    pthread_mutex_lock(&r->store_mu);
+    if (rrc < 0) {
+        snprintf(msg, sizeof msg, "%s", fk_errmsg());
+        e.failed = 1;
+        e.error = msg;
+        report_end(r, ln, &e);
+        fk_replay_h5_lock();
+        int fr = fk_results_commit_failed(s->output, &meta, "failed", msg);
+        fk_replay_h5_unlock();
+        if (fr < 0) {
+            snprintf(msg, sizeof msg, "%s", fk_errmsg());
+            rc = fk_err(FK_EIO, "results: %s", msg);
+        }
+    } else {
+        fk_replay_h5_lock();
+        int cr = fk_results_commit(s->output, &meta, res);
+        fk_replay_h5_unlock();
+        e.vectors = res->vectors;
+        fk_cell_result_free(res);
+        if (cr < 0) {
+            snprintf(msg, sizeof msg, "%s", fk_errmsg());
+            rc = fk_err(cr, "writing results (nothing of this cell was recorded as finished): "
+                        "%s", msg);
+        } else {
+            fk_results_metric(s->output, cell->id, "rel_err_mean", &e.rel_err);
+            report_end(r, ln, &e);
+        }
+    }
+    if (rc == FK_OK && fk_results_tables(s->output, r->ids, s->n_cells, s->cost_baseline) < 0)
+        rc = fk_err(FK_EIO, "writing cells.csv: %s", fk_errmsg());
+    pthread_mutex_unlock(&r->store_mu);
+    return rc;
+}
+
+/* Runs the cell of lane ln (claimed); sets sum->interrupted when a stop was asked for. */
+static int run_cell(struct lane *ln)
+{
+    struct run *r = ln->r;
+    const struct fk_sweep *s = r->s;
+    const struct fk_sweep_cell *cell = ln->cell;
+    pthread_mutex_lock(&r->mu);
+    ln->index = ++r->started;
+    ln->t_cell = fk_wall_s();
+    ln->est_cell = cell_weight(s, cell);
+    ln->frac = 0;
     if (r->o->hooks.cell_start)
-        r->o->hooks.cell_start(r->o->hooks.ctx, s, cell, r->index, r->sum->todo);
-    struct fk_replay_opts ro = {.jobs = s->jobs, .attention = s->attention,
+        r->o->hooks.cell_start(r->o->hooks.ctx, s, cell, ln->index, r->sum->todo);
+    pthread_mutex_unlock(&r->mu);
+    struct fk_replay_opts ro = {.jobs = ln->jobs, .attention = s->attention,
                                 .attn_stride = s->attn_stride, .attn_layers = s->attn_layers,
                                 .recall = s->recall, .recall_every = s->recall_every,
-                                .stop = r->o->stop, .progress = on_unit, .progress_ctx = r,
-                                .pool = r->pool};
+                                .stop = r->o->stop, .progress = on_unit, .progress_ctx = ln,
+                                .pool = ln->pool};
     struct fk_cell_input in = cell_input(r, cell);
     struct fk_cell_result res;
     double c0 = fk_wall_s();
@@ -425,60 +490,252 @@ static int run_cell(struct run *r, int c)
         rrc = fk_runner_loop_cell(L->loop, &in, &loop);
         if (rrc < 0)
             fk_cell_result_free(&res);
-        r->loop = rrc == FK_OK ? &loop : NULL;
+        ln->loop = rrc == FK_OK ? &loop : NULL;
     }
     double dt = fk_wall_s() - c0;
     if (rrc == FK_EINTR || (r->o->stop && *r->o->stop)) {
         if (rrc == FK_OK)
             fk_cell_result_free(&res);
+        ln->loop = NULL;
+        fk_runner_loop_free(&loop);
+        pthread_mutex_lock(&r->mu);
         r->sum->interrupted = 1;
+        pthread_mutex_unlock(&r->mu);
         return FK_OK;
     }
-    int crc = commit(r, cell, rrc, &res, dt);
-    r->loop = NULL;
+    int crc = commit(ln, rrc, &res, dt);
+    ln->loop = NULL;
     fk_runner_loop_free(&loop);
-    FK_TRY(crc);
-    if (fk_results_tables(s->output, r->ids, s->n_cells, s->cost_baseline) < 0)
-        return fk_err(FK_EIO, "writing cells.csv: %s", fk_errmsg());
+    return crc;
+}
+
+/* Estimated peak bytes of cell c replayed by `workers` workers, beyond the datasets the run
+ * keeps loaded (an upper bound, not a measurement): per worker, the K and V Gram buffers of
+ * a codec that wants them (N x N floats each), one layer's K and V read as float32, the
+ * codec's K and V states bounded by two more copies of them, a growing codec's appended
+ * atoms with their Gram rows (one per decode token and head at most), external rows and the
+ * query rows of the attention steps; per cell, the result arrays of every stream. */
+static double cell_bytes(const struct run *r, const struct fk_sweep_cell *c, int workers)
+{
+    const struct loaded *L = &r->ld[c->dataset];
+    if (!L->traces || !L->traces[0])
+        return 0;
+    const struct fk_trace_info *ti = fk_trace_get_info(L->traces[0]);
+    unsigned caps = c->ops->caps;
+    double H = ti->n_kv_heads, T = ti->n_tokens, m = ti->head_dim;
+    double N = (caps & FK_CAP_DICT) && L->dict ? L->dict->n_atoms : 0;
+    double dec = ti->n_tokens > ti->prompt_len ? ti->n_tokens - ti->prompt_len : 0;
+    double kv = 2 * H * T * m * 4, w = 3 * kv;
+    if (caps & FK_CAP_GRAM)
+        w += 2 * N * N * 4;
+    if (caps & FK_CAP_GROWS)
+        w += 2 * H * dec * (m + N + dec) * 4;
+    if (caps & FK_CAP_EXTERNAL)
+        w += kv;
+    if (r->s->attention)
+        w += (double)ti->n_q_heads * (dec / r->s->attn_stride + 1) * m * 4 + 2 * H * T * 8;
+    double streams = 2.0 * r->s->datasets[c->dataset].n_traces * ti->n_layers;
+    return workers * w + streams * (16 * dec + N + 4096);
+}
+
+/* The memory budget of the cells in flight: [sweep] mem_limit, else half the RAM. */
+static double mem_budget(const struct fk_sweep *s)
+{
+    if (s->mem_limit_mib > 0)
+        return s->mem_limit_mib * 1048576.0;
+    long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    return pages > 0 && page > 0 ? 0.5 * (double)pages * (double)page : 4.0 * (1 << 30);
+}
+
+/* Workers for cell c when it starts (under r->mu; 0: wait): the free workers shared in
+ * proportion to its share of the cost-model weight left (a cell that holds most of what
+ * is left takes them all), at least one, at most its layers; fewer when the budget would
+ * be exceeded; when nothing runs, a cell over budget runs alone with all workers. */
+static int choose_jobs(const struct run *r, const struct fk_sweep_cell *c, double *bytes)
+{
+    if (r->free_jobs < 1)
+        return 0;
+    int units = 1;
+    if (r->ld[c->dataset].traces && r->ld[c->dataset].traces[0])
+        units = fk_trace_get_info(r->ld[c->dataset].traces[0])->n_layers;
+    double wc = cell_weight(r->s, c), share = r->est_left > 0 ? wc / r->est_left : 1;
+    int j = (int)floor(r->free_jobs * share + 0.5);
+    j = j < 1 ? 1 : j > r->free_jobs ? r->free_jobs : j;
+    j = r->n_lanes == 1 ? r->free_jobs : j > units ? units : j;
+    int running = r->free_jobs < r->s->jobs;
+    for (; j >= 1; j--) {
+        *bytes = cell_bytes(r, c, j);
+        if (!running || r->mem_used + *bytes <= r->mem_budget)
+            return j;
+    }
+    return 0;
+}
+
+/* A lane: takes the next cell when it can start, claims it, runs it, until none is left,
+ * a stop is asked for, or a lane failed. */
+static void *lane_main(void *arg)
+{
+    struct lane *ln = arg;
+    struct run *r = ln->r;
+    const struct fk_sweep *s = r->s;
+    const struct fk_runner_opts *o = r->o;
+    pthread_mutex_lock(&r->mu);
+    for (;;) {
+        if (r->rc < 0 || r->sum->interrupted || r->next >= r->n_order)
+            break;
+        if (o->stop && *o->stop) {
+            r->sum->interrupted = 1;
+            break;
+        }
+        int c = r->order[r->next];
+        double bytes = 0;
+        int j = choose_jobs(r, &s->cells[c], &bytes);
+        if (j == 0) {
+            /* an idle lane gives its Gram buffers back before it waits */
+            if (ln->pool && fk_replay_pool_bytes(ln->pool) > 0) {
+                fk_replay_pool_free(&ln->pool);
+                if (fk_replay_pool_new(&ln->pool) < 0)
+                    ln->pool = NULL;
+            }
+            pthread_cond_wait(&r->cv, &r->mu);
+            continue;
+        }
+        r->next++;
+        r->est_left -= cell_weight(s, &s->cells[c]);
+        r->free_jobs -= j;
+        r->mem_used += bytes;
+        ln->jobs = j;
+        ln->bytes = bytes;
+        pthread_mutex_unlock(&r->mu);
+        /* claimed first: another run on this directory may be computing it (a cell that
+         * is finished, by an earlier run or meanwhile, comes back FK_CLAIM_DONE) */
+        char holder[256];
+        int rc = FK_OK;
+        int cl = fk_results_claim(s->output, s->cells[c].id, o->force, holder, sizeof holder);
+        if (cl == FK_CLAIM_OK) {
+            ln->cell = &s->cells[c];
+            rc = run_cell(ln);
+            fk_results_unclaim(s->output, s->cells[c].id);
+        } else if (cl < 0) {
+            rc = cl;
+        }
+        pthread_mutex_lock(&r->mu);
+        ln->cell = NULL;
+        r->free_jobs += j;
+        r->mem_used -= bytes;
+        if (cl == FK_CLAIM_DONE) {
+            r->sum->skipped++;
+        } else if (cl == FK_CLAIM_HELD) {
+            r->sum->elsewhere++;
+            if (o->hooks.claimed)
+                o->hooks.claimed(o->hooks.ctx, &s->cells[c], holder);
+        }
+        if (rc < 0 && r->rc == FK_OK) {
+            r->rc = rc;
+            snprintf(r->errmsg, sizeof r->errmsg, "%s", fk_errmsg());
+        }
+        pthread_cond_broadcast(&r->cv);
+    }
+    pthread_cond_broadcast(&r->cv);
+    pthread_mutex_unlock(&r->mu);
+    return NULL;
+}
+
+/* The cells of this shard in the order lanes take them: as configured with one lane;
+ * heaviest first (by the cost model, ties by index) when cells run side by side, so that
+ * the last to finish are small. */
+static int make_order(struct run *r, int n_lanes)
+{
+    const struct fk_sweep *s = r->s;
+    struct weighted *w = malloc(sizeof *w * ((size_t)s->n_cells + 1));
+    r->order = malloc(sizeof(int) * ((size_t)s->n_cells + 1));
+    if (!w || !r->order) {
+        free(w);
+        return fk_err(FK_ENOMEM, "out of memory");
+    }
+    int n = 0;
+    for (int c = 0; c < s->n_cells; c++)
+        if (in_shard(r, c))
+            w[n++] = (struct weighted){n_lanes > 1 ? cell_weight(s, &s->cells[c]) : 0, c};
+    if (n_lanes > 1)
+        qsort(w, (size_t)n, sizeof *w, heavier_first);
+    for (int i = 0; i < n; i++)
+        r->order[i] = w[i].c;
+    r->n_order = n;
+    free(w);
     return FK_OK;
+}
+
+/* Runs the lanes: min(jobs, cells to run) of them, the calling thread alone when one (or
+ * when no thread starts). With several, each BLAS call stays on one thread for the whole
+ * run (the engine sets that per cell, which side by side cells would undo for each other). */
+static void run_lanes(struct run *r)
+{
+    int n = r->s->jobs < r->sum->todo ? r->s->jobs : r->sum->todo;
+    n = n < 1 ? 1 : n;
+    r->lanes = calloc((size_t)n, sizeof *r->lanes);
+    pthread_t *th = calloc((size_t)n, sizeof *th);
+    if (!r->lanes || !th) {
+        n = 1; /* one lane on the stack */
+        free(r->lanes);
+        r->lanes = NULL;
+    }
+    struct lane one = {.r = r};
+    struct lane *lanes = r->lanes ? r->lanes : &one;
+    r->lanes = lanes;
+    r->n_lanes = n;
+    for (int i = 0; i < n; i++) {
+        lanes[i].r = r;
+        if (fk_replay_pool_new(&lanes[i].pool) < 0)
+            lanes[i].pool = NULL;
+    }
+    int blas_threads = openblas_get_num_threads(), started = 0;
+    if (n > 1) {
+        openblas_set_num_threads(1);
+        for (; started < n; started++)
+            if (pthread_create(&th[started], NULL, lane_main, &lanes[started]) != 0)
+                break;
+    }
+    if (started == 0)
+        lane_main(&lanes[0]);
+    for (int i = 0; i < started; i++)
+        pthread_join(th[i], NULL);
+    if (n > 1)
+        openblas_set_num_threads(blas_threads);
+    for (int i = 0; i < n; i++)
+        fk_replay_pool_free(&lanes[i].pool);
+    if (lanes == &one)
+        r->lanes = NULL;
+    free(th);
 }
 
 int fk_runner_run(const struct fk_sweep *s, const struct fk_runner_opts *o,
                   struct fk_runner_summary *sum)
 {
     *sum = (struct fk_runner_summary){0};
-    struct run r = {.s = s, .o = o, .sum = sum, .t_start = fk_wall_s()};
+    struct run r = {.s = s, .o = o, .sum = sum, .t_start = fk_wall_s(),
+                    .mu = PTHREAD_MUTEX_INITIALIZER, .store_mu = PTHREAD_MUTEX_INITIALIZER,
+                    .cv = PTHREAD_COND_INITIALIZER};
     int rc = prepare(&r);
     if (rc == FK_OK && o->hooks.start)
         o->hooks.start(o->hooks.ctx, s, sum->todo);
-    for (int c = 0; rc == FK_OK && c < s->n_cells && !sum->interrupted; c++) {
-        if (o->stop && *o->stop) {
-            sum->interrupted = 1;
-            break;
-        }
-        if (!r.shard || !in_shard(&r, c))
-            continue;
-        /* claimed first: another run on this directory may be computing it (a cell that
-         * is finished, by an earlier run or meanwhile, comes back FK_CLAIM_DONE) */
-        char holder[256];
-        int cl = fk_results_claim(s->output, s->cells[c].id, o->force, holder, sizeof holder);
-        if (cl == FK_CLAIM_DONE) {
-            sum->skipped++;
-        } else if (cl == FK_CLAIM_HELD) {
-            sum->elsewhere++;
-            if (o->hooks.claimed)
-                o->hooks.claimed(o->hooks.ctx, &s->cells[c], holder);
-        } else if (cl == FK_CLAIM_OK) {
-            rc = run_cell(&r, c);
-            fk_results_unclaim(s->output, s->cells[c].id);
-        } else {
-            rc = cl;
-        }
+    int n_lanes = s->jobs < sum->todo ? s->jobs : sum->todo;
+    if (rc == FK_OK)
+        rc = make_order(&r, n_lanes);
+    if (rc == FK_OK) {
+        for (int i = 0; i < r.n_order; i++)
+            r.est_left += cell_weight(s, &s->cells[r.order[i]]);
+        r.free_jobs = s->jobs < 1 ? 1 : s->jobs;
+        r.mem_budget = mem_budget(s);
+        run_lanes(&r);
+        if (r.rc < 0)
+            rc = fk_err(r.rc, "%s", r.errmsg);
     }
     if (r.prepared && fk_results_tables(s->output, r.ids, s->n_cells, s->cost_baseline) < 0 &&
         rc == FK_OK)
         rc = fk_err(FK_EIO, "writing cells.csv: %s", fk_errmsg());
-    fk_replay_pool_free(&r.pool);
+    free(r.lanes);
+    free(r.order);
     free_loaded(&r);
     free(r.ids);
     free(r.shard);

@@ -23,6 +23,9 @@ struct fk_runner_progress {
     int units_done, units_total;
     double vec_per_s;            /* vectors coded per second in this cell so far */
     double eta_s;                /* estimated seconds left in the run (NaN: unknown) */
+    int running;                 /* cells in flight, this one included (side by side: > 1) */
+    double mem_in_flight;        /* their estimated footprints, bytes ... */
+    double mem_budget;           /* ... which fit this unless one runs alone */
 };
 
 /* The outcome of one cell. */
@@ -35,9 +38,11 @@ struct fk_runner_cell_end {
     long vectors;                /* vectors coded */
     double rel_err;              /* rel_err_mean as committed (NaN if unknown) */
     double eta_s;                /* estimated seconds left in the run (NaN: unknown) */
+    int running;                 /* cells in flight, this one included (side by side: > 1) */
 };
 
-/* Every hook is optional; ctx is passed back to each. */
+/* Every hook is called by one thread at a time (cells may run side by side, see
+ * fk_runner_run); every hook is optional; ctx is passed back to each. */
 struct fk_runner_hooks {
     void *ctx;
     /* before the first cell: cells in the sweep, cells to run (this shard, not done) */
@@ -76,7 +81,13 @@ struct fk_runner_summary {
  * index and shard: every process of a job array computes the same split. FK_ENOMEM. */
 int fk_runner_shards(const struct fk_sweep *s, int n_shards, int *shard);
 
-/* Runs the selected cells. Returns FK_OK when every cell was run or skipped (failed cells
+/* Runs the selected cells. With more jobs than one cell at a time can use, cells run side
+ * by side: min(jobs, cells) lanes take cells heaviest first (by the cost model), each cell
+ * with a share of the free workers proportional to its share of the weight left (at least
+ * one, at most its layers), while the estimated footprints of the cells in flight fit the
+ * memory budget ([sweep] mem_limit, else half the RAM; a cell over it runs alone). One lane
+ * (jobs 1, or one cell) runs the cells in configured order with every worker, as before.
+ * Results do not depend on any of this. Returns FK_OK when every cell was run or skipped (failed cells
  * are counted in sum->failed, not returned) or the run was interrupted; an error (with
  * fk_err's message) when a dataset cannot be read or the results cannot be written. */
 int fk_runner_run(const struct fk_sweep *s, const struct fk_runner_opts *o,

@@ -101,8 +101,11 @@ int fk_runner_loop_cell(const struct fk_loop_set *set, const struct fk_cell_inpu
     struct fk_loop_codec lc = {.ops = in->ops, .opts = in->opts, .dict = in->dict,
                                .basis = in->basis, .evict = in->evict,
                                .evict_opts = in->evict_opts};
+    /* One BLAS thread (the runner keeps OpenBLAS at one for a whole run, where cells may
+     * run side by side: then nothing is set, since setting is process-wide). */
     int blas = openblas_get_num_threads();
-    openblas_set_num_threads(1);
+    if (blas != 1)
+        openblas_set_num_threads(1);
     int rc = FK_OK;
     for (int p = 0; rc == FK_OK && p < set->n; p++) {
         struct fk_loop_result tf, fr;
@@ -117,7 +120,8 @@ int fk_runner_loop_cell(const struct fk_loop_set *set, const struct fk_cell_inpu
         if (rc < 0)
             rc = fk_err_context(rc, "closed loop, prompt %d", p);
     }
-    openblas_set_num_threads(blas);
+    if (blas != 1)
+        openblas_set_num_threads(blas);
     if (rc < 0)
         fk_runner_loop_free(out);
     return rc;
