@@ -19,9 +19,10 @@ grep -q "^# dataset fortune: dictionary $src/datasets/dicts/fortune-byte-4L.h5" 
 ids_here=$("$bin" --config "$src/tests/ci/ci-regression.toml" --dry-run | awk 'NR > 1 && NF > 3 {print $1}' | sort | md5sum)
 ids_root=$(cd "$src" && "$bin" --config tests/ci/ci-regression.toml --dry-run | awk 'NR > 1 && NF > 3 {print $1}' | sort | md5sum)
 [ "$ids_here" = "$ids_root" ] || fail "the cell ids depend on the working directory"
-# from the repository root, the paths print as before (relative, normalised)
-(cd "$src" && "$bin" --config configs/default.toml --print-config) | grep -q "^#   datasets/embedded/babyllama-tok105-00.h5" ||
-    fail "configs/default.toml from the root: traces not printed as datasets/embedded/..."
+# from the repository root, the paths print as before (relative, normalised; a config two
+# folders down, and one that needs no generated data: a fresh clone has no datasets/synth)
+(cd "$src" && "$bin" --config tests/ci/ci-regression.toml --print-config) | grep -q "^#   datasets/embedded/babyllama-tok105-00.h5" ||
+    fail "tests/ci/ci-regression.toml from the root: traces not printed as datasets/embedded/..."
 
 # 2. a config in A naming its neighbours, run from B: traces, dictionary-less, output, plugin
 mkdir -p A/tr B
