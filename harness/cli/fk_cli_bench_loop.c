@@ -62,6 +62,14 @@ static void add_codec(struct fk_bench_loop_cfg *cfg, char *text, char *(*sets)[9
     cfg->sets[k] = (const char *const *)sets[k];
 }
 
+/* "name:a=1,b=2" of cfg's codec k. */
+static void codec_name(const struct fk_bench_loop_cfg *cfg, int k, char *name, size_t cap)
+{
+    int n = snprintf(name, cap, "%s", cfg->codec[k]);
+    for (int j = 0; cfg->sets[k][j] && n < (int)cap; j++)
+        n += snprintf(name + n, cap - (size_t)n, "%s%s", j ? "," : ":", cfg->sets[k][j]);
+}
+
 int fk_cli_bench_loop(int argc, char **argv)
 {
     struct fk_llama2c_config shape = {.dim = 2048, .hidden_dim = 8192, .n_layers = 16,
@@ -146,10 +154,7 @@ int fk_cli_bench_loop(int argc, char **argv)
            "e2e KL");
     for (int k = 0; k < cfg.n_codecs; k++) {
         char name[128];
-        int n = snprintf(name, sizeof name, "%s", cfg.codec[k]);
-        for (int j = 0; cfg.sets[k][j] && n < (int)sizeof name; j++)
-            n += snprintf(name + n, sizeof name - (size_t)n, "%s%s", j ? "," : ":",
-                          cfg.sets[k][j]);
+        codec_name(&cfg, k, name, sizeof name);
         printf("%-36s %12.4f %14.3f %12.4g\n", name, r.codec_s[k], r.codec_ratio[k],
                r.codec_kl[k]);
     }
@@ -157,9 +162,12 @@ int fk_cli_bench_loop(int argc, char **argv)
         printf("teacher forcing, decode forward passes: one position per pass vs blocks of "
                "up to %d\n%-36s %12s %12s %12s %12s\n", cfg.block, "codec", "tok/s one",
                "tok/s blocks", "x (med)", "|dKL|");
-        for (int k = 0; k < cfg.n_codecs; k++)
-            printf("%-36s %12.3f %12.3f %12.3f %12.3g\n", cfg.codec[k], r.tf_one_tps[k],
+        for (int k = 0; k < cfg.n_codecs; k++) {
+            char name[128];
+            codec_name(&cfg, k, name, sizeof name);
+            printf("%-36s %12.3f %12.3f %12.3f %12.3g\n", name, r.tf_one_tps[k],
                    r.tf_blk_tps[k], r.tf_blk_speedup[k], r.tf_blk_dkl[k]);
+        }
     }
     printf("(%d prompt + %d decode positions per run, %d interleaved rounds)\n",
            cfg.prompt_len, cfg.steps, cfg.repeats);
