@@ -12,6 +12,8 @@ min to max, origin and step in fp16) once the buffer hands them over:
   - decode position t (after its attention): the oldest min(a_len, held) buffered rows when
     held = t - compressed >= n_b and held > 0.
 The teacher ids are the oracle's own exact greedy decode (passed as --continuation-ids).
+The C loop runs teacher forcing one position per forward pass and, without an eviction
+policy, again in blocks of up to 16 positions (--block 16); both meet the criterion.
 Criterion: per step, |KL_C - KL_oracle| <= 1e-4 for KL(P_exact || P_codec) of the next-token
 distribution, and the top-1 agreement of both is the same at every step where the oracle's
 exact and closed-loop top-2 logits are at least 1e-3 apart.
@@ -142,41 +144,45 @@ def main():
             P = len(ids)
             exact = decode(cfg, w, ids, P, S)  # greedy: ids grows to P + S + 1
             mine = decode(cfg, w, list(ids), P, S, bits, n_b, a_len, window)
-            series = os.path.join(tmp, "series.tsv")
-            cmd = [exe, "loop", "--model", mp, "--prompt-ids", ",".join(map(str, ids[:P])),
-                   "--continuation-ids", ",".join(map(str, ids[P:P + S + 1])),
-                   "--steps", str(S), "--series", series]
-            cmd += (["--codec", "full", "--set", f"n_b={n_b}"] if bits is None else
-                    ["--codec", "uniform", "--set", f"bits={bits}", "--set", f"n_b={n_b}",
-                     "--set", f"a_len={a_len}"])
-            if window:
-                cmd += ["--evict", "streaming", "--evict-set", f"sinks={window[0]}",
-                        "--evict-set", f"recent={window[1]}"]
-            r = subprocess.run(cmd, capture_output=True, text=True)
-            if r.returncode != 0:
-                print(f"FAIL {name}: {' '.join(cmd)}\n{r.stdout}{r.stderr}")
-                return 1
-            rows = [l.split("\t") for l in open(series).read().splitlines()]
-            col = {c: i for i, c in enumerate(rows[0])}
-            rows = rows[1:]
-            d_max, top_bad, kl_sum = 0.0, [], 0.0
-            for j in range(S):
-                k_or = kl(exact[j], mine[j])
-                k_c = float(rows[j][col["kl"]])
-                kl_sum += k_or
-                d_max = max(d_max, abs(k_c - k_or))
-                agree = int(np.argmax(exact[j]) == np.argmax(mine[j]))
-                clear = margin(exact[j]) > 1e-3 and margin(mine[j]) > 1e-3
-                if clear and agree != int(rows[j][col["top1"]]):
-                    top_bad.append(j)
-            ok = d_max <= TOL and not top_bad and kl_sum > 0
-            failed |= not ok
-            worst = max(worst, d_max)
-            what = "full" if bits is None else f"uniform bits={bits}"
-            what += f" streaming sinks={window[0]} recent={window[1]}" if window else ""
-            print(f"{'ok  ' if ok else 'FAIL'} {name} {what} n_b={n_b} "
-                  f"a_len={a_len}: P={P} S={S} mean KL {kl_sum / S:.4e}, max |KL_C - "
-                  f"KL_oracle| {d_max:.3e}, top-1 disagreements {top_bad}")
+            # teacher forcing one position per pass, and (without a policy) in blocks
+            for block in [None] if window else [None, 16]:
+                series = os.path.join(tmp, "series.tsv")
+                cmd = [exe, "loop", "--model", mp, "--prompt-ids", ",".join(map(str, ids[:P])),
+                       "--continuation-ids", ",".join(map(str, ids[P:P + S + 1])),
+                       "--steps", str(S), "--series", series]
+                cmd += ["--block", str(block)] if block else []
+                cmd += (["--codec", "full", "--set", f"n_b={n_b}"] if bits is None else
+                        ["--codec", "uniform", "--set", f"bits={bits}", "--set", f"n_b={n_b}",
+                         "--set", f"a_len={a_len}"])
+                if window:
+                    cmd += ["--evict", "streaming", "--evict-set", f"sinks={window[0]}",
+                            "--evict-set", f"recent={window[1]}"]
+                r = subprocess.run(cmd, capture_output=True, text=True)
+                if r.returncode != 0:
+                    print(f"FAIL {name}: {' '.join(cmd)}\n{r.stdout}{r.stderr}")
+                    return 1
+                rows = [l.split("\t") for l in open(series).read().splitlines()]
+                col = {c: i for i, c in enumerate(rows[0])}
+                rows = rows[1:]
+                d_max, top_bad, kl_sum = 0.0, [], 0.0
+                for j in range(S):
+                    k_or = kl(exact[j], mine[j])
+                    k_c = float(rows[j][col["kl"]])
+                    kl_sum += k_or
+                    d_max = max(d_max, abs(k_c - k_or))
+                    agree = int(np.argmax(exact[j]) == np.argmax(mine[j]))
+                    clear = margin(exact[j]) > 1e-3 and margin(mine[j]) > 1e-3
+                    if clear and agree != int(rows[j][col["top1"]]):
+                        top_bad.append(j)
+                ok = d_max <= TOL and not top_bad and kl_sum > 0
+                failed |= not ok
+                worst = max(worst, d_max)
+                what = "full" if bits is None else f"uniform bits={bits}"
+                what += f" streaming sinks={window[0]} recent={window[1]}" if window else ""
+                what += f" in blocks of {block}" if block else ""
+                print(f"{'ok  ' if ok else 'FAIL'} {name} {what} n_b={n_b} "
+                      f"a_len={a_len}: P={P} S={S} mean KL {kl_sum / S:.4e}, max |KL_C - "
+                      f"KL_oracle| {d_max:.3e}, top-1 disagreements {top_bad}")
     print(f"worst max |dKL| {worst:.3e}, tolerance {TOL}")
     return 1 if failed else 0
 

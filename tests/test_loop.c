@@ -92,17 +92,24 @@ static void *codec_opts(const struct fk_codec_ops *ops, const char *const *kv)
     return o;
 }
 
-/* Runs codec name with options kv in mode; the result keeps its logits. */
-static void run(struct fixture *f, const char *name, const char *const *kv,
-                enum fk_loop_mode mode, struct fk_loop_result *res)
+/* Runs codec name with options kv in mode, teacher forcing in blocks of up to block
+ * positions (0: one per pass); the result keeps its logits. */
+static void run_block(struct fixture *f, const char *name, const char *const *kv,
+                      enum fk_loop_mode mode, int block, struct fk_loop_result *res)
 {
     const struct fk_codec_ops *ops = fk_codec_find(name);
     ck_assert_ptr_nonnull(ops);
     void *o = codec_opts(ops, kv);
-    struct fk_loop_codec c = {.ops = ops, .opts = o};
+    struct fk_loop_codec c = {.ops = ops, .opts = o, .block = block};
     int rc = fk_loop_run(f->m, &f->ref, &c, mode, 1, res);
     ck_assert_msg(rc == FK_OK, "%s: %s", name, fk_errmsg());
     free(o);
+}
+
+static void run(struct fixture *f, const char *name, const char *const *kv,
+                enum fk_loop_mode mode, struct fk_loop_result *res)
+{
+    run_block(f, name, kv, mode, 0, res);
 }
 
 /* Step j of res has the plain runner's logits bit for bit. */
@@ -143,6 +150,69 @@ static void check_full(const char *model, const char *prompt)
     }
     teardown(&f);
 }
+
+/* Teacher forcing in blocks (fk_loop_codec.block) against one position per pass on the same
+ * reference: the full codec with its buffer holding every token runs the whole continuation
+ * in blocks and stays at the plain runner's logits up to float rounding; 2-bit uniform with
+ * n_b 16 and a_len 8 (an event every 8 steps, so blocks end at events) gives every step's
+ * KL, top-1, NLL and per-layer attention KL of the one-at-a-time loop up to rounding
+ * (sgemm against sgemv: the block path is not bit-identical, a block of one position is). */
+static void block_pair(struct fixture *f, const char *name, const char *const *kv, int block,
+                       struct fk_loop_result *one, struct fk_loop_result *blk)
+{
+    run_block(f, name, kv, FK_LOOP_TEACHER, 0, one);
+    run_block(f, name, kv, FK_LOOP_TEACHER, block, blk);
+}
+
+static void check_blocks(const char *model, const char *prompt)
+{
+    if (!have_model(model))
+        return;
+    struct fixture f;
+    enum { S = 40 };
+    setup(&f, model, prompt, S);
+    size_t V = (size_t)f.V;
+    struct fk_loop_result a, b;
+    block_pair(&f, "full", NULL, 16, &a, &b);
+    for (int j = 0; j < S; j++) {
+        ck_assert_msg(same_logits(&f, &a, j), "%s: full step %d", model, j);
+        double mx = 0;
+        for (size_t i = 0; i < V; i++)
+            mx = fmax(mx, fabs((double)b.logits[j * V + i] - f.gen.logits[(f.gen.prompt_len +
+                                                                           j) * V + i]));
+        ck_assert_msg(mx < 1e-4, "%s: full in blocks, step %d: logits off by %g", model, j,
+                      mx);
+        ck_assert_msg(b.kl[j] < 1e-9, "%s: full in blocks, step %d: KL %g", model, j, b.kl[j]);
+    }
+    fk_loop_result_free(&a);
+    fk_loop_result_free(&b);
+    const char *lossy[] = {"bits", "2", "n_b", "16", "a_len", "8", NULL};
+    block_pair(&f, "uniform", lossy, 16, &a, &b);
+    double kl_sum = 0;
+    for (int j = 0; j < S; j++) {
+        kl_sum += a.kl[j];
+        ck_assert_msg(fabs(a.kl[j] - b.kl[j]) <= 1e-7 + 1e-4 * a.kl[j], "%s: uniform step %d: "
+                      "KL %.9g one at a time, %.9g in blocks", model, j, a.kl[j], b.kl[j]);
+        ck_assert_msg(fabs(a.nll_codec[j] - b.nll_codec[j]) < 1e-4, "%s: step %d NLL %g vs %g",
+                      model, j, a.nll_codec[j], b.nll_codec[j]);
+        ck_assert_int_eq(a.top1[j], b.top1[j]);
+    }
+    ck_assert_msg(kl_sum > 1e-3, "%s: 2-bit uniform should be lossy (KL sum %g)", model, kl_sum);
+    for (int l = 0; l < f.ref.n_layers; l++)
+        ck_assert_msg(fabs(a.attn_kl[l] - b.attn_kl[l]) <= 1e-7 + 1e-4 * a.attn_kl[l],
+                      "%s: layer %d attention KL %g vs %g", model, l, a.attn_kl[l],
+                      b.attn_kl[l]);
+    fk_loop_result_free(&a);
+    fk_loop_result_free(&b);
+    teardown(&f);
+}
+
+START_TEST(teacher_forcing_in_blocks)
+{
+    check_blocks("fortune-byte-4L", "The meaning of life ");
+    check_blocks("fortune-hd128", "Never trust a computer");
+}
+END_TEST
 
 START_TEST(full_is_the_plain_runner)
 {
@@ -325,6 +395,7 @@ static Suite *suite(void)
     tcase_add_test(tc, given_continuation_equals_default);
     tcase_add_test(tc, refuses_what_cannot_run);
     tcase_add_test(tc, eviction_policy_in_the_loop);
+    tcase_add_test(tc, teacher_forcing_in_blocks);
     suite_add_tcase(s, tc);
     return s;
 }

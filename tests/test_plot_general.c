@@ -473,6 +473,111 @@ START_TEST(fig3d_two_options)
 }
 END_TEST
 
+/* Fig. 3c in the loop: on a model dataset (cells with loop_attn_kl) `plot` writes
+ * fig3c_tau_delta_e2e beside fig3c_tau_delta, whose squares (x: tau_c ascending, y:
+ * delta_k/delta_v ascending) carry each cell's attn_kl, e2e_kl and loop_attn_kl, NaN for the
+ * missing square; a replay-only dataset gets no such figure. */
+static double e2e_val(int ti, int di, int k)
+{
+    return 0.01 * (ti + 1) + 0.1 * (di + 1) + 1.0 * k + 0.0007 * ti * di;
+}
+
+START_TEST(fig3c_e2e_squares)
+{
+    make_dir();
+    static const char *tau[3] = {"4", "0", "1"};   /* out of order: the axis sorts them */
+    static const int tau_rank[3] = {2, 0, 1};
+    static const char *dk[2] = {"0.5", "0.3"}, *dv[2] = {"0.7", "0.42"};
+    static const int d_rank[2] = {1, 0};
+    struct fk_sb csv = {0}, sum = {0};
+    fk_sb_printf(&csv, "cell_id,codec,dataset,status,tau_c,delta_k,delta_v,n_traces,traces,"
+                       "dictionary,seed,attn_stride,repeat,rel_err_mean,attn_kl,e2e_kl,"
+                       "loop_attn_kl,bytes_per_token\n");
+    fk_sb_printf(&sum, "cell_id,codec,trace,layer,kind,rel_err_mean\n");
+    int id = 0;
+    for (int m = 0; m < 2; m++)              /* m = 0: model dataset "m"; 1: replay "r" */
+        for (int ti = 0; ti < 3; ti++)
+            for (int di = 0; di < 2; di++) {
+                if (m == 0 && ti == 0 && di == 0)
+                    continue;                /* the missing square (tau_c 4, 0.5/0.7) */
+                char cid[20], rows[200];
+                snprintf(cid, sizeof cid, "e%015d", ++id);
+                if (m == 0)
+                    fk_sb_printf(&csv, "%s,fadkv,m,ok,%s,%s,%s,1,t.h5,d.h5,1,1,0,0.5,%.17g,"
+                                 "%.17g,%.17g,100\n", cid, tau[ti], dk[di], dv[di],
+                                 e2e_val(ti, di, 0), e2e_val(ti, di, 1), e2e_val(ti, di, 2));
+                else
+                    fk_sb_printf(&csv, "%s,fadkv,r,ok,%s,%s,%s,1,t.h5,d.h5,1,1,0,0.5,%.17g,,,"
+                                 "100\n", cid, tau[ti], dk[di], dv[di], e2e_val(ti, di, 0));
+                snprintf(rows, sizeof rows, "%s,fadkv,t.h5,0,K,0.5\n%s,fadkv,t.h5,0,V,0.5\n",
+                         cid, cid);
+                fk_sb_printf(&sum, "%s", rows);
+                seal(cid, rows);
+            }
+    put("cells.csv", csv.s);
+    put("summary.csv", sum.s);
+    fk_sb_free(&csv);
+    fk_sb_free(&sum);
+    fk_hdf5_quiet();
+    struct fk_plot_set set;
+    char out[512];
+    snprintf(out, sizeof out, "%s/fig", g_dir);
+    ck_assert_msg(fk_plotdata_export(g_dir, out, NULL, &set) == FK_OK, "%s", fk_errmsg());
+    const struct fk_plot_fig *f = NULL;
+    int plain = 0;
+    for (int i = 0; i < set.n_figs; i++) {
+        ck_assert_str_ne(set.figs[i].name, "fig3c_tau_delta_e2e.r");
+        if (!strcmp(set.figs[i].name, "fig3c_tau_delta_e2e.m"))
+            f = &set.figs[i];
+        plain += !strcmp(set.figs[i].name, "fig3c_tau_delta.m") && !set.figs[i].note[0];
+    }
+    ck_assert_int_eq(plain, 1);
+    ck_assert_ptr_nonnull(f);
+    ck_assert_str_eq(f->note, "");
+    ck_assert_str_eq(f->script, "fig3c_tau_delta_e2e.gp");
+    ck_assert_msg(strstr(f->vars, "nx=3; ny=2;") != NULL, "%s", f->vars);
+    char p[600], buf[512];
+    snprintf(p, sizeof p, "%s/fig/data/fig3c_tau_delta_e2e.m.dat", g_dir);
+    FILE *df = fopen(p, "r");
+    ck_assert_msg(df != NULL, "%s not written", p);
+    int n = 0, filled = 0;
+    while (fgets(buf, sizeof buf, df)) {
+        int xi, yi;
+        char z[3][32], xl[32], yl[32], cell[32];
+        if (buf[0] == '#' || sscanf(buf, "%d %d %31s %31s %31s \"%31[^\"]\" \"%31[^\"]\" "
+                                    "%*s %*s %*s %31s", &xi, &yi, z[0], z[1], z[2], xl, yl,
+                                    cell) != 8)
+            continue;
+        n++;
+        int ti = 0, di = 0;
+        while (tau_rank[ti] != xi)
+            ti++;
+        while (d_rank[di] != yi)
+            di++;
+        ck_assert_str_eq(xl, tau[ti]);
+        char want_y[32];
+        snprintf(want_y, sizeof want_y, "%s/%s", dk[di], dv[di]);
+        ck_assert_str_eq(yl, want_y);
+        for (int k = 0; k < 3; k++) {
+            double v = strtod(z[k], NULL);
+            if (ti == 0 && di == 0) {
+                ck_assert_msg(isnan(v), "missing square %d,%d: %g", xi, yi, v);
+                ck_assert_str_eq(cell, "-");
+            } else {
+                ck_assert_msg(fabs(v - e2e_val(ti, di, k)) < 1e-8, "square %d,%d column %d: "
+                              "%.12g, cell %.12g", xi, yi, k, v, e2e_val(ti, di, k));
+            }
+        }
+        filled += !(ti == 0 && di == 0);
+    }
+    fclose(df);
+    ck_assert_int_eq(n, 6);
+    ck_assert_int_eq(filled, 5);
+    fk_plotdata_free(&set);
+    rm_dir();
+}
+END_TEST
+
 static Suite *plotgen_suite(void)
 {
     Suite *s = suite_create("plot_general");
@@ -483,6 +588,7 @@ static Suite *plotgen_suite(void)
     tcase_add_test(tc, heatmap_squares);
     tcase_add_test(tc, table4_intervals);
     tcase_add_test(tc, fig3d_two_options);
+    tcase_add_test(tc, fig3c_e2e_squares);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -681,6 +681,47 @@ static void matvec(float *y, const float *w, const float *x, int rows, int cols)
     cblas_sgemv(CblasRowMajor, CblasNoTrans, rows, cols, 1.0f, w, cols, x, 1, 0.0f, y, 1);
 }
 
+/* Attention of position pos's query q [n_heads * head_dim] in layer l over the cache rows
+ * 0..pos (those an eviction mask keeps), heads' outputs into out [dim]; each head's logits
+ * into logit [n_heads][seq_len] (nullable). */
+static void attend(struct fk_llama2c_run *r, int l, int pos, const float *q, float *out,
+                   float *logit)
+{
+    const struct fk_llama2c_config *c = &r->m->cfg;
+    int kvd = c->kv_dim, hd = c->head_dim, group = c->n_heads / c->n_kv_heads;
+    size_t S = (size_t)c->seq_len, lo = (size_t)l;
+    float scale = (float)(1.0 / sqrt((double)hd));
+    const float *kl = r->kc + lo * S * kvd, *vl = r->vc + lo * S * kvd;
+    const uint8_t *keep = r->tap.keep ? r->tap.keep[l] : NULL;
+    for (int h = 0; h < c->n_heads; h++) {
+        int kvh = h / group;
+        /* scores[t] = q_h . k_t / sqrt(hd) for t = 0..pos */
+        cblas_sgemv(CblasRowMajor, CblasNoTrans, pos + 1, hd, scale, kl + (size_t)kvh * hd,
+                    kvd, q + (size_t)h * hd, 1, 0.0f, r->att, 1);
+        if (logit)
+            memcpy(logit + (lo * (size_t)c->n_heads + (size_t)h) * S, r->att,
+                   (size_t)(pos + 1) * sizeof(float));
+        if (keep) /* rows an eviction policy dropped get no weight */
+            for (int t = 0; t <= pos; t++)
+                if (!keep[(size_t)kvh * r->tap.keep_stride + t])
+                    r->att[t] = -INFINITY;
+        float mx = r->att[0];
+        for (int t = 1; t <= pos; t++)
+            mx = r->att[t] > mx ? r->att[t] : mx;
+        double sum = 0.0;
+        for (int t = 0; t <= pos; t++) {
+            r->att[t] = expf(r->att[t] - mx);
+            sum += r->att[t];
+        }
+        float inv = (float)(1.0 / sum);
+        for (int t = 0; t <= pos; t++)
+            r->att[t] *= inv;
+        /* out_h = sum_t att[t] v_t */
+        cblas_sgemv(CblasRowMajor, CblasTrans, pos + 1, hd, 1.0f, vl + (size_t)kvh * hd, kvd,
+                    r->att, 1, 0.0f, out + (size_t)h * hd, 1);
+    }
+}
+
 int fk_llama2c_forward(struct fk_llama2c_run *r, int token, int pos, const float **logits)
 {
     const struct fk_llama2c_model *m = r->m;
@@ -692,10 +733,8 @@ int fk_llama2c_forward(struct fk_llama2c_run *r, int token, int pos, const float
         return fk_err(FK_EINVAL, "model %s: position %d: expected 0..%d (tokens fed so far, "
                       "below seq_len %d)", m->path, pos, r->n_fed < c->seq_len - 1 ? r->n_fed
                       : c->seq_len - 1, c->seq_len);
-    int d = c->dim, kvd = c->kv_dim, hd = c->head_dim, hid = c->hidden_dim;
-    int group = c->n_heads / c->n_kv_heads;
+    int d = c->dim, kvd = c->kv_dim, hid = c->hidden_dim;
     size_t S = (size_t)c->seq_len;
-    float scale = (float)(1.0 / sqrt((double)hd));
     memcpy(r->x, m->emb + (size_t)token * d, (size_t)d * sizeof(float));
     for (int l = 0; l < c->n_layers; l++) {
         size_t lo = (size_t)l;
@@ -713,34 +752,7 @@ int fk_llama2c_forward(struct fk_llama2c_run *r, int token, int pos, const float
             if (rc < 0)
                 return rc;
         }
-        const uint8_t *keep = r->tap.keep ? r->tap.keep[l] : NULL;
-        for (int h = 0; h < c->n_heads; h++) {
-            int kvh = h / group;
-            /* scores[t] = q_h . k_t / sqrt(hd) for t = 0..pos */
-            cblas_sgemv(CblasRowMajor, CblasNoTrans, pos + 1, hd, scale, kl + (size_t)kvh * hd,
-                        kvd, q + (size_t)h * hd, 1, 0.0f, r->att, 1);
-            if (r->tap.att_logit)
-                memcpy(r->tap.att_logit + (lo * (size_t)c->n_heads + (size_t)h) * S, r->att,
-                       (size_t)(pos + 1) * sizeof(float));
-            if (keep) /* rows an eviction policy dropped get no weight */
-                for (int t = 0; t <= pos; t++)
-                    if (!keep[(size_t)kvh * r->tap.keep_stride + t])
-                        r->att[t] = -INFINITY;
-            float mx = r->att[0];
-            for (int t = 1; t <= pos; t++)
-                mx = r->att[t] > mx ? r->att[t] : mx;
-            double sum = 0.0;
-            for (int t = 0; t <= pos; t++) {
-                r->att[t] = expf(r->att[t] - mx);
-                sum += r->att[t];
-            }
-            float inv = (float)(1.0 / sum);
-            for (int t = 0; t <= pos; t++)
-                r->att[t] *= inv;
-            /* out_h = sum_t att[t] v_t */
-            cblas_sgemv(CblasRowMajor, CblasTrans, pos + 1, hd, 1.0f, vl + (size_t)kvh * hd,
-                        kvd, r->att, 1, 0.0f, r->xb + (size_t)h * hd, 1);
-        }
+        attend(r, l, pos, q, r->xb, r->tap.att_logit);
         if (r->tap.att_out)
             memcpy(r->tap.att_out + lo * d, r->xb, (size_t)d * sizeof(float));
         matvec(r->xb2, m->wo + lo * d * d, r->xb, d, d);
@@ -762,6 +774,85 @@ int fk_llama2c_forward(struct fk_llama2c_run *r, int token, int pos, const float
     r->n_fed = pos + 1;
     if (logits)
         *logits = r->logits;
+    return FK_OK;
+}
+
+/* Y[n][rows] = X[n][cols] W[rows, cols]^T: one read of W for the n rows. */
+static void matmat(float *y, const float *w, const float *x, int n, int rows, int cols)
+{
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, rows, cols, 1.0f, x, cols, w, cols,
+                0.0f, y, rows);
+}
+
+int fk_llama2c_forward_block(struct fk_llama2c_run *r, const int32_t *tokens, int n, int pos0,
+                             float *logits, float *att_out, float *att_logit)
+{
+    const struct fk_llama2c_model *m = r->m;
+    const struct fk_llama2c_config *c = &m->cfg;
+    if (r->tap.pre_attention || r->tap.keep)
+        return fk_err(FK_EINVAL, "model %s: a block forward cannot run a per-position "
+                      "attention hook or eviction mask", m->path);
+    if (n < 1 || pos0 < 0 || pos0 > r->n_fed || pos0 + n > c->seq_len)
+        return fk_err(FK_EINVAL, "model %s: block of %d positions from %d: expected n >= 1, "
+                      "the first position at most %d (tokens fed) and the last below seq_len "
+                      "%d", m->path, n, pos0, r->n_fed, c->seq_len);
+    for (int i = 0; i < n; i++)
+        if (tokens[i] < 0 || tokens[i] >= c->vocab_size)
+            return fk_err(FK_EINVAL, "model %s: token id %d (block position %d) outside "
+                          "[0, %d)", m->path, tokens[i], pos0 + i, c->vocab_size);
+    size_t d = (size_t)c->dim, kvd = (size_t)c->kv_dim, hid = (size_t)c->hidden_dim;
+    size_t S = (size_t)c->seq_len, L = (size_t)c->n_layers, N = (size_t)n;
+    float *x = malloc(N * d * sizeof(float)), *xb = malloc(N * d * sizeof(float));
+    float *xb2 = malloc(N * d * sizeof(float)), *hb = malloc(N * hid * sizeof(float));
+    float *hb2 = malloc(N * hid * sizeof(float));
+    if (!x || !xb || !xb2 || !hb || !hb2) {
+        free(x), free(xb), free(xb2), free(hb), free(hb2);
+        return fk_err(FK_ENOMEM, "model %s: out of memory for a block of %d positions",
+                      m->path, n);
+    }
+    for (size_t i = 0; i < N; i++)
+        memcpy(x + i * d, m->emb + (size_t)tokens[i] * d, d * sizeof(float));
+    for (size_t l = 0; l < L; l++) {
+        float *q = r->qc + (l * S + (size_t)pos0) * d;
+        float *k = r->kc + (l * S + (size_t)pos0) * kvd, *v = r->vc + (l * S + (size_t)pos0) * kvd;
+        for (size_t i = 0; i < N; i++)
+            rmsnorm(xb + i * d, x + i * d, m->rms_att + l * d, (int)d);
+        matmat(q, m->wq + l * d * d, xb, n, (int)d, (int)d);
+        matmat(k, m->wk + l * kvd * d, xb, n, (int)kvd, (int)d);
+        matmat(v, m->wv + l * kvd * d, xb, n, (int)kvd, (int)d);
+        for (int i = 0; i < n; i++) {
+            rope(r, q + (size_t)i * d, c->n_heads, pos0 + i);
+            rope(r, k + (size_t)i * kvd, c->n_kv_heads, pos0 + i);
+        }
+        /* position pos0 + i reads rows 0..pos0 + i: the cache before the block, then the
+         * block's own exact rows up to itself (causal) */
+        for (int i = 0; i < n; i++) {
+            float *o = xb + (size_t)i * d;
+            attend(r, (int)l, pos0 + i, q + (size_t)i * d, o,
+                   att_logit ? att_logit + (size_t)i * L * c->n_heads * S : NULL);
+            if (att_out)
+                memcpy(att_out + ((size_t)i * L + l) * d, o, d * sizeof(float));
+        }
+        matmat(xb2, m->wo + l * d * d, xb, n, (int)d, (int)d);
+        for (size_t i = 0; i < N * d; i++)
+            x[i] += xb2[i];
+        for (size_t i = 0; i < N; i++)
+            rmsnorm(xb + i * d, x + i * d, m->rms_ffn + l * d, (int)d);
+        matmat(hb, m->w1 + l * hid * d, xb, n, (int)hid, (int)d);
+        matmat(hb2, m->w3 + l * hid * d, xb, n, (int)hid, (int)d);
+        for (size_t i = 0; i < N * hid; i++) {
+            float a = hb[i];
+            hb[i] = a / (1.0f + expf(-a)) * hb2[i];
+        }
+        matmat(xb2, m->w2 + l * d * hid, hb, n, (int)d, (int)hid);
+        for (size_t i = 0; i < N * d; i++)
+            x[i] += xb2[i];
+    }
+    for (size_t i = 0; i < N; i++)
+        rmsnorm(xb + i * d, x + i * d, m->rms_final, (int)d);
+    matmat(logits, m->wcls, xb, n, c->vocab_size, (int)d);
+    r->n_fed = pos0 + n;
+    free(x), free(xb), free(xb2), free(hb), free(hb2);
     return FK_OK;
 }
 

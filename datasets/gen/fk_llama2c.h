@@ -86,6 +86,14 @@ void fk_llama2c_run_free(struct fk_llama2c_run **r);
  * (threaded sgemv rounds some shapes differently per count); the trace CLI pins one.
  * *logits ([vocab], nullable) stays valid until the next call. */
 int fk_llama2c_forward(struct fk_llama2c_run *r, int token, int pos, const float **logits);
+/* Feeds tokens[0..n-1] at positions pos0..pos0+n-1 in one pass (each weight matrix read
+ * once for the block): position pos0 + i attends, causally, to the cache rows 0..pos0 as
+ * they are before the call and to the block's own rows up to itself, so the result equals n
+ * calls of fk_llama2c_forward up to float rounding (sgemm instead of sgemv). logits
+ * [n][vocab]; att_out [n][L][dim] and att_logit [n][L][n_heads][seq_len] (nullable) as the
+ * taps of each position. Refused with a tap's pre_attention hook or keep masks set. */
+int fk_llama2c_forward_block(struct fk_llama2c_run *r, const int32_t *tokens, int n, int pos0,
+                             float *logits, float *att_out, float *att_logit);
 const struct fk_llama2c_model *fk_llama2c_run_model(const struct fk_llama2c_run *r);
 /* Number of positions fed (valid rows of the caches). */
 int fk_llama2c_run_len(const struct fk_llama2c_run *r);

@@ -172,7 +172,10 @@ int fk_bench_loop_run(const struct fk_bench_loop_cfg *cfg, struct fk_bench_loop_
     double *ex = calloc((size_t)R * (cfg->n_codecs + 1), sizeof *ex);
     double *cs = calloc((size_t)R * (cfg->n_codecs + 1), sizeof *cs);
     double *rat = calloc((size_t)R * (cfg->n_codecs + 1), sizeof *rat);
-    if (rc == FK_OK && (!ids || !ex || !cs || !rat))
+    double *t1 = calloc((size_t)R * (cfg->n_codecs + 1), sizeof *t1);   /* one at a time */
+    double *tb = calloc((size_t)R * (cfg->n_codecs + 1), sizeof *tb);   /* in blocks */
+    double *tr = calloc((size_t)R * (cfg->n_codecs + 1), sizeof *tr);   /* their ratio */
+    if (rc == FK_OK && (!ids || !ex || !cs || !rat || !t1 || !tb || !tr))
         rc = fk_err(FK_ENOMEM, "out of memory");
     uint64_t s = cfg->seed * 2654435761u + 7;
     for (int i = 0; rc == FK_OK && i < P; i++)
@@ -193,6 +196,23 @@ int fk_bench_loop_run(const struct fk_bench_loop_cfg *cfg, struct fk_bench_loop_
             if (rc == FK_OK)
                 rc = fk_loop_run(m, &ref, &lc, FK_LOOP_TEACHER, 0, &res);
             double dt = (fk_clock_s(CLOCK_THREAD_CPUTIME_ID) - t0) / (P + S);
+            if (rc == FK_OK && cfg->block > 1) {
+                /* the same run teacher-forced in blocks, right after it */
+                struct fk_loop_result rb;
+                lc.block = cfg->block;
+                rc = fk_loop_run(m, &ref, &lc, FK_LOOP_TEACHER, 0, &rb);
+                if (rc == FK_OK) {
+                    size_t o = (size_t)k * R + r;
+                    t1[o] = S / res.t_forward;
+                    tb[o] = S / rb.t_forward;
+                    tr[o] = tb[o] / t1[o];
+                    double dk = fabs(rb.kl_mean - res.kl_mean);
+                    out->tf_blk_dkl[k] = fmax(out->tf_blk_dkl[k], dk);
+                    fk_loop_result_free(&rb);
+                } else {
+                    fk_loop_result_free(&res);
+                }
+            }
             if (rc == FK_OK) {
                 out->codec_kl[k] = res.kl_mean;
                 fk_loop_result_free(&res);
@@ -215,12 +235,20 @@ int fk_bench_loop_run(const struct fk_bench_loop_cfg *cfg, struct fk_bench_loop_
         for (int k = 0; k < cfg->n_codecs; k++) {
             out->codec_s[k] = median(cs + (size_t)k * R, R);
             out->codec_ratio[k] = median(rat + (size_t)k * R, R);
+            if (cfg->block > 1) {
+                out->tf_one_tps[k] = median(t1 + (size_t)k * R, R);
+                out->tf_blk_tps[k] = median(tb + (size_t)k * R, R);
+                out->tf_blk_speedup[k] = median(tr + (size_t)k * R, R);
+            }
         }
     }
     free(ids);
     free(ex);
     free(cs);
     free(rat);
+    free(t1);
+    free(tb);
+    free(tr);
     fk_llama2c_model_free(&m);
     return rc;
 }

@@ -31,6 +31,8 @@ struct fk_bench_loop_cfg {
     const char *codec[FK_BENCH_LOOP_MAX];      /* names */
     const char *const *sets[FK_BENCH_LOOP_MAX]; /* per codec: "opt=value", NULL-terminated */
     uint64_t seed;
+    int block;                   /* > 1: each codec also teacher-forced in blocks of this many
+                                  * positions (fk_loop_codec.block), right after its run */
 };
 
 struct fk_bench_loop_result {
@@ -42,6 +44,11 @@ struct fk_bench_loop_result {
     double codec_s[FK_BENCH_LOOP_MAX];     /* in the loop, seconds per token (median) */
     double codec_ratio[FK_BENCH_LOOP_MAX]; /* median over rounds of codec / adjacent exact */
     double codec_kl[FK_BENCH_LOOP_MAX];    /* its e2e KL (the random model's), a sanity value */
+    /* with cfg.block > 1: teacher-forced decode tokens/s of the forward passes (the loop's
+     * t_forward over its steps), one position per pass and in blocks (medians), the median
+     * of the per-round ratios (blocks / one), and |e2e KL in blocks - one at a time| */
+    double tf_one_tps[FK_BENCH_LOOP_MAX], tf_blk_tps[FK_BENCH_LOOP_MAX];
+    double tf_blk_speedup[FK_BENCH_LOOP_MAX], tf_blk_dkl[FK_BENCH_LOOP_MAX];
 };
 
 int fk_bench_loop_run(const struct fk_bench_loop_cfg *cfg, struct fk_bench_loop_result *out);

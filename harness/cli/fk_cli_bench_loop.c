@@ -20,14 +20,18 @@ static void usage(FILE *f)
             "            [--heads 32] [--kv-heads 8] [--hidden 8192] [--vocab 32000] "
             "[--seq-len 256]\n"
             "            [--prompt-len 16] [--steps 48] [--repeats 3] [--seed 1]\n"
-            "            [--codec NAME[:OPT=V,...]]...\n"
+            "            [--codec NAME[:OPT=V,...]]... [--block B]\n"
             "--make-model writes M.bin first: random weights at the given shape (default "
             "Llama-3.2-1B-like,\nabout 4.2 GB). Then: the exact model's seconds per token "
             "against the read-bandwidth floor\n(weight bytes / bandwidth measured over the "
             "weights in the same run, one thread), and each\ncodec's time in the loop "
             "relative to the exact model, interleaved (ratios; medians of the\nrounds); thread CPU times. "
             "Default codecs: full:n_b=0 uniform:bits=4,n_b=16 kivi:bits=2,group=16,residual=16\n"
-            "quant:bits=2,group=16,residual=16 topk:s=16,n_b=16.\n");
+            "quant:bits=2,group=16,residual=16 topk:s=16,n_b=16.\n"
+            "--block B (> 1): each codec is also teacher-forced in blocks of up to B positions "
+            "per forward\npass right after its run: decode tokens/s of the forward passes one "
+            "at a time and in blocks,\ntheir ratio (median of the rounds) and the e2e KL "
+            "difference.\n");
 }
 
 static int num(const char *opt, const char *v, long lo, long hi, long *out)
@@ -56,6 +60,14 @@ static void add_codec(struct fk_bench_loop_cfg *cfg, char *text, char *(*sets)[9
     sets[k][n] = NULL;
     cfg->codec[k] = text;
     cfg->sets[k] = (const char *const *)sets[k];
+}
+
+/* "name:a=1,b=2" of cfg's codec k. */
+static void codec_name(const struct fk_bench_loop_cfg *cfg, int k, char *name, size_t cap)
+{
+    int n = snprintf(name, cap, "%s", cfg->codec[k]);
+    for (int j = 0; cfg->sets[k][j] && n < (int)cap; j++)
+        n += snprintf(name + n, cap - (size_t)n, "%s%s", j ? "," : ":", cfg->sets[k][j]);
 }
 
 int fk_cli_bench_loop(int argc, char **argv)
@@ -90,10 +102,10 @@ int fk_cli_bench_loop(int argc, char **argv)
             static const char *const names[] = {"--dim", "--layers", "--heads", "--kv-heads",
                                                 "--hidden", "--vocab", "--seq-len",
                                                 "--prompt-len", "--steps", "--repeats",
-                                                "--seed", NULL};
+                                                "--seed", "--block", NULL};
             int *dst[] = {&shape.dim, &shape.n_layers, &shape.n_heads, &shape.n_kv_heads,
                           &shape.hidden_dim, &shape.vocab_size, &shape.seq_len,
-                          &cfg.prompt_len, &cfg.steps, &cfg.repeats, NULL};
+                          &cfg.prompt_len, &cfg.steps, &cfg.repeats, NULL, &cfg.block};
             int j = 0;
             while (names[j] && strcmp(names[j], a))
                 j++;
@@ -103,7 +115,7 @@ int fk_cli_bench_loop(int argc, char **argv)
             } else if ((rc = num(a, argv[++i], 1, 1 << 20, &v)) == FK_OK) {
                 if (dst[j])
                     *dst[j] = (int)v;
-                else
+                else if (!strcmp(a, "--seed"))
                     cfg.seed = (uint64_t)v;
             }
         }
@@ -142,12 +154,20 @@ int fk_cli_bench_loop(int argc, char **argv)
            "e2e KL");
     for (int k = 0; k < cfg.n_codecs; k++) {
         char name[128];
-        int n = snprintf(name, sizeof name, "%s", cfg.codec[k]);
-        for (int j = 0; cfg.sets[k][j] && n < (int)sizeof name; j++)
-            n += snprintf(name + n, sizeof name - (size_t)n, "%s%s", j ? "," : ":",
-                          cfg.sets[k][j]);
+        codec_name(&cfg, k, name, sizeof name);
         printf("%-36s %12.4f %14.3f %12.4g\n", name, r.codec_s[k], r.codec_ratio[k],
                r.codec_kl[k]);
+    }
+    if (cfg.block > 1) {
+        printf("teacher forcing, decode forward passes: one position per pass vs blocks of "
+               "up to %d\n%-36s %12s %12s %12s %12s\n", cfg.block, "codec", "tok/s one",
+               "tok/s blocks", "x (med)", "|dKL|");
+        for (int k = 0; k < cfg.n_codecs; k++) {
+            char name[128];
+            codec_name(&cfg, k, name, sizeof name);
+            printf("%-36s %12.3f %12.3f %12.3f %12.3g\n", name, r.tf_one_tps[k],
+                   r.tf_blk_tps[k], r.tf_blk_speedup[k], r.tf_blk_dkl[k]);
+        }
     }
     printf("(%d prompt + %d decode positions per run, %d interleaved rounds)\n",
            cfg.prompt_len, cfg.steps, cfg.repeats);

@@ -28,6 +28,7 @@ struct loop_opts {
     const char *codec, *dictionary, *basis, *series, *dump_logits, *evict;
     const char *sets[SETS_CAP], *evict_sets[SETS_CAP];
     int n_sets, n_evict_sets, steps;
+    int block;                   /* --block: teacher forcing in blocks (fk_loop_codec.block) */
 };
 
 static void usage(FILE *f)
@@ -40,12 +41,15 @@ static void usage(FILE *f)
             "                        [--continuation TEXT | --continuation-ids ID,...]\n"
             "                        [--series FILE.tsv] [--dump-logits FILE]\n"
             "                        [--evict POLICY [--evict-set OPTION=VALUE]...]\n"
+            "                        [--block B]\n"
             "Decodes the prompt (BOS + BPE tokens, or the ids as given) with codec NAME "
             "compressing\nevery layer's KV cache under its buffer rule (the replay "
             "protocol), and compares with\nthe exact model: teacher-forced on the reference "
             "continuation (default: the exact greedy\none; --continuation: N + 1 ids, BPE "
             "without BOS) and free-running (greedy).\n--series: one line per step; "
-            "--dump-logits: the teacher-forced run's float32 [N][vocab].\n");
+            "--dump-logits: the teacher-forced run's float32 [N][vocab].\n--block B: "
+            "teacher forcing in blocks of up to B positions per forward pass (ending where "
+            "the\nschedule hands rows to the codec; equal up to float rounding).\n");
 }
 
 /* "1,2,3" -> ids (malloc'd). */
@@ -129,14 +133,14 @@ static int parse_args(int argc, char **argv, struct loop_opts *o)
             if (*n == SETS_CAP)
                 return fk_err(FK_EINVAL, "option %s: more than %d", a, SETS_CAP);
             (ev ? o->evict_sets : o->sets)[(*n)++] = v;
-        } else if (!strcmp(a, "--steps")) {
+        } else if (!strcmp(a, "--steps") || !strcmp(a, "--block")) {
             char *end;
             errno = 0;
             long x = strtol(v, &end, 10);
             if (errno || end == v || *end || x < 1 || x > 1L << 20)
-                return fk_err(FK_EINVAL, "option --steps: '%s': expected an integer in "
-                              "[1, %ld]", v, 1L << 20);
-            o->steps = (int)x;
+                return fk_err(FK_EINVAL, "option %s: '%s': expected an integer in [1, %ld]", a,
+                              v, 1L << 20);
+            *(a[2] == 's' ? &o->steps : &o->block) = (int)x;
         } else {
             return fk_err(FK_EINVAL, "unknown option '%s' (see fadkv-bench loop --help)", a);
         }
@@ -336,7 +340,8 @@ int fk_cli_loop(int argc, char **argv)
         rc = fk_loop_ref_build(d.m, d.prompt, d.n_prompt, d.cont, d.n_cont, o.steps, 1,
                                &d.ref);
     struct fk_loop_codec lc = {.ops = ops, .opts = d.opts, .dict = d.dict, .basis = d.basis,
-                               .evict = d.evict, .evict_opts = d.evict_opts};
+                               .evict = d.evict, .evict_opts = d.evict_opts,
+                               .block = o.block};
     if (rc >= 0)
         rc = fk_loop_run(d.m, &d.ref, &lc, FK_LOOP_TEACHER, o.dump_logits != NULL, &d.tf);
     if (rc >= 0)

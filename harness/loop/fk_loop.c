@@ -224,6 +224,10 @@ struct loop {
     int32_t *qrow;               /* [T] identity */
     int Hq;
     int dropped;                 /* some row was dropped: attention KL is NaN */
+    /* teacher forcing in blocks (fk_loop_codec.block), else blk NULL */
+    int n_blk;                   /* positions per block at most */
+    float *blk;                  /* [n_blk][vocab] logits */
+    float *blk_out, *blk_logit;  /* [n_blk] x the attention taps, or NULL */
 };
 
 static float *raw_row(struct loop *lp, int l, int k, int h, int t)
@@ -241,6 +245,9 @@ static void loop_free(struct loop *lp)
     free(lp->keep_all);
     free(lp->q);
     free(lp->qrow);
+    free(lp->blk);
+    free(lp->blk_out);
+    free(lp->blk_logit);
     for (int i = 0; lp->st && i < lp->L * 2; i++)
         if (lp->st[i])
             lp->ops->close(lp->st[i]);
@@ -609,6 +616,22 @@ static int loop_prefill(struct loop *lp, const int32_t *ids)
     return FK_OK;
 }
 
+/* Steps of the block starting at step j: up to lp->n_blk, ending at the first step whose
+ * event (either stream) codes rows, since the positions after it read the reconstructions. */
+static int block_len(const struct loop *lp, int j, int S)
+{
+    int n = 1;
+    while (n < lp->n_blk && j + n < S) {
+        int ev = 0;
+        for (int k = 0; k < 2; k++)
+            ev |= lp->has[k] && lp->ev[k].step == j + n - 1;
+        if (ev)
+            break;
+        n++;
+    }
+    return n;
+}
+
 static int loop_decode(struct loop *lp, const struct fk_loop_ref *ref, enum fk_loop_mode mode,
                        struct fk_loop_result *r, double *cs, double *ks, float *tap_out,
                        float *tap_logit)
@@ -620,11 +643,29 @@ static int loop_decode(struct loop *lp, const struct fk_loop_ref *ref, enum fk_l
     int32_t fed = ref->ids[P]; /* the first generated id comes from the exact prefill */
     if (mode == FK_LOOP_FREE)
         fed = ref->greedy[P];
+    int j_blk = 0, n_blk = 0; /* the current block: steps j_blk .. j_blk + n_blk - 1 */
     for (int j = 0; j < S; j++) {
         int t = P + j;
         const float *z = NULL;
         double f0 = fk_clock_s(CLOCK_THREAD_CPUTIME_ID);
-        FK_TRY(fk_llama2c_forward(lp->run, mode == FK_LOOP_FREE ? fed : ref->ids[t], t, &z));
+        if (lp->blk && j >= j_blk + n_blk) {
+            j_blk = j;
+            n_blk = block_len(lp, j, S);
+            if (n_blk > 1) /* (a block of one runs the one-position forward) */
+                FK_TRY(fk_llama2c_forward_block(lp->run, ref->ids + t, n_blk, t, lp->blk,
+                                                lp->blk_out, lp->blk_logit));
+        }
+        const float *t_out = tap_out, *t_logit = tap_logit; /* this step's taps */
+        if (lp->blk && n_blk > 1) {
+            size_t i = (size_t)(j - j_blk);
+            z = lp->blk + i * V;
+            t_out = lp->blk_out ? lp->blk_out + i * lp->L * c->dim : NULL;
+            t_logit = lp->blk_logit ? lp->blk_logit + i * lp->L * c->n_heads * c->seq_len
+                                    : NULL;
+        } else {
+            FK_TRY(fk_llama2c_forward(lp->run, mode == FK_LOOP_FREE ? fed : ref->ids[t], t,
+                                      &z));
+        }
         r->t_forward += fk_clock_s(CLOCK_THREAD_CPUTIME_ID) - f0;
         const float *ze = exact + (size_t)j * V;
         r->kl[j] = fk_loop_kl(ze, z, V);
@@ -641,7 +682,7 @@ static int loop_decode(struct loop *lp, const struct fk_loop_ref *ref, enum fk_l
         lp->dropped = lp->dropped || any_dropped(lp, t);
         if (cs && (lp->n_comp[0] > 0 || lp->n_comp[1] > 0 || lp->dropped)) { /* as replay:
                                                      * steps with something compressed */
-            attn_step(ref, j, c->head_dim, tap_out, tap_logit, c->seq_len, cs, ks);
+            attn_step(ref, j, c->head_dim, t_out, t_logit, c->seq_len, cs, ks);
             r->attn_steps++;
         }
         fed = r->tokens[j];
@@ -654,6 +695,23 @@ static int loop_decode(struct loop *lp, const struct fk_loop_ref *ref, enum fk_l
             lp->has[k] = fk_sched_next(&lp->it[k], &lp->ev[k]);
         }
     }
+    return FK_OK;
+}
+
+/* The buffers of blocks of up to n positions (with the attention taps when taps). */
+static int block_alloc(struct loop *lp, int n, int taps)
+{
+    const struct fk_llama2c_config *c = fk_llama2c_model_config(lp->m);
+    size_t N = (size_t)n, L = (size_t)c->n_layers;
+    lp->n_blk = n;
+    lp->blk = malloc(N * c->vocab_size * sizeof(float));
+    if (taps) {
+        lp->blk_out = malloc(N * L * c->dim * sizeof(float));
+        lp->blk_logit = malloc(N * L * c->n_heads * c->seq_len * sizeof(float));
+    }
+    if (!lp->blk || (taps && (!lp->blk_out || !lp->blk_logit)))
+        return fk_err(FK_ENOMEM, "model %s: out of memory for blocks of %d positions",
+                      fk_llama2c_model_path(lp->m), n);
     return FK_OK;
 }
 
@@ -701,6 +759,8 @@ int fk_loop_run(const struct fk_llama2c_model *m, const struct fk_loop_ref *ref,
         if (rc == FK_OK)
             fk_llama2c_set_tap(lp.run, &tp);
     }
+    if (rc == FK_OK && c->block > 1 && mode == FK_LOOP_TEACHER && !c->evict)
+        rc = block_alloc(&lp, c->block, taps);
     if (rc == FK_OK)
         rc = loop_open(&lp, c);
     if (rc == FK_OK)

@@ -77,6 +77,14 @@ struct fk_loop_codec {
      * replay). With a policy, attn_kl is NaN once a row is dropped (forward KL is infinite). */
     const struct fk_evict_ops *evict;
     const void *evict_opts;
+    /* (optional) teacher forcing in blocks of up to `block` positions per forward pass
+     * (fk_llama2c_forward_block: each weight read once per block); 0 or 1: one position per
+     * pass. A block ends at the first step where either stream's schedule hands rows to the
+     * codec, so every position sees the cache the one-at-a-time loop gives it: the
+     * reconstructions of the rows handed over before its step, the exact rows otherwise
+     * (equal up to float rounding). Ignored with an eviction policy (per-position decisions)
+     * and when free running. */
+    int block;
 };
 
 enum fk_loop_mode { FK_LOOP_TEACHER = 0, FK_LOOP_FREE = 1 };

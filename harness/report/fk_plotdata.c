@@ -608,6 +608,7 @@ static int h5cell_open(const struct store *st, const struct cell *c, struct fk_c
 }
 
 static long dict_atoms(const char *path);
+static int has_loop(const struct store *st, const char *ds);
 
 /* ---- Fig. 1 ----------------------------------------------------------------------------- */
 
@@ -1172,6 +1173,33 @@ static void hm_add(struct hm_pt *pt, int *np, const struct cell *d, int x, int y
         pt[(*np)++] = (struct hm_pt){d, x, y};
 }
 
+/* The entry of rank r in key order. */
+static int axis_at(const struct axis *a, int r)
+{
+    int i = 0;
+    while (axis_rank(a, i) != r)
+        i++;
+    return i;
+}
+
+/* The square of entries (x, y) among pt, or NULL. */
+static const struct cell *hm_cell(const struct hm_pt *pt, int np, int x, int y)
+{
+    for (int i = 0; i < np; i++)
+        if (pt[i].x == x && pt[i].y == y)
+            return pt[i].c;
+    return NULL;
+}
+
+/* Formats metric v for a square's label ("n/a" when not finite). */
+static void hm_text(char *t, size_t cap, double v)
+{
+    if (isfinite(v))
+        snprintf(t, cap, "%.3g", v);
+    else
+        snprintf(t, cap, "n/a");
+}
+
 /* Writes a heatmap data file: blocks per y (ascending), rows per x (ascending). */
 static int heat_write(struct store *st, struct fk_plot_fig *f, const struct axis *ax,
                       const struct axis *ay, const struct hm_pt *pt, int np, const char *what)
@@ -1180,33 +1208,55 @@ static int heat_write(struct store *st, struct fk_plot_fig *f, const struct axis
     fk_sb_printf(&b, "# %s\n# xi yi rel_err_mean attn_kl xlabel ylabel rel_err_text attn_kl_text "
                 "rel_err_final_mean rel_err_final_text cell\n", what);
     for (int yr = 0; yr < ay->n; yr++) {
-        int y = 0;
-        while (axis_rank(ay, y) != yr)
-            y++;
+        int y = axis_at(ay, yr);
         for (int xr = 0; xr < ax->n; xr++) {
-            int x = 0;
-            while (axis_rank(ax, x) != xr)
-                x++;
-            const struct cell *c = NULL;
-            for (int i = 0; i < np && !c; i++)
-                if (pt[i].x == x && pt[i].y == y)
-                    c = pt[i].c;
+            int x = axis_at(ax, xr);
+            const struct cell *c = hm_cell(pt, np, x, y);
             double e = c ? cnum(st, c, "rel_err_mean") : NAN;
             double kl = c ? cnum(st, c, "attn_kl") : NAN;
             double fe = c ? cnum(st, c, "rel_err_final_mean") : NAN;
-            char te[32] = "n/a", tk[32] = "n/a", tf[32] = "n/a";
-            if (isfinite(e))
-                snprintf(te, sizeof te, "%.3g", e);
-            if (isfinite(kl))
-                snprintf(tk, sizeof tk, "%.3g", kl);
-            if (isfinite(fe))
-                snprintf(tf, sizeof tf, "%.3g", fe);
+            char te[32], tk[32], tf[32];
+            hm_text(te, sizeof te, e);
+            hm_text(tk, sizeof tk, kl);
+            hm_text(tf, sizeof tf, fe);
             fk_sb_printf(&b, "%d %d", xr, yr);
             bnum(&b, e);
             bnum(&b, kl);
             fk_sb_printf(&b, " \"%s\" \"%s\" \"%s\" \"%s\"", ax->lab[x], ay->lab[y], te, tk);
             bnum(&b, fe);
             fk_sb_printf(&b, " \"%s\" %s\n", tf, c ? c->id : "-");
+        }
+        fk_sb_printf(&b, "\n");
+    }
+    FK_TRY(fig_data(st, f, &b));
+    fig_num(f, "nx", ax->n);
+    fig_num(f, "ny", ay->n);
+    return FK_OK;
+}
+
+/* Writes the closed-loop heatmap data of a model dataset, squares as heat_write: per square
+ * the replay attention KL, the end-to-end KL and the attention KL in the loop. */
+static int heat_write_e2e(struct store *st, struct fk_plot_fig *f, const struct axis *ax,
+                          const struct axis *ay, const struct hm_pt *pt, int np,
+                          const char *what)
+{
+    static const char *const col[3] = {"attn_kl", "e2e_kl", "loop_attn_kl"};
+    struct fk_sb b = {0};
+    fk_sb_printf(&b, "# %s; closed loop\n# xi yi attn_kl e2e_kl loop_attn_kl xlabel ylabel "
+                "attn_kl_text e2e_kl_text loop_attn_kl_text cell\n", what);
+    for (int yr = 0; yr < ay->n; yr++) {
+        for (int xr = 0; xr < ax->n; xr++) {
+            int x = axis_at(ax, xr), y = axis_at(ay, yr);
+            const struct cell *c = hm_cell(pt, np, x, y);
+            char tx[3][32];
+            fk_sb_printf(&b, "%d %d", xr, yr);
+            for (int k = 0; k < 3; k++) {
+                double v = c ? cnum(st, c, col[k]) : NAN;
+                bnum(&b, v);
+                hm_text(tx[k], sizeof tx[k], v);
+            }
+            fk_sb_printf(&b, " \"%s\" \"%s\" \"%s\" \"%s\" \"%s\" %s\n", ax->lab[x],
+                         ay->lab[y], tx[0], tx[1], tx[2], c ? c->id : "-");
         }
         fk_sb_printf(&b, "\n");
     }
@@ -1300,6 +1350,15 @@ static int fig3c(struct store *st, struct fk_plot_set *set, const char *ds)
     snprintf(t, sizeof t, "%s, %s, s = %s, n = %s", ds, codec_display(st, codec),
              cstr(st, pt[0].c, "s"), cstr(st, pt[0].c, "n"));
     fig_text(f, "subtitle", t);
+    if (!has_loop(st, ds))
+        return FK_OK;
+    /* a model dataset: the same squares' end-to-end KL beside their attention KL */
+    struct fk_plot_fig *g = fig_add(set, "fig3c_tau_delta_e2e", ds, st->n_ds,
+                                    "fig3c_tau_delta_e2e");
+    if (!g)
+        return fk_err(FK_ENOMEM, "out of memory");
+    FK_TRY(heat_write_e2e(st, g, &ax, &ay, pt, np, what));
+    fig_text(g, "subtitle", t);
     return FK_OK;
 }
 
