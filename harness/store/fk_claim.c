@@ -143,21 +143,30 @@ static int stale(const char *host, long pid, unsigned long long start)
     return pid == (long)getpid() || !alive(pid, start);
 }
 
+/* Creates claim p holding "host pid start", or returns 1 if it exists. The content is
+ * written to a temporary file first and linked into place (link fails if p exists), so a
+ * claim is never seen empty or half-written, even when its writer is killed meanwhile (a
+ * killed writer leaves at most its temporary file, which fk_store_sweep_stale removes). */
 static int create_claim(const char *p)
 {
-    int f = open(p, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    char tmp[PATH_MAX];
+    FK_TRY(fk_store_tmp_name(p, tmp, sizeof tmp));
+    int f = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (f < 0)
-        return errno == EEXIST ? 1 : fk_err(FK_EIO, "%s: cannot create (%s)", p,
-                                            strerror(errno));
+        return fk_err(FK_EIO, "%s: cannot create (%s)", tmp, strerror(errno));
     char buf[160];
     int n = snprintf(buf, sizeof buf, "%s %ld %llu\n", host_name(), (long)getpid(),
                      proc_start(getpid()));
     int ok = write(f, buf, (size_t)n) == n;
     if (close(f) != 0 || !ok) {
-        unlink(p);
-        return fk_err(FK_EIO, "%s: cannot write", p);
+        unlink(tmp);
+        return fk_err(FK_EIO, "%s: cannot write", tmp);
     }
-    return FK_OK;
+    int rc = link(tmp, p), err = errno;
+    unlink(tmp);
+    if (rc == 0)
+        return FK_OK;
+    return err == EEXIST ? 1 : fk_err(FK_EIO, "%s: cannot create (%s)", p, strerror(err));
 }
 
 int fk_results_claim(const char *dir, const char *id, int force, char *holder, size_t cap)
@@ -180,7 +189,11 @@ int fk_results_claim(const char *dir, const char *id, int force, char *holder, s
             if (rc == 1)
                 rc = fk_err(FK_EIO, "%s: reappeared under the lock", p);
         } else {
-            snprintf(holder, cap, "%s pid %ld", parsed ? host : "an unreadable claim", pid);
+            if (parsed)
+                snprintf(holder, cap, "%s pid %ld", host, pid);
+            else /* never written by this version (create_claim links whole files) */
+                snprintf(holder, cap, "an unreadable claim, %s: delete it if no run is "
+                         "computing the cell", p);
             rc = FK_CLAIM_HELD;
         }
     }
