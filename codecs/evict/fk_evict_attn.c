@@ -355,9 +355,10 @@ int fk_evict_kept(const struct fk_evict_env *env, int h, int lo, int hi, int32_t
 {
     const uint8_t *k = env->keep + (size_t)h * env->n_tokens;
     int n = 0;
-    for (int j = lo < 0 ? 0 : lo; j < hi; j++)
-        if (k[j])
-            idx[n++] = j;
+    for (int j = lo < 0 ? 0 : lo; j < hi; j++) { /* branch-free: idx[n] is rewritten */
+        idx[n] = j;
+        n += k[j] != 0;
+    }
     return n;
 }
 
