@@ -32,6 +32,8 @@ static int reserve(void **p, size_t *cap, size_t need, size_t elem)
     return FK_OK;
 }
 
+#define LANES 8
+
 /* The layer's logit of a scaled dot product (soft cap when the layer has one). */
 static double logit(const struct fk_evict_env *env, double dot, double scale)
 {
@@ -42,31 +44,6 @@ static double logit(const struct fk_evict_env *env, double dot, double scale)
 static double inv_scale(const struct fk_evict_env *env)
 {
     return env->inv_scale > 0 ? env->inv_scale : sqrt((double)env->head_dim);
-}
-
-/* Softmax of the n logits c (float) in double into p; returns nothing (max subtracted). */
-static void softmax_row(const struct fk_evict_env *env, const float *c, int n, double scale,
-                        double *p)
-{
-    double mx = -INFINITY;
-    if (env->softcap > 0)
-        for (int i = 0; i < n; i++) {
-            p[i] = logit(env, c[i], scale);
-            mx = p[i] > mx ? p[i] : mx;
-        }
-    else /* the plain logits: the same numbers as logit(), without its branch */
-        for (int i = 0; i < n; i++) {
-            p[i] = c[i] / scale;
-            mx = p[i] > mx ? p[i] : mx;
-        }
-    double sum = 0;
-    for (int i = 0; i < n; i++) {
-        p[i] = exp(p[i] - mx);
-        sum += p[i];
-    }
-    double inv = 1.0 / sum;
-    for (int i = 0; i < n; i++)
-        p[i] *= inv;
 }
 
 /* The G query rows of token tq of KV head h into s->qg at row offset r0 (of G*stride). */
@@ -84,19 +61,66 @@ static int gather_q(const struct fk_evict_env *env, const struct fk_evict_view *
     return FK_OK;
 }
 
-#define LANES 8
+typedef float fk_v16 __attribute__((vector_size(16 * sizeof(float))));
+#define DOT_MAXM 256 /* head_dim of the two-row kernel's query copy on the stack */
+
+/* The lanes of a dot product summed in a fixed pairwise order. */
+static inline float lanes_sum(const float *acc)
+{
+    float s4[4], s2[2];
+    for (int l = 0; l < 4; l++)
+        s4[l] = acc[l] + acc[l + 4];
+    s2[0] = s4[0] + s4[2];
+    s2[1] = s4[1] + s4[3];
+    return s2[0] + s2[1];
+}
 
 /* z[g][i] = q_g . k_{idx[i]} for the G query rows q [G][m] and the n key rows idx[] of kh:
  * each key row read once for the G queries, in place (no gathered copy, no dropped row
  * touched). Coordinate c goes to float lane c % LANES, the lanes summed in a fixed pairwise
  * order; nothing is reassociated (ISO C, no contraction), so every clone gives the same
  * bits. A BLAS SGEMM of G = 3 rows packed the whole key block at every call and cost more
- * than the products; SGEMV per query head read the block G times. */
-FK_CLONES static void dots_rows(const float *restrict q, int G, const float *restrict kh,
-                                const int32_t *restrict idx, int n, int m, float *restrict z)
+ * than the products; SGEMV per query head read the block G times. For G = 3 (m a multiple
+ * of LANES) two key rows go together in 16-float vectors (one AVX-512 register, two AVX2
+ * ones): the same sums in the same order as one row at a time, so the same bits, with
+ * half the instructions under AVX-512 and independent chains of adds. */
+FK_CLONES512 static void dots_rows(const float *restrict q, int G, const float *restrict kh,
+                                   const int32_t *restrict idx, int n, int m,
+                                   float *restrict z)
 {
-    int mv = m / LANES * LANES;
-    for (int i = 0; i < n; i++) {
+    int mv = m / LANES * LANES, i0 = 0;
+    if (G == 3 && mv == m && m <= DOT_MAXM) {
+        /* a 16-float vector holds one chunk of LANES coordinates of two key rows; the
+         * query chunks doubled to match: the same lane sums as LANES-wide accumulators */
+        fk_v16 qd[3][DOT_MAXM / LANES];
+        for (int g = 0; g < 3; g++)
+            for (int c = 0; c < m; c += LANES) {
+                memcpy(&qd[g][c / LANES], q + (size_t)g * m + c, sizeof(float) * LANES);
+                memcpy((float *)&qd[g][c / LANES] + LANES, q + (size_t)g * m + c,
+                       sizeof(float) * LANES);
+            }
+        for (; i0 + 2 <= n; i0 += 2) {
+            const float *ka = kh + (size_t)idx[i0] * m, *kb = kh + (size_t)idx[i0 + 1] * m;
+            fk_v16 a0 = {0}, a1 = {0}, a2 = {0};
+            for (int c = 0; c < m; c += LANES) {
+                fk_v16 k;
+                memcpy(&k, ka + c, sizeof(float) * LANES);
+                memcpy((float *)&k + LANES, kb + c, sizeof(float) * LANES);
+                a0 += qd[0][c / LANES] * k;
+                a1 += qd[1][c / LANES] * k;
+                a2 += qd[2][c / LANES] * k;
+            }
+            float r[3][2 * LANES];
+            memcpy(r[0], &a0, sizeof a0);
+            memcpy(r[1], &a1, sizeof a1);
+            memcpy(r[2], &a2, sizeof a2);
+            for (int g = 0; g < 3; g++) {
+                z[(size_t)g * n + i0] = lanes_sum(r[g]);
+                z[(size_t)g * n + i0 + 1] = lanes_sum(r[g] + LANES);
+            }
+        }
+    }
+    for (int i = i0; i < n; i++) {
         const float *k = kh + (size_t)idx[i] * m;
         for (int g = 0; g < G; g++) {
             const float *qg = q + (size_t)g * m;
@@ -106,14 +130,139 @@ FK_CLONES static void dots_rows(const float *restrict q, int G, const float *res
                     acc[l] += qg[c + l] * k[c + l];
             for (int c = mv; c < m; c++)
                 acc[c - mv] += qg[c] * k[c];
-            float s4[4], s2[2];
-            for (int l = 0; l < 4; l++)
-                s4[l] = acc[l] + acc[l + 4];
-            s2[0] = s4[0] + s4[2];
-            s2[1] = s4[1] + s4[3];
-            z[(size_t)g * n + i] = s2[0] + s2[1];
+            z[(size_t)g * n + i] = lanes_sum(acc);
         }
     }
+}
+
+/* exp(x) for |x| <= 708 (the caller checks), branch-free so that loops of it
+ * vectorise: x = k ln2 + r, |r| <= ln2 / 2 + 2^-40, k by the round-to-nearest shifter, r by
+ * fdlibm's two-part ln2 (k ln2hi exact), exp(r) by its Taylor polynomial of degree 13 in
+ * Horner form (truncation below 5e-18 relative), 2^k from k's bits (|k| <= 1022). Error below 2 ulp (the
+ * test measures it against expl); no contraction and independent lanes, so every clone
+ * gives the same bits. */
+static inline double exp_core(double x)
+{
+    const double shift = 0x1.8p52, log2e = 0x1.71547652b82fep0;
+    const double ln2hi = 0x1.62e42fee00000p-1, ln2lo = 0x1.a39ef35793c76p-33;
+    double t = x * log2e + shift;
+    double kd = t - shift;
+    double r = (x - kd * ln2hi) - kd * ln2lo;
+    double p = 1.0 / 6227020800.0;
+    p = p * r + 1.0 / 479001600.0;
+    p = p * r + 1.0 / 39916800.0;
+    p = p * r + 1.0 / 3628800.0;
+    p = p * r + 1.0 / 362880.0;
+    p = p * r + 1.0 / 40320.0;
+    p = p * r + 1.0 / 5040.0;
+    p = p * r + 1.0 / 720.0;
+    p = p * r + 1.0 / 120.0;
+    p = p * r + 1.0 / 24.0;
+    p = p * r + 1.0 / 6.0;
+    p = p * r + 0.5;
+    p = p * r + 1.0;
+    p = p * r + 1.0;
+    uint64_t tb, sb;
+    memcpy(&tb, &t, sizeof tb);
+    sb = (tb + 1023u) << 52; /* t's low bits are 2^51 + k: the exponent field k + 1023 */
+    double sc;
+    memcpy(&sc, &sb, sizeof sc);
+    return p * sc;
+}
+
+/* 1 when |x| <= 708 (not for NaN), else 0, and x or 0 into *xc: tested on the bits, as
+ * floating-point comparisons (which may trap) would keep the loops from vectorising. */
+static inline uint64_t exp_in_range(double x, double *xc)
+{
+    uint64_t b;
+    memcpy(&b, &x, sizeof b);
+    uint64_t ok = (b & 0x7fffffffffffffffu) <= 0x4086200000000000u; /* 708.0 */
+    b &= (uint64_t)0 - ok;
+    memcpy(xc, &b, sizeof b);
+    return ok;
+}
+
+FK_CLONES void fk_evict_exp(const double *restrict x, int n, double *restrict y)
+{
+    uint64_t bad = 0;
+    for (int i = 0; i < n; i++) {
+        double xc;
+        bad |= exp_in_range(x[i], &xc) ^ 1u;
+        y[i] = exp_core(xc);
+    }
+    if (bad)
+        for (int i = 0; i < n; i++)
+            if (!(fabs(x[i]) <= 708.0))
+                y[i] = exp(x[i]);
+}
+
+/* The largest of the n floats c (lane-wise; the maximum does not depend on the order). */
+FK_CLONES static float max_row(const float *restrict c, int n)
+{
+    float m8[LANES];
+    for (int l = 0; l < LANES; l++)
+        m8[l] = -INFINITY;
+    int nv = n / LANES * LANES;
+    for (int i = 0; i < nv; i += LANES)
+        for (int l = 0; l < LANES; l++)
+            m8[l] = c[i + l] > m8[l] ? c[i + l] : m8[l];
+    float m = -INFINITY;
+    for (int i = nv; i < n; i++)
+        m = c[i] > m ? c[i] : m;
+    for (int l = 0; l < LANES; l++)
+        m = m8[l] > m ? m8[l] : m;
+    return m;
+}
+
+/* p[i] = exp(c[i] / scale - mx): the plain logits' shifted exponentials, the library's exp
+ * outside exp_core's range. */
+FK_CLONES static void exp_shifted(const float *restrict c, int n, double scale, double mx,
+                                  double *restrict p)
+{
+    uint64_t bad = 0;
+    for (int i = 0; i < n; i++) {
+        double xc;
+        bad |= exp_in_range(c[i] / scale - mx, &xc) ^ 1u;
+        p[i] = exp_core(xc);
+    }
+    if (bad)
+        for (int i = 0; i < n; i++) {
+            double x = c[i] / scale - mx;
+            if (!(fabs(x) <= 708.0))
+                p[i] = exp(x);
+        }
+}
+
+/* p[i] = exp(logit(c[i]) - max_j logit(c[j])), i < n: the unnormalised softmax of the n
+ * logits c (float) in double. The plain logits' maximum is taken on the floats: dividing by
+ * scale > 0 keeps the order, so it is the same double as the maximum of c[i] / scale. */
+static void exp_row(const struct fk_evict_env *env, const float *c, int n, double scale,
+                    double *p)
+{
+    if (env->softcap > 0) {
+        double mx = -INFINITY;
+        for (int i = 0; i < n; i++) {
+            p[i] = logit(env, c[i], scale);
+            mx = p[i] > mx ? p[i] : mx;
+        }
+        for (int i = 0; i < n; i++)
+            p[i] = exp(p[i] - mx);
+    } else { /* the plain logits: the same numbers as logit(), without its branch */
+        exp_shifted(c, n, scale, (double)max_row(c, n) / scale, p);
+    }
+}
+
+/* Softmax of the n logits c (float) in double into p (max subtracted). */
+static void softmax_row(const struct fk_evict_env *env, const float *c, int n, double scale,
+                        double *p)
+{
+    exp_row(env, c, n, scale, p);
+    double sum = 0;
+    for (int i = 0; i < n; i++)
+        sum += p[i];
+    double inv = 1.0 / sum;
+    for (int i = 0; i < n; i++)
+        p[i] *= inv;
 }
 
 int fk_evict_attn_group(const struct fk_evict_env *env, const struct fk_evict_view *v, int h,
@@ -125,18 +274,37 @@ int fk_evict_attn_group(const struct fk_evict_env *env, const struct fk_evict_vi
         return FK_OK;
     FK_TRY(reserve((void **)&s->qg, &s->cap_qg, (size_t)G * m, sizeof(float)));
     FK_TRY(reserve((void **)&s->c, &s->cap_c, (size_t)G * n, sizeof(float)));
-    FK_TRY(reserve((void **)&s->p, &s->cap_p, (size_t)n, sizeof(double)));
+    FK_TRY(reserve((void **)&s->p, &s->cap_p, (size_t)G * n + G, sizeof(double)));
     FK_TRY(gather_q(env, v, h, tq, s->qg, (size_t)m));
     const float *kh = v->k + (size_t)h * T * m;
     dots_rows(s->qg, G, kh, idx, n, m, s->c);
-    double scale = inv_scale(env);
+    double scale = inv_scale(env), *p = s->p, *inv = s->p + (size_t)G * n;
+    for (int g = 0; g < G; g++)
+        exp_row(env, s->c + (size_t)g * n, n, scale, p + (size_t)g * n);
+    /* each row's sum in index order (the G = 3 sums side by side: one chain of adds each) */
+    if (G == 3) {
+        double s0 = 0, s1 = 0, s2 = 0;
+        for (int i = 0; i < n; i++) {
+            s0 += p[i];
+            s1 += p[(size_t)n + i];
+            s2 += p[2 * (size_t)n + i];
+        }
+        inv[0] = 1.0 / s0;
+        inv[1] = 1.0 / s1;
+        inv[2] = 1.0 / s2;
+    } else {
+        for (int g = 0; g < G; g++) {
+            double sum = 0;
+            for (int i = 0; i < n; i++)
+                sum += p[(size_t)g * n + i];
+            inv[g] = 1.0 / sum;
+        }
+    }
     for (int i = 0; i < n; i++)
         score[i] = 0;
-    for (int g = 0; g < G; g++) {
-        softmax_row(env, s->c + (size_t)g * n, n, scale, s->p);
+    for (int g = 0; g < G; g++)
         for (int i = 0; i < n; i++)
-            score[i] += s->p[i];
-    }
+            score[i] += p[(size_t)g * n + i] * inv[g];
     for (int i = 0; i < n; i++)
         score[i] /= G;
     return FK_OK;
@@ -187,9 +355,10 @@ int fk_evict_kept(const struct fk_evict_env *env, int h, int lo, int hi, int32_t
 {
     const uint8_t *k = env->keep + (size_t)h * env->n_tokens;
     int n = 0;
-    for (int j = lo < 0 ? 0 : lo; j < hi; j++)
-        if (k[j])
-            idx[n++] = j;
+    for (int j = lo < 0 ? 0 : lo; j < hi; j++) { /* branch-free: idx[n] is rewritten */
+        idx[n] = j;
+        n += k[j] != 0;
+    }
     return n;
 }
 

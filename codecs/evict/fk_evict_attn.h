@@ -18,7 +18,7 @@ struct fk_evict_scratch {
     float *kg;                   /* gathered keys [n][m] */
     float *qg;                   /* gathered queries [rows][m] */
     float *c;                    /* logits [rows][n] */
-    double *p;                   /* one softmax row [n] */
+    double *p;                   /* softmax rows [G][n] and G reciprocal sums */
     size_t cap_kg, cap_qg, cap_c, cap_p;
 };
 void fk_evict_scratch_free(struct fk_evict_scratch *s);
@@ -38,6 +38,10 @@ int fk_evict_attn_group(const struct fk_evict_env *env, const struct fk_evict_vi
 int fk_evict_attn_causal_sum(const struct fk_evict_env *env, const struct fk_evict_view *v,
                              int h, const int32_t *qtok, int nq, int L, double scale,
                              struct fk_evict_scratch *s, double *acc);
+
+/* y[i] = exp(x[i]), i < n (x and y distinct): the softmax's vectorised exp, within 2 ulp
+ * of the exact value for |x| <= 708, the C library's exp elsewhere. */
+void fk_evict_exp(const double *x, int n, double *y);
 
 /* The kept tokens of head h in [lo, hi), ascending, into idx; returns their count. */
 int fk_evict_kept(const struct fk_evict_env *env, int h, int lo, int hi, int32_t *idx);

@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: MIT
  * Run-time kernel selection for the element-wise loops: a function marked FK_CLONES is also
  * built for AVX2 and picked at load time (GCC target_clones, x86-64 Linux); FK_FMA_CLONES
- * adds an x86-64-v3 clone instead (AVX2 with FMA, for loops that call fma() explicitly).
+ * adds an x86-64-v3 clone instead (AVX2 with FMA, for loops that call fma() explicitly);
+ * FK_CLONES512 adds an AVX-512F clone to FK_CLONES (for 16-float vector kernels).
  * ISO C mode (-std=c11) keeps floating-point contraction off and the kernels keep their lanes
  * independent, so every clone computes the same bits. Off under clang (libFuzzer builds) and
  * AddressSanitizer, whose instrumentation and ifunc resolvers do not mix.
@@ -13,7 +14,9 @@
     !defined(__SANITIZE_ADDRESS__)
 #define FK_CLONES __attribute__((target_clones("avx2", "default")))
 #define FK_FMA_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
+#define FK_CLONES512 __attribute__((target_clones("avx512f", "avx2", "default")))
 #else
+#define FK_CLONES512
 #define FK_CLONES
 #define FK_FMA_CLONES
 #endif
