@@ -595,6 +595,95 @@ static struct fk_synth_profile *profile_alloc(int L, int d)
     return p;
 }
 
+/* Opens the traces paths [n_paths] into tr and checks they share one shape: its layers *L and
+ * head_dim *d; *queries: whether all have queries; *tokens: their tokens in total. */
+static int open_traces(const char *const *paths, int n_paths, struct fk_trace **tr, int *L,
+                       int *d, int *queries, long *tokens)
+{
+    int rc = FK_OK;
+    for (int i = 0; i < n_paths && rc == FK_OK; i++) {
+        rc = fk_trace_open(paths[i], &tr[i]);
+        if (rc)
+            break;
+        const struct fk_trace_info *in = fk_trace_get_info(tr[i]);
+        if (i == 0) {
+            *L = in->n_layers;
+            *d = in->head_dim;
+        }
+        if (in->n_layers != *L || in->head_dim != *d)
+            rc = fk_err(FK_EINVAL, "%s: %d layers, head_dim %d; expected %d and %d as %s "
+                        "(one profile fits traces of one shape)", paths[i], in->n_layers,
+                        in->head_dim, *L, *d, paths[0]);
+        else if (in->n_tokens < 3)
+            rc = fk_err(FK_EINVAL, "%s: %d tokens; expected at least 3", paths[i],
+                        in->n_tokens);
+        else if (*d % 2 || *d > 4096)
+            rc = fk_err(FK_EINVAL, "%s: head_dim %d; expected an even size <= 4096", paths[i],
+                        *d);
+        else if (in->keys_post_rope && !in->has_rope)
+            rc = fk_err(FK_EINVAL, "%s: post-RoPE keys without the RoPE attributes "
+                        "(rope_layout; datasets/README.md): cannot un-rotate them", paths[i]);
+        *queries &= in->has_queries;
+        *tokens += in->n_tokens;
+    }
+    return rc;
+}
+
+/* Fits one layer from its pools pl [H]: adds the heads' mean spectra into sp [2 d] and writes
+ * the knobs k [FK_PROFILE_NKNOBS] (spec [d]: scratch; def: defaults where a trace has none). */
+static int fit_layer(struct pool *pl, int H, int d, int queries,
+                     const struct fk_synth_opts *def, double *spec, double *sp, double *k)
+{
+    int rc = FK_OK;
+    /* every KV head is fitted on its own (each has its own basis, mean and outliers);
+     * the layer's knob is the mean over heads (ranks and outlier pairs rounded) */
+    double acc[FK_PROFILE_NKNOBS] = {0}, kurt = 0, mass = 0, lstd = 0;
+    long n_att = 0;
+    for (int g = 0; rc == FK_OK && g < H; g++) {
+        struct kind_fit fk, fv;
+        rc = fit_kind(pl[g].x[0], pl[g].n[0], d, 1, pl[g].seg[0], pl[g].n_seg[0], &fk,
+                      spec);
+        for (int c = 0; rc == FK_OK && c < d; c++)
+            sp[c] += spec[c] / H;
+        if (rc == FK_OK)
+            rc = fit_kind(pl[g].x[1], pl[g].n[1], d, 0, pl[g].seg[1], pl[g].n_seg[1],
+                          &fv, spec);
+        for (int c = 0; rc == FK_OK && c < d; c++)
+            sp[d + c] += spec[c] / H;
+        if (rc)
+            break;
+        double v[FK_PROFILE_NKNOBS] = {
+            [K_RANK] = fk.rank, [K_DECAY] = fk.decay, [K_NOISE] = fk.noise,
+            [K_MEAN] = fk.mean, [K_TILT] = fk.tilt, [K_OPAIRS] = fk.opairs,
+            [K_OSCALE] = fk.oscale, [V_RANK] = fv.rank, [V_DECAY] = fv.decay,
+            [V_NOISE] = fv.noise, [V_MEAN] = fv.mean,
+            [SINK_K] = pl[g].n_sink ? pl[g].sink_k / pl[g].n_sink : def->sink_key_scale,
+            [SINK_V] = pl[g].n_sink ? pl[g].sink_v / pl[g].n_sink : def->sink_value_scale};
+        for (int j = 0; j < FK_PROFILE_NKNOBS; j++)
+            acc[j] += v[j] / H;
+        kurt += 0.5 * (fk.kurt + fv.kurt) / H;
+        if (pl[g].n_att > 0) {
+            mass += median(pl[g].mass, pl[g].n_att);
+            lstd += median(pl[g].lstd, pl[g].n_att);
+            n_att++;
+        }
+    }
+    if (rc == FK_OK) {
+        memcpy(k, acc, sizeof acc);
+        k[K_RANK] = round(k[K_RANK]);
+        k[V_RANK] = round(k[V_RANK]);
+        k[K_OPAIRS] = round(k[K_OPAIRS]);
+        k[DOF] = kurt > KURT_GAUSS ? 4 + 6 / kurt : 0;
+        if (k[DOF] > 1e6)
+            k[DOF] = 0;
+        k[SINK_MASS] = queries && n_att ? mass / n_att : def->sink_mass;
+        k[LOGIT_STD] = queries && n_att ? lstd / n_att : def->attn_logit_std;
+        if (k[SINK_MASS] > 0.999)
+            k[SINK_MASS] = 0.999;
+    }
+    return rc;
+}
+
 int fk_synth_fit(const char *const *paths, int n_paths, struct fk_synth_profile **out)
 {
     *out = NULL;
@@ -605,31 +694,7 @@ int fk_synth_fit(const char *const *paths, int n_paths, struct fk_synth_profile 
         return fk_err(FK_ENOMEM, "synth --fit: out of memory");
     int rc = FK_OK, L = 0, d = 0, queries = 1;
     long tokens = 0;
-    for (int i = 0; i < n_paths && rc == FK_OK; i++) {
-        rc = fk_trace_open(paths[i], &tr[i]);
-        if (rc)
-            break;
-        const struct fk_trace_info *in = fk_trace_get_info(tr[i]);
-        if (i == 0) {
-            L = in->n_layers;
-            d = in->head_dim;
-        }
-        if (in->n_layers != L || in->head_dim != d)
-            rc = fk_err(FK_EINVAL, "%s: %d layers, head_dim %d; expected %d and %d as %s "
-                        "(one profile fits traces of one shape)", paths[i], in->n_layers,
-                        in->head_dim, L, d, paths[0]);
-        else if (in->n_tokens < 3)
-            rc = fk_err(FK_EINVAL, "%s: %d tokens; expected at least 3", paths[i],
-                        in->n_tokens);
-        else if (d % 2 || d > 4096)
-            rc = fk_err(FK_EINVAL, "%s: head_dim %d; expected an even size <= 4096", paths[i],
-                        d);
-        else if (in->keys_post_rope && !in->has_rope)
-            rc = fk_err(FK_EINVAL, "%s: post-RoPE keys without the RoPE attributes "
-                        "(rope_layout; datasets/README.md): cannot un-rotate them", paths[i]);
-        queries &= in->has_queries;
-        tokens += in->n_tokens;
-    }
+    rc = open_traces(paths, n_paths, tr, &L, &d, &queries, &tokens);
     struct fk_synth_profile *p = rc == FK_OK ? profile_alloc(L, d) : NULL;
     if (rc == FK_OK && !p)
         rc = fk_err(FK_ENOMEM, "synth --fit: out of memory");
@@ -655,54 +720,9 @@ int fk_synth_fit(const char *const *paths, int n_paths, struct fk_synth_profile 
     for (int l = 0; rc == FK_OK && l < L; l++) {
         for (int i = 0; i < n_paths && rc == FK_OK; i++)
             rc = pool_trace(tr[i], l, pl);
-        /* every KV head is fitted on its own (each has its own basis, mean and outliers);
-         * the layer's knob is the mean over heads (ranks and outlier pairs rounded) */
-        double acc[FK_PROFILE_NKNOBS] = {0}, kurt = 0, mass = 0, lstd = 0;
-        double *sp = p ? p->spectrum + (size_t)l * 2 * d : NULL;
-        long n_att = 0;
-        for (int g = 0; rc == FK_OK && g < H; g++) {
-            struct kind_fit fk, fv;
-            rc = fit_kind(pl[g].x[0], pl[g].n[0], d, 1, pl[g].seg[0], pl[g].n_seg[0], &fk,
-                          spec);
-            for (int c = 0; rc == FK_OK && c < d; c++)
-                sp[c] += spec[c] / H;
-            if (rc == FK_OK)
-                rc = fit_kind(pl[g].x[1], pl[g].n[1], d, 0, pl[g].seg[1], pl[g].n_seg[1],
-                              &fv, spec);
-            for (int c = 0; rc == FK_OK && c < d; c++)
-                sp[d + c] += spec[c] / H;
-            if (rc)
-                break;
-            double v[FK_PROFILE_NKNOBS] = {
-                [K_RANK] = fk.rank, [K_DECAY] = fk.decay, [K_NOISE] = fk.noise,
-                [K_MEAN] = fk.mean, [K_TILT] = fk.tilt, [K_OPAIRS] = fk.opairs,
-                [K_OSCALE] = fk.oscale, [V_RANK] = fv.rank, [V_DECAY] = fv.decay,
-                [V_NOISE] = fv.noise, [V_MEAN] = fv.mean,
-                [SINK_K] = pl[g].n_sink ? pl[g].sink_k / pl[g].n_sink : def.sink_key_scale,
-                [SINK_V] = pl[g].n_sink ? pl[g].sink_v / pl[g].n_sink : def.sink_value_scale};
-            for (int k = 0; k < FK_PROFILE_NKNOBS; k++)
-                acc[k] += v[k] / H;
-            kurt += 0.5 * (fk.kurt + fv.kurt) / H;
-            if (pl[g].n_att > 0) {
-                mass += median(pl[g].mass, pl[g].n_att);
-                lstd += median(pl[g].lstd, pl[g].n_att);
-                n_att++;
-            }
-        }
-        if (rc == FK_OK) {
-            double *k = p->knob + (size_t)l * FK_PROFILE_NKNOBS;
-            memcpy(k, acc, sizeof acc);
-            k[K_RANK] = round(k[K_RANK]);
-            k[V_RANK] = round(k[V_RANK]);
-            k[K_OPAIRS] = round(k[K_OPAIRS]);
-            k[DOF] = kurt > KURT_GAUSS ? 4 + 6 / kurt : 0;
-            if (k[DOF] > 1e6)
-                k[DOF] = 0;
-            k[SINK_MASS] = queries && n_att ? mass / n_att : def.sink_mass;
-            k[LOGIT_STD] = queries && n_att ? lstd / n_att : def.attn_logit_std;
-            if (k[SINK_MASS] > 0.999)
-                k[SINK_MASS] = 0.999;
-        }
+        if (rc == FK_OK)
+            rc = fit_layer(pl, H, d, queries, &def, spec, p->spectrum + (size_t)l * 2 * d,
+                           p->knob + (size_t)l * FK_PROFILE_NKNOBS);
         for (int g = 0; pl && g < H; g++)
             pool_free(&pl[g]);
         if (rc)
