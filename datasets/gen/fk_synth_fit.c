@@ -98,24 +98,10 @@ static double ls_slope(const double *x, const double *y, int n)
     return sxx > 0 ? sxy / sxx : 0;
 }
 
-/* Fits one kind from X [n][d] (pre-RoPE, tokens >= 1); seg [n_seg + 1]: row offsets of the
- * (trace, head) segments. spec_out [d]: normalised eigenvalues (non-outlier channels). */
-static int fit_kind(const double *X, long n, int d, int is_key, const long *seg, int n_seg,
-                    struct kind_fit *f, double *spec_out)
+/* Per-channel second moments m2 [d] of X [n][d] and each pair's RMS into prms and tmp [d/2]. */
+static void pair_rms(const double *X, long n, int d, double *m2, double *prms, double *tmp)
 {
-    int np = d / 2, rc = FK_OK;
-    double *m2 = calloc((size_t)d, sizeof(double)), *prms = malloc(sizeof(double) * np);
-    double *tmp = malloc(sizeof(double) * np);
-    int *out = calloc((size_t)d, sizeof(int)), *ch = malloc(sizeof(int) * d);
-    gsl_matrix *C = NULL, *V = NULL;
-    gsl_vector *ev = NULL;
-    gsl_eigen_symmv_workspace *ws = NULL;
-    double *mu = NULL, *lam = NULL, *xx = NULL, *yy = NULL, *lmed = NULL;
-    memset(f, 0, sizeof *f);
-    if (!m2 || !prms || !tmp || !out || !ch) {
-        rc = fk_err(FK_ENOMEM, "synth --fit: out of memory");
-        goto done;
-    }
+    int np = d / 2;
     for (long t = 0; t < n; t++)
         for (int c = 0; c < d; c++)
             m2[c] += X[(size_t)t * d + c] * X[(size_t)t * d + c];
@@ -126,13 +112,11 @@ static int fit_kind(const double *X, long n, int d, int is_key, const long *seg,
         pair_ch(FK_ROPE_INTERLEAVED, d, i, &a, &b); /* layout fixed: keys are pre-RoPE */
         prms[i] = tmp[i] = sqrt(0.5 * (m2[a] + m2[b]));
     }
-    /* the RMS a pair would have without outliers: the median of its frequency neighbours
-     * (pairs i - OUTLIER_WIN .. i + OUTLIER_WIN but i), so a smooth tilt is not an outlier */
-    lmed = malloc(sizeof(double) * np);
-    if (!lmed) {
-        rc = fk_err(FK_ENOMEM, "synth --fit: out of memory");
-        goto done;
-    }
+}
+
+/* lmed [np]: the median RMS of each pair's frequency neighbours (tmp [np]: scratch). */
+static void neighbour_median(const double *prms, int np, double *tmp, double *lmed)
+{
     for (int i = 0; i < np; i++) {
         int k = 0;
         for (int j = i - OUTLIER_WIN; j <= i + OUTLIER_WIN; j++)
@@ -140,42 +124,35 @@ static int fit_kind(const double *X, long n, int d, int is_key, const long *seg,
                 tmp[k++] = prms[j];
         lmed[i] = median(tmp, k);
     }
-    int n_out = 0;
-    if (is_key) {
-        /* outlier pairs, largest first, at most the generator's np - np/2 */
-        for (int pass = 0; pass < np - np / 2; pass++) {
-            int best = -1;
-            for (int i = 0; i < np; i++) {
-                int a, b;
-                pair_ch(FK_ROPE_INTERLEAVED, d, i, &a, &b);
-                if (!out[a] && prms[i] > OUTLIER_RATIO * lmed[i] &&
-                    (best < 0 || prms[i] > prms[best]))
-                    best = i;
-            }
-            if (best < 0)
-                break;
+}
+
+/* Marks outlier pairs' channels in out [d], largest first, at most np - np/2; their count. */
+static int mark_outliers(int d, const double *prms, const double *lmed, int *out)
+{
+    int np = d / 2, n_out = 0;
+    for (int pass = 0; pass < np - np / 2; pass++) {
+        int best = -1;
+        for (int i = 0; i < np; i++) {
             int a, b;
-            pair_ch(FK_ROPE_INTERLEAVED, d, best, &a, &b);
-            out[a] = out[b] = 1;
-            n_out++;
+            pair_ch(FK_ROPE_INTERLEAVED, d, i, &a, &b);
+            if (!out[a] && prms[i] > OUTLIER_RATIO * lmed[i] &&
+                (best < 0 || prms[i] > prms[best]))
+                best = i;
         }
+        if (best < 0)
+            break;
+        int a, b;
+        pair_ch(FK_ROPE_INTERLEAVED, d, best, &a, &b);
+        out[a] = out[b] = 1;
+        n_out++;
     }
-    int dp = 0;
-    for (int c = 0; c < d; c++)
-        if (!out[c])
-            ch[dp++] = c;
-    mu = calloc((size_t)dp, sizeof(double));
-    C = gsl_matrix_calloc((size_t)dp, (size_t)dp);
-    V = gsl_matrix_alloc((size_t)dp, (size_t)dp);
-    ev = gsl_vector_alloc((size_t)dp);
-    ws = gsl_eigen_symmv_alloc((size_t)dp);
-    lam = malloc(sizeof(double) * dp);
-    xx = malloc(sizeof(double) * (dp > np ? dp : np));
-    yy = malloc(sizeof(double) * (dp > np ? dp : np));
-    if (!mu || !C || !V || !ev || !ws || !lam || !xx || !yy) {
-        rc = fk_err(FK_ENOMEM, "synth --fit: out of memory");
-        goto done;
-    }
+    return n_out;
+}
+
+/* Mean mu [dp] and covariance C [dp][dp] of the channels ch [dp] of X [n][d]. */
+static void mean_cov(const double *X, long n, int d, const int *ch, int dp, double *mu,
+                     gsl_matrix *C)
+{
     for (long t = 0; t < n; t++)
         for (int i = 0; i < dp; i++)
             mu[i] += X[(size_t)t * d + ch[i]];
@@ -196,8 +173,12 @@ static int fit_kind(const double *X, long n, int d, int is_key, const long *seg,
             gsl_matrix_set(C, (size_t)i, (size_t)j, v);
             gsl_matrix_set(C, (size_t)j, (size_t)i, v);
         }
-    /* per-pair variance (before the eigensolver overwrites C) */
-    double *pvar = tmp; /* reuse [np] */
+}
+
+/* pvar [d/2]: each pair's mean channel variance from C, NAN for outlier pairs. */
+static void pair_variance(const gsl_matrix *C, const int *ch, int dp, int d, double *pvar)
+{
+    int np = d / 2;
     for (int i = 0; i < np; i++) {
         int a, b, ia = -1, ib = -1;
         pair_ch(FK_ROPE_INTERLEAVED, d, i, &a, &b);
@@ -209,18 +190,13 @@ static int fit_kind(const double *X, long n, int d, int is_key, const long *seg,
                                               gsl_matrix_get(C, (size_t)ib, (size_t)ib))
                                      : NAN;
     }
-    if (gsl_eigen_symmv(C, ev, V, ws)) {
-        rc = fk_err(FK_EEXTERNAL, "synth --fit: eigen-decomposition failed");
-        goto done;
-    }
-    gsl_eigen_symmv_sort(ev, V, GSL_EIGEN_SORT_VAL_DESC);
-    double tot = 0;
-    for (int i = 0; i < dp; i++) {
-        lam[i] = gsl_vector_get(ev, (size_t)i) > 0 ? gsl_vector_get(ev, (size_t)i) : 0;
-        tot += lam[i];
-    }
-    for (int i = 0; i < d; i++)
-        spec_out[i] = i < dp && tot > 0 ? lam[i] / tot : 0;
+}
+
+/* Rank, noise, mean and decay of f from the sorted eigenvalues lam [dp] (xx, yy [dp]:
+ * scratch); returns the noise floor and sets *u2 (the latent energy per channel). */
+static double fit_spectrum(const double *lam, int dp, long n, double tot, const double *mu,
+                           double *xx, double *yy, struct kind_fit *f, double *u2_out)
+{
     /* noise floor: median of the lower half; rank: eigenvalues above its sampling edge */
     for (int i = 0; i < dp - dp / 2; i++)
         xx[i] = lam[dp / 2 + i];
@@ -253,35 +229,47 @@ static int fit_kind(const double *X, long n, int d, int is_key, const long *seg,
         f->decay = 0;
     if (f->decay > 8)
         f->decay = 8;
-    if (is_key) {
-        k = 0;
-        for (int i = 0; i < np; i++) {
-            if (isnan(pvar[i]))
-                continue;
-            double v = pvar[i] - floor_;
-            xx[k] = np > 1 ? (double)i / (np - 1) - 1.0 : 0;
-            yy[k++] = log((v > 1e-3 * u2 ? v : 1e-3 * u2) / u2);
-        }
-        f->tilt = k >= 2 ? 0.5 * ls_slope(xx, yy, k) : 0;
-        if (f->tilt < -20) /* the knob's range; negative: energy in high-frequency pairs */
-            f->tilt = -20;
-        if (f->tilt > 20)
-            f->tilt = 20;
-        f->opairs = n_out;
-        double os = 0;
-        for (int i = 0; i < np; i++) {
-            int a, b;
-            pair_ch(FK_ROPE_INTERLEAVED, d, i, &a, &b);
-            if (out[a]) {
-                double e = prms[i] * prms[i] - lmed[i] * lmed[i]; /* minus an ordinary pair */
-                os += sqrt(e > 0 ? e : 0) / sqrt(u2);
-            }
-        }
-        f->oscale = n_out ? os / n_out : 0;
+    *u2_out = u2;
+    return floor_;
+}
+
+/* Keys only: frequency tilt of f from pvar [np], outlier count and scale from out, prms and
+ * lmed (xx, yy [np]: scratch). */
+static void fit_key_pairs(int d, const double *pvar, const int *out, int n_out,
+                          const double *prms, const double *lmed, double floor_, double u2,
+                          double *xx, double *yy, struct kind_fit *f)
+{
+    int np = d / 2, k = 0;
+    for (int i = 0; i < np; i++) {
+        if (isnan(pvar[i]))
+            continue;
+        double v = pvar[i] - floor_;
+        xx[k] = np > 1 ? (double)i / (np - 1) - 1.0 : 0;
+        yy[k++] = log((v > 1e-3 * u2 ? v : 1e-3 * u2) / u2);
     }
-    /* coefficient tails: excess kurtosis of the projections on the leading eigenvectors,
-     * per (trace, head) segment, weighted by its vectors */
-    int kd = r < KURT_DIRS ? r : KURT_DIRS;
+    f->tilt = k >= 2 ? 0.5 * ls_slope(xx, yy, k) : 0;
+    if (f->tilt < -20) /* the knob's range; negative: energy in high-frequency pairs */
+        f->tilt = -20;
+    if (f->tilt > 20)
+        f->tilt = 20;
+    f->opairs = n_out;
+    double os = 0;
+    for (int i = 0; i < np; i++) {
+        int a, b;
+        pair_ch(FK_ROPE_INTERLEAVED, d, i, &a, &b);
+        if (out[a]) {
+            double e = prms[i] * prms[i] - lmed[i] * lmed[i]; /* minus an ordinary pair */
+            os += sqrt(e > 0 ? e : 0) / sqrt(u2);
+        }
+    }
+    f->oscale = n_out ? os / n_out : 0;
+}
+
+/* coefficient tails: excess kurtosis of the projections on the kd leading eigenvectors V,
+ * per (trace, head) segment, weighted by its vectors */
+static double coef_kurtosis(const double *X, int d, const int *ch, int dp, const double *mu,
+                            const gsl_matrix *V, int kd, const long *seg, int n_seg)
+{
     double ksum = 0, kw = 0;
     for (int s = 0; s < n_seg; s++) {
         long a0 = seg[s], a1 = seg[s + 1], ns = a1 - a0;
@@ -312,7 +300,77 @@ static int fit_kind(const double *X, long n, int d, int is_key, const long *seg,
             }
         }
     }
-    f->kurt = kw > 0 ? ksum / kw : 0;
+    return kw > 0 ? ksum / kw : 0;
+}
+
+/* Fits one kind from X [n][d] (pre-RoPE, tokens >= 1); seg [n_seg + 1]: row offsets of the
+ * (trace, head) segments. spec_out [d]: normalised eigenvalues (non-outlier channels). */
+static int fit_kind(const double *X, long n, int d, int is_key, const long *seg, int n_seg,
+                    struct kind_fit *f, double *spec_out)
+{
+    int np = d / 2, rc = FK_OK;
+    double *m2 = calloc((size_t)d, sizeof(double)), *prms = malloc(sizeof(double) * np);
+    double *tmp = malloc(sizeof(double) * np);
+    int *out = calloc((size_t)d, sizeof(int)), *ch = malloc(sizeof(int) * d);
+    gsl_matrix *C = NULL, *V = NULL;
+    gsl_vector *ev = NULL;
+    gsl_eigen_symmv_workspace *ws = NULL;
+    double *mu = NULL, *lam = NULL, *xx = NULL, *yy = NULL, *lmed = NULL;
+    memset(f, 0, sizeof *f);
+    if (!m2 || !prms || !tmp || !out || !ch) {
+        rc = fk_err(FK_ENOMEM, "synth --fit: out of memory");
+        goto done;
+    }
+    pair_rms(X, n, d, m2, prms, tmp);
+    /* the RMS a pair would have without outliers: the median of its frequency neighbours
+     * (pairs i - OUTLIER_WIN .. i + OUTLIER_WIN but i), so a smooth tilt is not an outlier */
+    lmed = malloc(sizeof(double) * np);
+    if (!lmed) {
+        rc = fk_err(FK_ENOMEM, "synth --fit: out of memory");
+        goto done;
+    }
+    neighbour_median(prms, np, tmp, lmed);
+    int n_out = 0;
+    if (is_key)
+        n_out = mark_outliers(d, prms, lmed, out);
+    int dp = 0;
+    for (int c = 0; c < d; c++)
+        if (!out[c])
+            ch[dp++] = c;
+    mu = calloc((size_t)dp, sizeof(double));
+    C = gsl_matrix_calloc((size_t)dp, (size_t)dp);
+    V = gsl_matrix_alloc((size_t)dp, (size_t)dp);
+    ev = gsl_vector_alloc((size_t)dp);
+    ws = gsl_eigen_symmv_alloc((size_t)dp);
+    lam = malloc(sizeof(double) * dp);
+    xx = malloc(sizeof(double) * (dp > np ? dp : np));
+    yy = malloc(sizeof(double) * (dp > np ? dp : np));
+    if (!mu || !C || !V || !ev || !ws || !lam || !xx || !yy) {
+        rc = fk_err(FK_ENOMEM, "synth --fit: out of memory");
+        goto done;
+    }
+    mean_cov(X, n, d, ch, dp, mu, C);
+    /* per-pair variance (before the eigensolver overwrites C) */
+    double *pvar = tmp; /* reuse [np] */
+    pair_variance(C, ch, dp, d, pvar);
+    if (gsl_eigen_symmv(C, ev, V, ws)) {
+        rc = fk_err(FK_EEXTERNAL, "synth --fit: eigen-decomposition failed");
+        goto done;
+    }
+    gsl_eigen_symmv_sort(ev, V, GSL_EIGEN_SORT_VAL_DESC);
+    double tot = 0;
+    for (int i = 0; i < dp; i++) {
+        lam[i] = gsl_vector_get(ev, (size_t)i) > 0 ? gsl_vector_get(ev, (size_t)i) : 0;
+        tot += lam[i];
+    }
+    for (int i = 0; i < d; i++)
+        spec_out[i] = i < dp && tot > 0 ? lam[i] / tot : 0;
+    double u2;
+    double floor_ = fit_spectrum(lam, dp, n, tot, mu, xx, yy, f, &u2);
+    if (is_key)
+        fit_key_pairs(d, pvar, out, n_out, prms, lmed, floor_, u2, xx, yy, f);
+    int r = (int)f->rank, kd = r < KURT_DIRS ? r : KURT_DIRS;
+    f->kurt = coef_kurtosis(X, d, ch, dp, mu, V, kd, seg, n_seg);
 done:
     free(lmed);
     free(m2);
@@ -537,6 +595,95 @@ static struct fk_synth_profile *profile_alloc(int L, int d)
     return p;
 }
 
+/* Opens the traces paths [n_paths] into tr and checks they share one shape: its layers *L and
+ * head_dim *d; *queries: whether all have queries; *tokens: their tokens in total. */
+static int open_traces(const char *const *paths, int n_paths, struct fk_trace **tr, int *L,
+                       int *d, int *queries, long *tokens)
+{
+    int rc = FK_OK;
+    for (int i = 0; i < n_paths && rc == FK_OK; i++) {
+        rc = fk_trace_open(paths[i], &tr[i]);
+        if (rc)
+            break;
+        const struct fk_trace_info *in = fk_trace_get_info(tr[i]);
+        if (i == 0) {
+            *L = in->n_layers;
+            *d = in->head_dim;
+        }
+        if (in->n_layers != *L || in->head_dim != *d)
+            rc = fk_err(FK_EINVAL, "%s: %d layers, head_dim %d; expected %d and %d as %s "
+                        "(one profile fits traces of one shape)", paths[i], in->n_layers,
+                        in->head_dim, *L, *d, paths[0]);
+        else if (in->n_tokens < 3)
+            rc = fk_err(FK_EINVAL, "%s: %d tokens; expected at least 3", paths[i],
+                        in->n_tokens);
+        else if (*d % 2 || *d > 4096)
+            rc = fk_err(FK_EINVAL, "%s: head_dim %d; expected an even size <= 4096", paths[i],
+                        *d);
+        else if (in->keys_post_rope && !in->has_rope)
+            rc = fk_err(FK_EINVAL, "%s: post-RoPE keys without the RoPE attributes "
+                        "(rope_layout; datasets/README.md): cannot un-rotate them", paths[i]);
+        *queries &= in->has_queries;
+        *tokens += in->n_tokens;
+    }
+    return rc;
+}
+
+/* Fits one layer from its pools pl [H]: adds the heads' mean spectra into sp [2 d] and writes
+ * the knobs k [FK_PROFILE_NKNOBS] (spec [d]: scratch; def: defaults where a trace has none). */
+static int fit_layer(struct pool *pl, int H, int d, int queries,
+                     const struct fk_synth_opts *def, double *spec, double *sp, double *k)
+{
+    int rc = FK_OK;
+    /* every KV head is fitted on its own (each has its own basis, mean and outliers);
+     * the layer's knob is the mean over heads (ranks and outlier pairs rounded) */
+    double acc[FK_PROFILE_NKNOBS] = {0}, kurt = 0, mass = 0, lstd = 0;
+    long n_att = 0;
+    for (int g = 0; rc == FK_OK && g < H; g++) {
+        struct kind_fit fk, fv;
+        rc = fit_kind(pl[g].x[0], pl[g].n[0], d, 1, pl[g].seg[0], pl[g].n_seg[0], &fk,
+                      spec);
+        for (int c = 0; rc == FK_OK && c < d; c++)
+            sp[c] += spec[c] / H;
+        if (rc == FK_OK)
+            rc = fit_kind(pl[g].x[1], pl[g].n[1], d, 0, pl[g].seg[1], pl[g].n_seg[1],
+                          &fv, spec);
+        for (int c = 0; rc == FK_OK && c < d; c++)
+            sp[d + c] += spec[c] / H;
+        if (rc)
+            break;
+        double v[FK_PROFILE_NKNOBS] = {
+            [K_RANK] = fk.rank, [K_DECAY] = fk.decay, [K_NOISE] = fk.noise,
+            [K_MEAN] = fk.mean, [K_TILT] = fk.tilt, [K_OPAIRS] = fk.opairs,
+            [K_OSCALE] = fk.oscale, [V_RANK] = fv.rank, [V_DECAY] = fv.decay,
+            [V_NOISE] = fv.noise, [V_MEAN] = fv.mean,
+            [SINK_K] = pl[g].n_sink ? pl[g].sink_k / pl[g].n_sink : def->sink_key_scale,
+            [SINK_V] = pl[g].n_sink ? pl[g].sink_v / pl[g].n_sink : def->sink_value_scale};
+        for (int j = 0; j < FK_PROFILE_NKNOBS; j++)
+            acc[j] += v[j] / H;
+        kurt += 0.5 * (fk.kurt + fv.kurt) / H;
+        if (pl[g].n_att > 0) {
+            mass += median(pl[g].mass, pl[g].n_att);
+            lstd += median(pl[g].lstd, pl[g].n_att);
+            n_att++;
+        }
+    }
+    if (rc == FK_OK) {
+        memcpy(k, acc, sizeof acc);
+        k[K_RANK] = round(k[K_RANK]);
+        k[V_RANK] = round(k[V_RANK]);
+        k[K_OPAIRS] = round(k[K_OPAIRS]);
+        k[DOF] = kurt > KURT_GAUSS ? 4 + 6 / kurt : 0;
+        if (k[DOF] > 1e6)
+            k[DOF] = 0;
+        k[SINK_MASS] = queries && n_att ? mass / n_att : def->sink_mass;
+        k[LOGIT_STD] = queries && n_att ? lstd / n_att : def->attn_logit_std;
+        if (k[SINK_MASS] > 0.999)
+            k[SINK_MASS] = 0.999;
+    }
+    return rc;
+}
+
 int fk_synth_fit(const char *const *paths, int n_paths, struct fk_synth_profile **out)
 {
     *out = NULL;
@@ -547,31 +694,7 @@ int fk_synth_fit(const char *const *paths, int n_paths, struct fk_synth_profile 
         return fk_err(FK_ENOMEM, "synth --fit: out of memory");
     int rc = FK_OK, L = 0, d = 0, queries = 1;
     long tokens = 0;
-    for (int i = 0; i < n_paths && rc == FK_OK; i++) {
-        rc = fk_trace_open(paths[i], &tr[i]);
-        if (rc)
-            break;
-        const struct fk_trace_info *in = fk_trace_get_info(tr[i]);
-        if (i == 0) {
-            L = in->n_layers;
-            d = in->head_dim;
-        }
-        if (in->n_layers != L || in->head_dim != d)
-            rc = fk_err(FK_EINVAL, "%s: %d layers, head_dim %d; expected %d and %d as %s "
-                        "(one profile fits traces of one shape)", paths[i], in->n_layers,
-                        in->head_dim, L, d, paths[0]);
-        else if (in->n_tokens < 3)
-            rc = fk_err(FK_EINVAL, "%s: %d tokens; expected at least 3", paths[i],
-                        in->n_tokens);
-        else if (d % 2 || d > 4096)
-            rc = fk_err(FK_EINVAL, "%s: head_dim %d; expected an even size <= 4096", paths[i],
-                        d);
-        else if (in->keys_post_rope && !in->has_rope)
-            rc = fk_err(FK_EINVAL, "%s: post-RoPE keys without the RoPE attributes "
-                        "(rope_layout; datasets/README.md): cannot un-rotate them", paths[i]);
-        queries &= in->has_queries;
-        tokens += in->n_tokens;
-    }
+    rc = open_traces(paths, n_paths, tr, &L, &d, &queries, &tokens);
     struct fk_synth_profile *p = rc == FK_OK ? profile_alloc(L, d) : NULL;
     if (rc == FK_OK && !p)
         rc = fk_err(FK_ENOMEM, "synth --fit: out of memory");
@@ -597,54 +720,9 @@ int fk_synth_fit(const char *const *paths, int n_paths, struct fk_synth_profile 
     for (int l = 0; rc == FK_OK && l < L; l++) {
         for (int i = 0; i < n_paths && rc == FK_OK; i++)
             rc = pool_trace(tr[i], l, pl);
-        /* every KV head is fitted on its own (each has its own basis, mean and outliers);
-         * the layer's knob is the mean over heads (ranks and outlier pairs rounded) */
-        double acc[FK_PROFILE_NKNOBS] = {0}, kurt = 0, mass = 0, lstd = 0;
-        double *sp = p ? p->spectrum + (size_t)l * 2 * d : NULL;
-        long n_att = 0;
-        for (int g = 0; rc == FK_OK && g < H; g++) {
-            struct kind_fit fk, fv;
-            rc = fit_kind(pl[g].x[0], pl[g].n[0], d, 1, pl[g].seg[0], pl[g].n_seg[0], &fk,
-                          spec);
-            for (int c = 0; rc == FK_OK && c < d; c++)
-                sp[c] += spec[c] / H;
-            if (rc == FK_OK)
-                rc = fit_kind(pl[g].x[1], pl[g].n[1], d, 0, pl[g].seg[1], pl[g].n_seg[1],
-                              &fv, spec);
-            for (int c = 0; rc == FK_OK && c < d; c++)
-                sp[d + c] += spec[c] / H;
-            if (rc)
-                break;
-            double v[FK_PROFILE_NKNOBS] = {
-                [K_RANK] = fk.rank, [K_DECAY] = fk.decay, [K_NOISE] = fk.noise,
-                [K_MEAN] = fk.mean, [K_TILT] = fk.tilt, [K_OPAIRS] = fk.opairs,
-                [K_OSCALE] = fk.oscale, [V_RANK] = fv.rank, [V_DECAY] = fv.decay,
-                [V_NOISE] = fv.noise, [V_MEAN] = fv.mean,
-                [SINK_K] = pl[g].n_sink ? pl[g].sink_k / pl[g].n_sink : def.sink_key_scale,
-                [SINK_V] = pl[g].n_sink ? pl[g].sink_v / pl[g].n_sink : def.sink_value_scale};
-            for (int k = 0; k < FK_PROFILE_NKNOBS; k++)
-                acc[k] += v[k] / H;
-            kurt += 0.5 * (fk.kurt + fv.kurt) / H;
-            if (pl[g].n_att > 0) {
-                mass += median(pl[g].mass, pl[g].n_att);
-                lstd += median(pl[g].lstd, pl[g].n_att);
-                n_att++;
-            }
-        }
-        if (rc == FK_OK) {
-            double *k = p->knob + (size_t)l * FK_PROFILE_NKNOBS;
-            memcpy(k, acc, sizeof acc);
-            k[K_RANK] = round(k[K_RANK]);
-            k[V_RANK] = round(k[V_RANK]);
-            k[K_OPAIRS] = round(k[K_OPAIRS]);
-            k[DOF] = kurt > KURT_GAUSS ? 4 + 6 / kurt : 0;
-            if (k[DOF] > 1e6)
-                k[DOF] = 0;
-            k[SINK_MASS] = queries && n_att ? mass / n_att : def.sink_mass;
-            k[LOGIT_STD] = queries && n_att ? lstd / n_att : def.attn_logit_std;
-            if (k[SINK_MASS] > 0.999)
-                k[SINK_MASS] = 0.999;
-        }
+        if (rc == FK_OK)
+            rc = fit_layer(pl, H, d, queries, &def, spec, p->spectrum + (size_t)l * 2 * d,
+                           p->knob + (size_t)l * FK_PROFILE_NKNOBS);
         for (int g = 0; pl && g < H; g++)
             pool_free(&pl[g]);
         if (rc)
