@@ -302,87 +302,79 @@ static int plot_general(const char *res, const struct fk_plot_general *g, const 
     return failed;
 }
 
-int fk_cli_plot(int argc, char **argv)
-{
-    const char *res = NULL, *out = NULL, *baseline = NULL;
-    char dbase[128];
+/* What plot's arguments name besides the figure options (struct fk_plot_general). */
+struct plot_args {
+    const char *res, *out, *baseline;
     const char *fmts[8];
-    int n_fmt = 0;
-    static const char *where[64];
-    struct fk_plot_general g = {.where = where};
-    char hx[128] = "", hy[128] = "";
+    int n_fmt;
+    char hx[128], hy[128];       /* --heatmap X,Y: g->heat_x, heat_y point here */
+};
+
+/* Reads plot's arguments into pa and g (where: g's filters); -1 to go on, else the exit code. */
+static int parse_plot_args(int argc, char **argv, struct plot_args *pa,
+                           struct fk_plot_general *g, const char **where)
+{
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
             plot_usage(stdout);
             return 0;
         } else if (!strcmp(a, "--x") && i + 1 < argc) {
-            g.x = argv[++i];
+            g->x = argv[++i];
         } else if ((!strcmp(a, "--y") || !strcmp(a, "--z")) && i + 1 < argc) {
-            g.y = argv[++i];
+            g->y = argv[++i];
         } else if (!strcmp(a, "--by") && i + 1 < argc) {
-            g.by = argv[++i];
+            g->by = argv[++i];
         } else if (!strcmp(a, "--dataset") && i + 1 < argc) {
-            g.dataset = argv[++i];
+            g->dataset = argv[++i];
         } else if (!strcmp(a, "--codec") && i + 1 < argc) {
-            g.codec = argv[++i];
+            g->codec = argv[++i];
         } else if (!strcmp(a, "--where") && i + 1 < argc) {
-            if (g.n_where == 64) {
+            if (g->n_where == 64) {
                 fprintf(stderr, "fadkv-bench plot: --where: at most 64 filters\n");
                 return 2;
             }
-            where[g.n_where++] = argv[++i];
+            where[g->n_where++] = argv[++i];
         } else if (!strcmp(a, "--heatmap") && i + 1 < argc) {
             const char *v = argv[++i], *c = strchr(v, ',');
-            if (!c || c == v || !c[1] || strchr(c + 1, ',') || (size_t)(c - v) >= sizeof hx ||
-                strlen(c + 1) >= sizeof hy) {
+            if (!c || c == v || !c[1] || strchr(c + 1, ',') ||
+                (size_t)(c - v) >= sizeof pa->hx || strlen(c + 1) >= sizeof pa->hy) {
                 fprintf(stderr, "fadkv-bench plot: --heatmap %s: expected two options X,Y "
                                 "(e.g. --heatmap s,n)\n", v);
                 return 2;
             }
-            snprintf(hx, sizeof hx, "%.*s", (int)(c - v), v);
-            snprintf(hy, sizeof hy, "%s", c + 1);
-            g.heat_x = hx;
-            g.heat_y = hy;
+            snprintf(pa->hx, sizeof pa->hx, "%.*s", (int)(c - v), v);
+            snprintf(pa->hy, sizeof pa->hy, "%s", c + 1);
+            g->heat_x = pa->hx;
+            g->heat_y = pa->hy;
         } else if (!strcmp(a, "--cost-baseline") && i + 1 < argc) {
-            baseline = argv[++i];
+            pa->baseline = argv[++i];
         } else if (!strcmp(a, "--out") && i + 1 < argc) {
-            out = argv[++i];
+            pa->out = argv[++i];
         } else if (!strcmp(a, "--format") && i + 1 < argc) {
             const char *f = argv[++i];
             if (strcmp(f, "png") && strcmp(f, "pdf") && strcmp(f, "svg")) {
                 fprintf(stderr, "fadkv-bench plot: --format %s: expected png, pdf or svg\n", f);
                 return 2;
             }
-            if (n_fmt < 8)
-                fmts[n_fmt++] = f;
-        } else if (a[0] == '-' || res) {
+            if (pa->n_fmt < 8)
+                pa->fmts[pa->n_fmt++] = f;
+        } else if (a[0] == '-' || pa->res) {
             fprintf(stderr, "fadkv-bench plot: unexpected argument '%s'\n", a);
             plot_usage(stderr);
             return 2;
         } else {
-            res = a;
+            pa->res = a;
         }
     }
-    if (!res) {
-        plot_usage(stderr);
-        return 2;
-    }
-    if (!n_fmt) {
-        fmts[n_fmt++] = "png";
-        fmts[n_fmt++] = "pdf";
-    }
-    if (g.x && g.heat_x) {
-        fprintf(stderr, "fadkv-bench plot: --x and --heatmap: one figure at a time\n");
-        return 2;
-    }
-    if (g.x || g.heat_x)
-        return plot_general(res, &g, out, fmts, n_fmt);
-    if (g.y || g.by || g.dataset || g.codec || g.n_where) {
-        fprintf(stderr, "fadkv-bench plot: --y, --z, --by, --dataset, --codec and --where "
-                        "need --x OPTION or --heatmap X,Y\n");
-        return 2;
-    }
+    return -1;
+}
+
+/* The figures, tables and report of a whole results directory (plot without --x/--heatmap). */
+static int plot_all(const char *res, const char *out, const char *baseline,
+                    const char *const *fmts, int n_fmt)
+{
+    char dbase[128];
     char outbuf[PATH_MAX];
     if (!out) {
         snprintf(outbuf, sizeof outbuf, "%s/figures", res);
@@ -438,4 +430,37 @@ int fk_cli_plot(int argc, char **argv)
            skipped, failed, fk_wall_s() - t0);
     fk_plotdata_free(&set);
     return failed || !have_gp ? 1 : 0;
+}
+
+int fk_cli_plot(int argc, char **argv)
+{
+    static const char *where[64];
+    struct fk_plot_general g = {.where = where};
+    struct plot_args pa = {.res = NULL};
+    int rc = parse_plot_args(argc, argv, &pa, &g, where);
+    if (rc >= 0)
+        return rc;
+    const char *res = pa.res, *out = pa.out, *baseline = pa.baseline;
+    const char **fmts = pa.fmts;
+    int n_fmt = pa.n_fmt;
+    if (!res) {
+        plot_usage(stderr);
+        return 2;
+    }
+    if (!n_fmt) {
+        fmts[n_fmt++] = "png";
+        fmts[n_fmt++] = "pdf";
+    }
+    if (g.x && g.heat_x) {
+        fprintf(stderr, "fadkv-bench plot: --x and --heatmap: one figure at a time\n");
+        return 2;
+    }
+    if (g.x || g.heat_x)
+        return plot_general(res, &g, out, fmts, n_fmt);
+    if (g.y || g.by || g.dataset || g.codec || g.n_where) {
+        fprintf(stderr, "fadkv-bench plot: --y, --z, --by, --dataset, --codec and --where "
+                        "need --x OPTION or --heatmap X,Y\n");
+        return 2;
+    }
+    return plot_all(res, out, baseline, fmts, n_fmt);
 }

@@ -388,6 +388,121 @@ static void rule_options(struct cx *cx, const struct fk_codec_ops *ops)
 
 /* ---- errors, zero vectors, codes ------------------------------------------------------ */
 
+/* One row's flags and reported errors: a zero row is flagged, exact and (under SLIDE) comes
+ * back as zero; any other row reports the error its reconstructions have. */
+static void check_row_flags(struct cx *cx, const struct fk_conf_run *r, int i, int h, int t,
+                            int m, const float *xh, double xx, double err, int zero_back,
+                            int final_err)
+{
+    int sparse = (r->ops->caps & FK_CAP_SPARSE) != 0;
+    const struct fk_vec_out *o = &r->out[i];
+    if (xx == 0) {
+        REQUIRE(o->flags & FK_VEC_ZERO, "row (head %d, token %d) is a zero vector but its "
+                "outcome lacks FK_VEC_ZERO", h, t);
+        REQUIRE(!(o->flags & FK_VEC_ADAPTED), "zero row (head %d, token %d) is flagged "
+                "adapted", h, t);
+        REQUIRE(o->err == 0 && o->err_enc == 0, "zero row (head %d, token %d) reports err "
+                "%g and err_enc %g; expected 0", h, t, o->err, o->err_enc);
+        for (int c = 0; zero_back && c < m; c++)
+            REQUIRE(xh[c] == 0, "zero row (head %d, token %d) reconstructs %g at "
+                    "coordinate %d; expected 0", h, t, xh[c], c);
+        if (sparse)
+            REQUIRE(o->nnz == 0, "zero row (head %d, token %d) stores %d atoms; expected 0",
+                    h, t, o->nnz);
+    } else {
+        REQUIRE(!(o->flags & FK_VEC_ZERO), "row (head %d, token %d) is not zero but is "
+                "flagged FK_VEC_ZERO", h, t);
+        REQUIRE(fabs(r->err_commit[i] - o->err) <= 1e-5,
+                "row (head %d, token %d): encode() reported err %.8f, but the row "
+                "reconstruct() returned right after its event has relative error %.8f",
+                h, t, o->err, r->err_commit[i]);
+        REQUIRE(!final_err || fabs(err - o->err) <= 1e-5,
+                "row (head %d, token %d): encode() reported err %.8f, but the row "
+                "reconstruct() returns at the end of the stream has relative error %.8f",
+                h, t, o->err, err);
+        REQUIRE(isfinite(o->err_enc) && o->err_enc >= 0, "row (head %d, token %d): "
+                "err_enc %g is not a finite non-negative error", h, t, o->err_enc);
+    }
+}
+
+/* A sparse row's stored code: its atoms exist, its coefficients are `coef` values and it
+ * sums to what reconstruct() gives (xs: scratch of m floats); returns its nnz. */
+static int check_sparse_code(struct cx *cx, const struct fk_conf_run *r,
+                             const struct fk_vec_out *o, int h, int t, int m, const float *xh,
+                             float *xs, int s_max, const float *A, int n_atoms,
+                             const struct fk_common_opts *co)
+{
+    const struct fk_codec_ops *ops = r->ops;
+    int nnz = -1;
+    const int32_t *idx = NULL;
+    const float *coef = NULL;
+    REQ_OK(ops->sparse_row(r->st, h, t, &nnz, &idx, &coef), "sparse_row(head %d, token "
+           "%d)", h, t);
+    REQUIRE(nnz == o->nnz, "row (head %d, token %d) stores %d atoms; encode() reported %d",
+            h, t, nnz, o->nnz);
+    REQUIRE(nnz >= 0 && nnz <= s_max, "row (head %d, token %d) has nnz %d; expected at "
+            "most s = %d", h, t, nnz, s_max);
+    /* stored coefficients are what the `coef` format holds (bytes are billed for it) */
+    for (int k = 0; k < nnz; k++) {
+        float q = co->coef == FK_COEF_FP8    ? fk_fp8_decode(fk_fp8_encode(coef[k], NULL))
+                  : co->coef == FK_COEF_FP16 ? fk_fp16_decode(fk_fp16_encode(coef[k]))
+                                             : coef[k];
+        REQUIRE(q == coef[k], "row (head %d, token %d): coefficient %d = %.9g is not a %s "
+                "value", h, t, k, coef[k], fk_coef_names[co->coef]);
+    }
+    /* the reconstruction is sum coef_i d_idx_i over the current atoms */
+    memset(xs, 0, sizeof(float) * (size_t)m);
+    for (int k = 0; k < nnz; k++) {
+        REQUIRE(idx[k] >= 0 && idx[k] < n_atoms, "row (head %d, token %d) names atom %d; "
+                "the codec has %d", h, t, idx[k], n_atoms);
+        for (int c = 0; c < m; c++)
+            xs[c] += coef[k] * A[(size_t)idx[k] * m + c];
+    }
+    for (int c = 0; c < m; c++)
+        REQUIRE(fabsf(xs[c] - xh[c]) <= 1e-5f * (1 + fabsf(xh[c])),
+                "row (head %d, token %d): reconstruct() gives %g at coordinate %d, its "
+                "sparse code sums to %g", h, t, xh[c], c, xs[c]);
+    return nnz;
+}
+
+/* The stream's stats against the sums over its rows (bytes, coefficients, adaptations). */
+static void check_stream_totals(struct cx *cx, const struct fk_conf_run *r,
+                                const struct fk_stream_stats *st, int m, int H,
+                                uint64_t zeros, uint64_t nnz_sum, uint64_t adapted,
+                                double bytes, double row_bytes)
+{
+    const struct fk_codec_ops *ops = r->ops;
+    int sparse = (ops->caps & FK_CAP_SPARSE) != 0, exact = (ops->caps & FK_CAP_EXACT) != 0;
+    int dict = (ops->caps & FK_CAP_DICT) != 0;
+    REQUIRE(zeros > 0, "internal: the stream has no zero vector");
+    if (sparse)
+        REQUIRE(st->uses_total == nnz_sum, "stats: uses_total %llu, but the stored codes hold "
+                "%llu coefficients", (unsigned long long)st->uses_total,
+                (unsigned long long)nnz_sum);
+    if (dict) /* the dictionary codecs' formula (spec 10.6) */
+        REQUIRE(st->bytes_codes == bytes, "stats: bytes_codes %.0f; the stored codes cost %.0f "
+                "(nnz x (coefficient + 2 index bytes) + ptr_bytes per row)", st->bytes_codes,
+                bytes);
+    /* a static codec's rows are encoded ahead of their eviction: the engine sums the bytes
+     * of the compressed ones from what each row reported */
+    if (ops->caps & FK_CAP_STATIC)
+        REQUIRE(fabs(row_bytes - st->bytes_codes) <= 1e-6 * st->bytes_codes,
+                "its rows report %.1f bytes in all, stats' bytes_codes is %.1f (a FK_CAP_STATIC "
+                "codec's rows must sum to it)", row_bytes, st->bytes_codes);
+    if (exact)
+        REQUIRE(st->bytes_codes == 2.0 * m * r->n_tok * H, "exact rows cost %.0f bytes, not the "
+                "fp16 reference's %.0f", st->bytes_codes, 2.0 * m * r->n_tok * H);
+    REQUIRE(adapted == st->appends + st->replacements, "%llu vectors are flagged adapted, but "
+            "stats count appends + replacements = %llu", (unsigned long long)adapted,
+            (unsigned long long)(st->appends + st->replacements));
+    if (ops->caps & FK_CAP_ADAPTS)
+        REQUIRE(adapted > 0, "the codec declares FK_CAP_ADAPTS but never adapted on a stream "
+                "with 40%% novel vectors");
+    else
+        REQUIRE(adapted == 0, "%llu vectors are flagged adapted, but the codec does not "
+                "declare FK_CAP_ADAPTS", (unsigned long long)adapted);
+}
+
 /* Rows handed over in blocks (BLOCK, BLOCK_ALL) may be coded together, as KIVI's keys
  * per channel: a zero row is flagged but need not come back as zero. Under BLOCK_ALL
  * (Hugging Face's QuantizedCache) every flush may quantise the stored rows again: a vector
@@ -399,7 +514,6 @@ static void check_stream_outcome(struct cx *cx, const struct fk_conf_run *r,
     const struct fk_codec_ops *ops = r->ops;
     int m = s->m, H = s->H;
     int sparse = (ops->caps & FK_CAP_SPARSE) != 0, exact = (ops->caps & FK_CAP_EXACT) != 0;
-    int dict = (ops->caps & FK_CAP_DICT) != 0;
     int zero_back = r->rule == FK_BUF_SLIDE, final_err = r->rule != FK_BUF_BLOCK_ALL;
     struct fk_stream_stats st = stats_of(r);
     float *xh = cx_alloc(cx, sizeof(float) * (size_t)m);
@@ -426,34 +540,9 @@ static void check_stream_outcome(struct cx *cx, const struct fk_conf_run *r,
                     "(%g) at coordinate %d", h, t, xh[c], c);
         if (o->flags & FK_VEC_ADAPTED)
             adapted++;
-        if (xx == 0) {
+        if (xx == 0)
             zeros++;
-            REQUIRE(o->flags & FK_VEC_ZERO, "row (head %d, token %d) is a zero vector but its "
-                    "outcome lacks FK_VEC_ZERO", h, t);
-            REQUIRE(!(o->flags & FK_VEC_ADAPTED), "zero row (head %d, token %d) is flagged "
-                    "adapted", h, t);
-            REQUIRE(o->err == 0 && o->err_enc == 0, "zero row (head %d, token %d) reports err "
-                    "%g and err_enc %g; expected 0", h, t, o->err, o->err_enc);
-            for (int c = 0; zero_back && c < m; c++)
-                REQUIRE(xh[c] == 0, "zero row (head %d, token %d) reconstructs %g at "
-                        "coordinate %d; expected 0", h, t, xh[c], c);
-            if (sparse)
-                REQUIRE(o->nnz == 0, "zero row (head %d, token %d) stores %d atoms; expected 0",
-                        h, t, o->nnz);
-        } else {
-            REQUIRE(!(o->flags & FK_VEC_ZERO), "row (head %d, token %d) is not zero but is "
-                    "flagged FK_VEC_ZERO", h, t);
-            REQUIRE(fabs(r->err_commit[i] - o->err) <= 1e-5,
-                    "row (head %d, token %d): encode() reported err %.8f, but the row "
-                    "reconstruct() returned right after its event has relative error %.8f",
-                    h, t, o->err, r->err_commit[i]);
-            REQUIRE(!final_err || fabs(err - o->err) <= 1e-5,
-                    "row (head %d, token %d): encode() reported err %.8f, but the row "
-                    "reconstruct() returns at the end of the stream has relative error %.8f",
-                    h, t, o->err, err);
-            REQUIRE(isfinite(o->err_enc) && o->err_enc >= 0, "row (head %d, token %d): "
-                    "err_enc %g is not a finite non-negative error", h, t, o->err_enc);
-        }
+        check_row_flags(cx, r, i, h, t, m, xh, xx, err, zero_back, final_err);
         if (exact)
             REQUIRE(!memcmp(xh, x, sizeof(float) * (size_t)m) && o->err == 0 &&
                         o->err_enc == 0,
@@ -466,65 +555,11 @@ static void check_stream_outcome(struct cx *cx, const struct fk_conf_run *r,
                     t, o->nnz, m);
             continue;
         }
-        int nnz = -1;
-        const int32_t *idx = NULL;
-        const float *coef = NULL;
-        REQ_OK(ops->sparse_row(r->st, h, t, &nnz, &idx, &coef), "sparse_row(head %d, token "
-               "%d)", h, t);
-        REQUIRE(nnz == o->nnz, "row (head %d, token %d) stores %d atoms; encode() reported %d",
-                h, t, nnz, o->nnz);
-        REQUIRE(nnz >= 0 && nnz <= s_max, "row (head %d, token %d) has nnz %d; expected at "
-                "most s = %d", h, t, nnz, s_max);
-        /* stored coefficients are what the `coef` format holds (bytes are billed for it) */
-        for (int k = 0; k < nnz; k++) {
-            float q = co->coef == FK_COEF_FP8    ? fk_fp8_decode(fk_fp8_encode(coef[k], NULL))
-                      : co->coef == FK_COEF_FP16 ? fk_fp16_decode(fk_fp16_encode(coef[k]))
-                                                 : coef[k];
-            REQUIRE(q == coef[k], "row (head %d, token %d): coefficient %d = %.9g is not a %s "
-                    "value", h, t, k, coef[k], fk_coef_names[co->coef]);
-        }
-        /* the reconstruction is sum coef_i d_idx_i over the current atoms */
-        memset(xs, 0, sizeof(float) * (size_t)m);
-        for (int k = 0; k < nnz; k++) {
-            REQUIRE(idx[k] >= 0 && idx[k] < n_atoms, "row (head %d, token %d) names atom %d; "
-                    "the codec has %d", h, t, idx[k], n_atoms);
-            for (int c = 0; c < m; c++)
-                xs[c] += coef[k] * A[(size_t)idx[k] * m + c];
-        }
-        for (int c = 0; c < m; c++)
-            REQUIRE(fabsf(xs[c] - xh[c]) <= 1e-5f * (1 + fabsf(xh[c])),
-                    "row (head %d, token %d): reconstruct() gives %g at coordinate %d, its "
-                    "sparse code sums to %g", h, t, xh[c], c, xs[c]);
+        int nnz = check_sparse_code(cx, r, o, h, t, m, xh, xs, s_max, A, n_atoms, co);
         nnz_sum += (uint64_t)nnz;
         bytes += nnz * (b_val + 2) + b_ptr;
     }
-    REQUIRE(zeros > 0, "internal: the stream has no zero vector");
-    if (sparse)
-        REQUIRE(st.uses_total == nnz_sum, "stats: uses_total %llu, but the stored codes hold "
-                "%llu coefficients", (unsigned long long)st.uses_total,
-                (unsigned long long)nnz_sum);
-    if (dict) /* the dictionary codecs' formula (spec 10.6) */
-        REQUIRE(st.bytes_codes == bytes, "stats: bytes_codes %.0f; the stored codes cost %.0f "
-                "(nnz x (coefficient + 2 index bytes) + ptr_bytes per row)", st.bytes_codes,
-                bytes);
-    /* a static codec's rows are encoded ahead of their eviction: the engine sums the bytes
-     * of the compressed ones from what each row reported */
-    if (ops->caps & FK_CAP_STATIC)
-        REQUIRE(fabs(row_bytes - st.bytes_codes) <= 1e-6 * st.bytes_codes,
-                "its rows report %.1f bytes in all, stats' bytes_codes is %.1f (a FK_CAP_STATIC "
-                "codec's rows must sum to it)", row_bytes, st.bytes_codes);
-    if (exact)
-        REQUIRE(st.bytes_codes == 2.0 * m * r->n_tok * H, "exact rows cost %.0f bytes, not the "
-                "fp16 reference's %.0f", st.bytes_codes, 2.0 * m * r->n_tok * H);
-    REQUIRE(adapted == st.appends + st.replacements, "%llu vectors are flagged adapted, but "
-            "stats count appends + replacements = %llu", (unsigned long long)adapted,
-            (unsigned long long)(st.appends + st.replacements));
-    if (ops->caps & FK_CAP_ADAPTS)
-        REQUIRE(adapted > 0, "the codec declares FK_CAP_ADAPTS but never adapted on a stream "
-                "with 40%% novel vectors");
-    else
-        REQUIRE(adapted == 0, "%llu vectors are flagged adapted, but the codec does not "
-                "declare FK_CAP_ADAPTS", (unsigned long long)adapted);
+    check_stream_totals(cx, r, &st, m, H, zeros, nnz_sum, adapted, bytes, row_bytes);
 }
 
 int fk_conf_check_outcome(const struct fk_conf_run *r, const struct fk_conf_stream *s,

@@ -450,39 +450,11 @@ struct line {
     int key_row;                 /* first cell: its group columns define the line */
 };
 
-static int line_plot(struct sel *q, const char *stem, const struct fk_plot_general *g,
-                     struct fk_plot_gen_out *o)
+/* The columns that define a line (gcols: room for 512): by, then every other column that
+ * varies (x excluded); returns their number. */
+static int group_cols(struct sel *q, int xcol, int bycol, int *gcols)
 {
-    int xcol = opt_col(q, g->x), bycol = g->by ? opt_col(q, g->by) : q->fs->c_codec;
-    char opts[4096], vary[4096];
-    list_options(q, opts, sizeof opts);
-    if (xcol < 0 || xcol == q->fs->c_codec)
-        return fk_err(FK_EINVAL, "--x %s: not an option of %s (options: %s)", g->x,
-                      q->fs->dir, opts);
-    if (bycol < 0)
-        return fk_err(FK_EINVAL, "--by %s: not an option of %s (options: %s)", g->by,
-                      q->fs->dir, opts);
-    if (bycol == xcol)
-        return fk_err(FK_EINVAL, "--by %s: the same option as --x", g->by);
-    int scol, ccol;
-    FK_TRY(metric_cols(q, "--y", g->y, &scol, &ccol));
-    /* the cells that have the x option */
-    int nk = 0;
-    for (int i = 0; i < q->n; i++)
-        if (field(q, q->rows[i], xcol)[0])
-            q->rows[nk++] = q->rows[i];
-    int dropped = q->n - nk;
-    q->n = nk;
-    struct values xs;
-    FK_TRY(values_of(q, q->rows, q->n, xcol, &xs));
-    if (xs.n < 2) {
-        list_varying(q, q->rows, q->n, -1, -1, vary, sizeof vary);
-        return fk_err(FK_EINVAL, "--x %s: %s among the %d selected cell(s) having it: nothing "
-                      "to draw against (options that vary: %s)", g->x,
-                      xs.n ? "one value" : "no value", q->n, vary);
-    }
-    /* group columns: by, then every other column that varies (x excluded) */
-    int gcols[512], ng = 0;
+    int ng = 0;
     gcols[ng++] = bycol;
     int cand[512], ncand = 0;
     cand[ncand++] = q->fs->c_codec;
@@ -497,9 +469,18 @@ static int line_plot(struct sel *q, const char *stem, const struct fk_plot_gener
         if (vs.n >= 2)
             gcols[ng++] = cand[k];
     }
-    /* lines: distinct group values, sorted by the by value (numbers ascending) */
+    return ng;
+}
+
+/* The lines: distinct values of the group columns, sorted by the by value (numbers
+ * ascending); *lnp is NULL when out of memory, else set (with *nlp) even on an error. */
+static int collect_lines(struct sel *q, const struct fk_plot_general *g, int bycol,
+                         const int *gcols, int ng, struct line **lnp, int *nlp)
+{
     struct line *ln = calloc(MAX_VALUES, sizeof *ln);
     int nl = 0, rc = FK_OK;
+    *lnp = ln;
+    *nlp = 0;
     if (!ln)
         return fk_err(FK_ENOMEM, "out of memory");
     for (int i = 0; i < q->n && rc == FK_OK; i++) {
@@ -538,8 +519,147 @@ static int line_plot(struct sel *q, const char *stem, const struct fk_plot_gener
             ln[b] = ln[b - 1];
             ln[b - 1] = t;
         }
+    *nlp = nl;
+    return rc;
+}
+
+/* A line's title: its group values (the codec by its display name), as "OPTION=VALUE". */
+static void line_title(struct sel *q, int key_row, const int *gcols, int ng, char *title,
+                       size_t cap)
+{
+    size_t tl = 0;
+    title[0] = 0;
+    for (int k = 0; k < ng && tl + 1 < cap; k++) {
+        const char *v = field(q, key_row, gcols[k]);
+        if (!v[0])
+            continue;
+        if (gcols[k] == q->fs->c_codec)
+            tl += (size_t)snprintf(title + tl, cap - tl, "%s%s", tl ? " " : "",
+                                   display(q, v));
+        else
+            tl += (size_t)snprintf(title + tl, cap - tl, "%s%s=%s", tl ? " " : "",
+                                   q->t->head[gcols[k]], v);
+    }
+}
+
+/* The counts over a line plot's points, for its subtitle and summary. */
+struct line_counts {
+    int n_ci, n_sq, n_pts, max_seq, min_seq;
+};
+
+/* Line l's points, one per x value it has: to d (the .dat block) and, for a point without
+ * an interval, its sequences to sq; counted in c. */
+static int line_points(struct sel *q, const struct line *ln, int l, const struct values *xs,
+                       int xcol, int scol, int ccol, int style, struct fk_sb *d,
+                       struct fk_sb *sq, struct line_counts *c)
+{
+    int rc = FK_OK;
+    for (int xi = 0; xi < xs->n && rc == FK_OK; xi++) {
+        int *pc = malloc(sizeof(int) * (size_t)ln->n), np = 0;
+        if (!pc) {
+            rc = fk_err(FK_ENOMEM, "out of memory");
+            break;
+        }
+        for (int i = 0; i < ln->n; i++)
+            if (same_value(field(q, ln->cells[i], xcol), xs->v[xi]))
+                pc[np++] = ln->cells[i];
+        struct point p;
+        rc = np ? point_of(q, pc, np, scol, ccol, &p) : FK_OK;
+        free(pc);
+        if (rc < 0 || !np)
+            continue;
+        double xpos = xs->numeric ? strtod(xs->v[xi], NULL) : xi;
+        fk_sb_printf(d, "\"%s\"", xs->v[xi]);
+        num(d, xpos);
+        num(d, p.mean);
+        num(d, p.lo);
+        num(d, p.hi);
+        fk_sb_printf(d, " %d %d %d\n", p.n_seq, p.n_cells, style);
+        c->n_pts++;
+        c->n_ci += isfinite(p.lo);
+        if (scol >= 0) {
+            c->max_seq = p.n_seq > c->max_seq ? p.n_seq : c->max_seq;
+            c->min_seq = p.n_seq < c->min_seq ? p.n_seq : c->min_seq;
+        }
+        for (int t = 0; !isfinite(p.lo) && t < p.n_seq; t++) {
+            num(sq, xpos);
+            num(sq, p.seq[t]);
+            fk_sb_printf(sq, " %d %d\n", style, l + 1);
+            c->n_sq++;
+        }
+        free(p.seq);
+    }
+    return rc;
+}
+
+/* The line plot's subtitle: the selection, the cells and what a point is. */
+static void line_subtitle(struct sel *q, const struct fk_plot_general *g, int scol,
+                          const struct line_counts *c, int dropped, char *sub, size_t cap)
+{
+    char st[600], ns[64];
+    sel_text(q, g, st, sizeof st);
+    if (c->min_seq == c->max_seq)
+        snprintf(ns, sizeof ns, "%d", c->min_seq);
+    else
+        snprintf(ns, sizeof ns, "%d-%d", c->min_seq, c->max_seq);
+    if (scol < 0)
+        snprintf(sub, cap, "%s%s%d cells; cells.csv value, mean over repeats", st,
+                 st[0] ? "; " : "", q->n);
+    else if (c->n_ci == c->n_pts)
+        snprintf(sub, cap, "%s%s%d cells; mean, 95%% bootstrap interval over %s "
+                 "sequences", st, st[0] ? "; " : "", q->n, ns);
+    else
+        snprintf(sub, cap, "%s%s%d cells; mean over %s sequences (circles: %s; an "
+                 "interval needs >= %d)", st, st[0] ? "; " : "", q->n, ns,
+                 c->n_ci ? "each, where fewer" : "each", FK_CI_MIN_SEQ);
+    if (dropped) {
+        size_t n = strlen(sub);
+        snprintf(sub + n, cap - n, "; %d without %s", dropped, g->x);
+    }
+}
+
+static int line_plot(struct sel *q, const char *stem, const struct fk_plot_general *g,
+                     struct fk_plot_gen_out *o)
+{
+    int xcol = opt_col(q, g->x), bycol = g->by ? opt_col(q, g->by) : q->fs->c_codec;
+    char opts[4096], vary[4096];
+    list_options(q, opts, sizeof opts);
+    if (xcol < 0 || xcol == q->fs->c_codec)
+        return fk_err(FK_EINVAL, "--x %s: not an option of %s (options: %s)", g->x,
+                      q->fs->dir, opts);
+    if (bycol < 0)
+        return fk_err(FK_EINVAL, "--by %s: not an option of %s (options: %s)", g->by,
+                      q->fs->dir, opts);
+    if (bycol == xcol)
+        return fk_err(FK_EINVAL, "--by %s: the same option as --x", g->by);
+    int scol, ccol;
+    FK_TRY(metric_cols(q, "--y", g->y, &scol, &ccol));
+    /* the cells that have the x option */
+    int nk = 0;
+    for (int i = 0; i < q->n; i++)
+        if (field(q, q->rows[i], xcol)[0])
+            q->rows[nk++] = q->rows[i];
+    int dropped = q->n - nk;
+    q->n = nk;
+    struct values xs;
+    FK_TRY(values_of(q, q->rows, q->n, xcol, &xs));
+    if (xs.n < 2) {
+        list_varying(q, q->rows, q->n, -1, -1, vary, sizeof vary);
+        return fk_err(FK_EINVAL, "--x %s: %s among the %d selected cell(s) having it: nothing "
+                      "to draw against (options that vary: %s)", g->x,
+                      xs.n ? "one value" : "no value", q->n, vary);
+    }
+    /* group columns: by, then every other column that varies (x excluded) */
+    int gcols[512], ng = group_cols(q, xcol, bycol, gcols);
+    FK_TRY(ng);
+    /* lines: distinct group values, sorted by the by value (numbers ascending) */
+    struct line *ln;
+    int nl, rc = collect_lines(q, g, bycol, gcols, ng, &ln, &nl);
+    if (!ln)
+        return rc;
     struct fk_sb d = {0}, sq = {0};
-    int n_ci = 0, n_sq = 0, n_pts = 0, max_seq = 0, min_seq = 1 << 30;
+    struct line_counts cnt = {.n_ci = 0, .n_sq = 0, .n_pts = 0, .max_seq = 0,
+                              .min_seq = 1 << 30};
     fk_sb_printf(&d, "# %s vs %s, %s: one block per line; a point is the mean over sequences "
                  "(per sequence: mean over layers and K/V, then over repeats) with the 95%% "
                  "bootstrap interval over sequences when it has >= %d sequences (else lo, hi "
@@ -551,19 +671,7 @@ static int line_plot(struct sel *q, const char *stem, const struct fk_plot_gener
     var_raw(o, "nl=%d; array T[%d]; array S[%d]; ", nl, nl ? nl : 1, nl ? nl : 1);
     for (int l = 0; l < nl && rc == FK_OK; l++) {
         char title[512];
-        size_t tl = 0;
-        title[0] = 0;
-        for (int k = 0; k < ng && tl + 1 < sizeof title; k++) {
-            const char *v = field(q, ln[l].key_row, gcols[k]);
-            if (!v[0])
-                continue;
-            if (gcols[k] == q->fs->c_codec)
-                tl += (size_t)snprintf(title + tl, sizeof title - tl, "%s%s", tl ? " " : "",
-                                       display(q, v));
-            else
-                tl += (size_t)snprintf(title + tl, sizeof title - tl, "%s%s=%s", tl ? " " : "",
-                                       q->t->head[gcols[k]], v);
-        }
+        line_title(q, ln[l].key_row, gcols, ng, title, sizeof title);
         /* the codec's colour when the lines are the codecs, else one colour per line */
         int style = bycol == q->fs->c_codec && ng == 1
                         ? fk_plot_codec_style(field(q, ln[l].key_row, q->fs->c_codec))
@@ -574,41 +682,7 @@ static int line_plot(struct sel *q, const char *stem, const struct fk_plot_gener
         var_raw(o, "S[%d]=%d; ", l + 1, style);
         fk_sb_printf(&d, "%s# line %d: %s\n# x x_pos mean lo hi n_seq n_cells style\n",
                      l ? "\n\n" : "", l + 1, title);
-        for (int xi = 0; xi < xs.n && rc == FK_OK; xi++) {
-            int *pc = malloc(sizeof(int) * (size_t)ln[l].n), np = 0;
-            if (!pc) {
-                rc = fk_err(FK_ENOMEM, "out of memory");
-                break;
-            }
-            for (int i = 0; i < ln[l].n; i++)
-                if (same_value(field(q, ln[l].cells[i], xcol), xs.v[xi]))
-                    pc[np++] = ln[l].cells[i];
-            struct point p;
-            rc = np ? point_of(q, pc, np, scol, ccol, &p) : FK_OK;
-            free(pc);
-            if (rc < 0 || !np)
-                continue;
-            double xpos = xs.numeric ? strtod(xs.v[xi], NULL) : xi;
-            fk_sb_printf(&d, "\"%s\"", xs.v[xi]);
-            num(&d, xpos);
-            num(&d, p.mean);
-            num(&d, p.lo);
-            num(&d, p.hi);
-            fk_sb_printf(&d, " %d %d %d\n", p.n_seq, p.n_cells, style);
-            n_pts++;
-            n_ci += isfinite(p.lo);
-            if (scol >= 0) {
-                max_seq = p.n_seq > max_seq ? p.n_seq : max_seq;
-                min_seq = p.n_seq < min_seq ? p.n_seq : min_seq;
-            }
-            for (int t = 0; !isfinite(p.lo) && t < p.n_seq; t++) {
-                num(&sq, xpos);
-                num(&sq, p.seq[t]);
-                fk_sb_printf(&sq, " %d %d\n", style, l + 1);
-                n_sq++;
-            }
-            free(p.seq);
-        }
+        rc = line_points(q, &ln[l], l, &xs, xcol, scol, ccol, style, &d, &sq, &cnt);
     }
     for (int l = 0; l < nl; l++)
         free(ln[l].cells);
@@ -630,37 +704,19 @@ static int line_plot(struct sel *q, const char *stem, const struct fk_plot_gener
         fk_sb_free(&sq);
     FK_TRY(rc);
     double x0 = strtod(xs.v[0], NULL), x1 = strtod(xs.v[xs.n - 1], NULL);
-    var_raw(o, "nci=%d; nseq=%d; cat=%d; logx=%d; ", n_ci, n_sq, !xs.numeric,
+    var_raw(o, "nci=%d; nseq=%d; cat=%d; logx=%d; ", cnt.n_ci, cnt.n_sq, !xs.numeric,
             xs.numeric && x0 > 0 && x1 / x0 >= 16);
     var_str(o, "xtitle", g->x, 0);
     var_str(o, "ytitle", g->y, 0);
     char main_t[300];
     snprintf(main_t, sizeof main_t, "%s vs %s", g->y, g->x);
     var_str(o, "main", main_t, 1);
-    char sub[1024], st[600], ns[64];
-    sel_text(q, g, st, sizeof st);
-    if (min_seq == max_seq)
-        snprintf(ns, sizeof ns, "%d", min_seq);
-    else
-        snprintf(ns, sizeof ns, "%d-%d", min_seq, max_seq);
-    if (scol < 0)
-        snprintf(sub, sizeof sub, "%s%s%d cells; cells.csv value, mean over repeats", st,
-                 st[0] ? "; " : "", q->n);
-    else if (n_ci == n_pts)
-        snprintf(sub, sizeof sub, "%s%s%d cells; mean, 95%% bootstrap interval over %s "
-                 "sequences", st, st[0] ? "; " : "", q->n, ns);
-    else
-        snprintf(sub, sizeof sub, "%s%s%d cells; mean over %s sequences (circles: %s; an "
-                 "interval needs >= %d)", st, st[0] ? "; " : "", q->n, ns,
-                 n_ci ? "each, where fewer" : "each", FK_CI_MIN_SEQ);
-    if (dropped) {
-        size_t n = strlen(sub);
-        snprintf(sub + n, sizeof sub - n, "; %d without %s", dropped, g->x);
-    }
+    char sub[1024];
+    line_subtitle(q, g, scol, &cnt, dropped, sub, sizeof sub);
     var_str(o, "subtitle", sub, 1);
     snprintf(o->script, sizeof o->script, "general.gp");
     snprintf(o->what, sizeof o->what, "%s vs %s: %d line(s), %d point(s) from %d cell(s), "
-             "%d with an interval", g->y, g->x, nl, n_pts, q->n, n_ci);
+             "%d with an interval", g->y, g->x, nl, cnt.n_pts, q->n, cnt.n_ci);
     return FK_OK;
 }
 
