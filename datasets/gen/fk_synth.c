@@ -318,14 +318,15 @@ void fk_synth_info(const struct fk_synth_opts *o, struct fk_trace_info *in)
 
 /* ---- random streams ------------------------------------------------------------------ */
 
-enum purpose { P_MODEL = 0, P_CONTENT = 1, P_QUERY = 2, P_QUERY_PREFILL = 3 };
+enum purpose { P_MODEL = 0, P_CONTENT = 1, P_QUERY = 2, P_QUERY_PREFILL = 3, P_N = 4 };
 
 /* Seed of one stream: first 4 bytes (big-endian) of
  * SHA-256("fk_synth/v1/<purpose>/<seed>/<seq>/<layer>/<head>/<kind>"); seq = -1 for the
  * model, which is shared by all sequences. */
 static gsl_rng *stream(enum purpose p, uint64_t seed, int seq, int layer, int head, int kind)
 {
-    static const char *const pn[] = {"model", "content", "query"};
+    static const char *const pn[] = {"model", "content", "query", "query-prefill"};
+    _Static_assert(sizeof pn / sizeof *pn == P_N, "one stream name per purpose");
     char text[160];
     uint8_t dg[32];
     int n = snprintf(text, sizeof text, "fk_synth/v1/%s/%llu/%d/%d/%d/%d", pn[p],
