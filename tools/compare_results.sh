@@ -15,7 +15,7 @@ allow_new=0
 a=$1 b=$2
 # Columns and meta keys that are measured time (differ run to run by nature), and the
 # checksums of a cell's files (its summary rows hold cpu_s; the files are compared below).
-timing="wall_s cpu_us_per_vec cpu_time_rel cpu_s t_corr t_code t_adapt t_io t_encode t_attn t_metrics t_gram file.h5 file.summary.csv"
+timing="wall_s cpu_us_per_vec cpu_time_rel cpu_s t_corr t_code t_adapt t_io t_encode t_attn t_metrics t_gram t_policy file.h5 file.summary.csv"
 diffs=0
 say() { echo "$*"; diffs=$((diffs + 1)); }
 

@@ -13,7 +13,8 @@
 
 void fk_evict_scratch_free(struct fk_evict_scratch *s)
 {
-    free(s->kg);
+    fk_mirror_close(&s->mr);
+    free(s->zs);
     free(s->qg);
     free(s->c);
     free(s->p);
@@ -59,80 +60,6 @@ static int gather_q(const struct fk_evict_env *env, const struct fk_evict_view *
         memcpy(dst + (size_t)g * ld_head,
                v->q + ((size_t)(h * G + g) * v->n_qrows + row) * m, sizeof(float) * (size_t)m);
     return FK_OK;
-}
-
-typedef float fk_v16 __attribute__((vector_size(16 * sizeof(float))));
-#define DOT_MAXM 256 /* head_dim of the two-row kernel's query copy on the stack */
-
-/* The lanes of a dot product summed in a fixed pairwise order. */
-static inline float lanes_sum(const float *acc)
-{
-    float s4[4], s2[2];
-    for (int l = 0; l < 4; l++)
-        s4[l] = acc[l] + acc[l + 4];
-    s2[0] = s4[0] + s4[2];
-    s2[1] = s4[1] + s4[3];
-    return s2[0] + s2[1];
-}
-
-/* z[g][i] = q_g . k_{idx[i]} for the G query rows q [G][m] and the n key rows idx[] of kh:
- * each key row read once for the G queries, in place (no gathered copy, no dropped row
- * touched). Coordinate c goes to float lane c % LANES, the lanes summed in a fixed pairwise
- * order; nothing is reassociated (ISO C, no contraction), so every clone gives the same
- * bits. A BLAS SGEMM of G = 3 rows packed the whole key block at every call and cost more
- * than the products; SGEMV per query head read the block G times. For G = 3 (m a multiple
- * of LANES) two key rows go together in 16-float vectors (one AVX-512 register, two AVX2
- * ones): the same sums in the same order as one row at a time, so the same bits, with
- * half the instructions under AVX-512 and independent chains of adds. */
-FK_CLONES512 static void dots_rows(const float *restrict q, int G, const float *restrict kh,
-                                   const int32_t *restrict idx, int n, int m,
-                                   float *restrict z)
-{
-    int mv = m / LANES * LANES, i0 = 0;
-    if (G == 3 && mv == m && m <= DOT_MAXM) {
-        /* a 16-float vector holds one chunk of LANES coordinates of two key rows; the
-         * query chunks doubled to match: the same lane sums as LANES-wide accumulators */
-        fk_v16 qd[3][DOT_MAXM / LANES];
-        for (int g = 0; g < 3; g++)
-            for (int c = 0; c < m; c += LANES) {
-                memcpy(&qd[g][c / LANES], q + (size_t)g * m + c, sizeof(float) * LANES);
-                memcpy((float *)&qd[g][c / LANES] + LANES, q + (size_t)g * m + c,
-                       sizeof(float) * LANES);
-            }
-        for (; i0 + 2 <= n; i0 += 2) {
-            const float *ka = kh + (size_t)idx[i0] * m, *kb = kh + (size_t)idx[i0 + 1] * m;
-            fk_v16 a0 = {0}, a1 = {0}, a2 = {0};
-            for (int c = 0; c < m; c += LANES) {
-                fk_v16 k;
-                memcpy(&k, ka + c, sizeof(float) * LANES);
-                memcpy((float *)&k + LANES, kb + c, sizeof(float) * LANES);
-                a0 += qd[0][c / LANES] * k;
-                a1 += qd[1][c / LANES] * k;
-                a2 += qd[2][c / LANES] * k;
-            }
-            float r[3][2 * LANES];
-            memcpy(r[0], &a0, sizeof a0);
-            memcpy(r[1], &a1, sizeof a1);
-            memcpy(r[2], &a2, sizeof a2);
-            for (int g = 0; g < 3; g++) {
-                z[(size_t)g * n + i0] = lanes_sum(r[g]);
-                z[(size_t)g * n + i0 + 1] = lanes_sum(r[g] + LANES);
-            }
-        }
-    }
-    for (int i = i0; i < n; i++) {
-        const float *k = kh + (size_t)idx[i] * m;
-        for (int g = 0; g < G; g++) {
-            const float *qg = q + (size_t)g * m;
-            float acc[LANES] = {0};
-            for (int c = 0; c < mv; c += LANES)
-                for (int l = 0; l < LANES; l++)
-                    acc[l] += qg[c + l] * k[c + l];
-            for (int c = mv; c < m; c++)
-                acc[c - mv] += qg[c] * k[c];
-            z[(size_t)g * n + i] = lanes_sum(acc);
-        }
-    }
 }
 
 /* exp(x) for |x| <= 708 (the caller checks), branch-free so that loops of it
@@ -182,7 +109,7 @@ static inline uint64_t exp_in_range(double x, double *xc)
     return ok;
 }
 
-FK_CLONES void fk_evict_exp(const double *restrict x, int n, double *restrict y)
+FK_CLONES512 void fk_evict_exp(const double *restrict x, int n, double *restrict y)
 {
     uint64_t bad = 0;
     for (int i = 0; i < n; i++) {
@@ -197,7 +124,7 @@ FK_CLONES void fk_evict_exp(const double *restrict x, int n, double *restrict y)
 }
 
 /* The largest of the n floats c (lane-wise; the maximum does not depend on the order). */
-FK_CLONES static float max_row(const float *restrict c, int n)
+FK_CLONES512 static float max_row(const float *restrict c, int n)
 {
     float m8[LANES];
     for (int l = 0; l < LANES; l++)
@@ -216,7 +143,7 @@ FK_CLONES static float max_row(const float *restrict c, int n)
 
 /* p[i] = exp(c[i] / scale - mx): the plain logits' shifted exponentials, the library's exp
  * outside exp_core's range. */
-FK_CLONES static void exp_shifted(const float *restrict c, int n, double scale, double mx,
+FK_CLONES512 static void exp_shifted(const float *restrict c, int n, double scale, double mx,
                                   double *restrict p)
 {
     uint64_t bad = 0;
@@ -276,8 +203,17 @@ int fk_evict_attn_group(const struct fk_evict_env *env, const struct fk_evict_vi
     FK_TRY(reserve((void **)&s->c, &s->cap_c, (size_t)G * n, sizeof(float)));
     FK_TRY(reserve((void **)&s->p, &s->cap_p, (size_t)G * n + G, sizeof(double)));
     FK_TRY(gather_q(env, v, h, tq, s->qg, (size_t)m));
-    const float *kh = v->k + (size_t)h * T * m;
-    dots_rows(s->qg, G, kh, idx, n, m, s->c);
+    /* the dot products over the mirrored kept keys, then in the order of idx */
+    if (!s->mr.head)
+        FK_TRY(fk_mirror_open(&s->mr, env->n_kv_heads, T, m));
+    FK_TRY(fk_mirror_sync(&s->mr, h, v->k + (size_t)h * T * m, idx, n));
+    size_t span = (size_t)fk_mirror_span(&s->mr, h);
+    FK_TRY(reserve((void **)&s->zs, &s->cap_zs, (size_t)G * span, sizeof(float)));
+    fk_mirror_dots(&s->mr, h, s->qg, G, s->zs, span);
+    const int32_t *slot = s->mr.slot + (size_t)h * T;
+    for (int g = 0; g < G; g++)
+        for (int i = 0; i < n; i++)
+            s->c[(size_t)g * n + i] = s->zs[(size_t)g * span + (size_t)slot[idx[i]]];
     double scale = inv_scale(env), *p = s->p, *inv = s->p + (size_t)G * n;
     for (int g = 0; g < G; g++)
         exp_row(env, s->c + (size_t)g * n, n, scale, p + (size_t)g * n);

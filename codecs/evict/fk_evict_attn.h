@@ -12,14 +12,16 @@
 #include <stdint.h>
 
 #include "core/fk_evict.h"
+#include "evict/fk_evict_mirror.h"
 
 /* Working memory of the kernel, grown on demand; zero-initialise, free with _free. */
 struct fk_evict_scratch {
-    float *kg;                   /* gathered keys [n][m] */
     float *qg;                   /* gathered queries [rows][m] */
     float *c;                    /* logits [rows][n] */
     double *p;                   /* softmax rows [G][n] and G reciprocal sums */
-    size_t cap_kg, cap_qg, cap_c, cap_p;
+    float *zs;                   /* the mirror's dot products [G][span] */
+    size_t cap_qg, cap_c, cap_p, cap_zs;
+    struct fk_mirror mr;         /* the kept keys of every KV head (opened on first use) */
 };
 void fk_evict_scratch_free(struct fk_evict_scratch *s);
 

@@ -91,6 +91,7 @@ static void sum_streams(const struct fk_cell_result *r, struct fk_bench_timing *
     t->attn += r->t_attn;
     t->metrics += r->t_metrics;
     t->gram += r->t_gram;
+    t->policy += r->t_policy;
     t->vectors += r->vectors;
     for (size_t i = 0; i < (size_t)r->n_traces * r->n_layers * 2; i++) {
         t->corr += r->streams[i].st.t_corr;

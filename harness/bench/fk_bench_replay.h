@@ -39,7 +39,7 @@ void fk_bench_replay_defaults(struct fk_bench_replay_cfg *cfg);
 
 /* CPU seconds summed over threads (wall: wall seconds) of one replay. */
 struct fk_bench_timing {
-    double wall, io, corr, code, adapt, attn, metrics, gram, write;
+    double wall, io, corr, code, adapt, attn, metrics, gram, write, policy;
     long vectors;
 };
 

@@ -119,10 +119,10 @@ static void on_info(void *ctx, const struct fk_bench_replay_info *in)
            p->config, in->n_traces, in->n_layers, in->n_q_heads, in->n_kv_heads, in->head_dim,
            in->n_tokens, in->prompt_len, in->n_atoms, in->jobs, in->attention ? "on" : "off",
            in->attn_stride, in->kernels);
-    printf("\n%-11s %8s %7s %9s %7s | %6s %6s %6s %6s %6s %6s %6s %6s  (CPU s, summed over "
-           "threads; x first: wall against the first cell)\n", "codec", "wall s", "x first",
-           "vectors", "vec/s", "io", "gram", "corr", "code", "adapt", "attn", "metric",
-           "write");
+    printf("\n%-16s %8s %7s %9s %7s | %6s %6s %6s %6s %6s %6s %6s %6s %6s  (CPU s, summed "
+           "over threads; evict: the eviction policy; x first: wall against the first cell)\n",
+           "codec", "wall s", "x first", "vectors", "vec/s", "io", "gram", "corr", "code",
+           "adapt", "evict", "attn", "metric", "write");
 }
 
 static void on_cell(void *ctx, const struct fk_bench_cell_row *r)
@@ -136,9 +136,10 @@ static void on_cell(void *ctx, const struct fk_bench_cell_row *r)
     add_fig(&p->figs, name, "%.9g", t->vectors / t->wall);
     if (p->tsv)
         return;
-    printf("%-11s %8.1f %7.2f %9ld %7.0f | %6.1f %6.1f %6.1f %6.1f %6.1f %6.1f %6.1f %6.2f\n",
-           r->codec, t->wall, t->wall / p->first_wall, t->vectors, t->vectors / t->wall, t->io,
-           t->gram, t->corr, t->code, t->adapt, t->attn, t->metrics, t->write);
+    printf("%-16s %8.1f %7.2f %9ld %7.0f | %6.1f %6.1f %6.1f %6.1f %6.1f %6.1f %6.1f %6.1f "
+           "%6.2f\n", r->codec, t->wall, t->wall / p->first_wall, t->vectors,
+           t->vectors / t->wall, t->io, t->gram, t->corr, t->code, t->adapt, t->policy, t->attn,
+           t->metrics, t->write);
     fflush(stdout);
     if (r->without_s > 0 && p->ov_len < sizeof p->ov_lines)
         p->ov_len += (size_t)snprintf(p->ov_lines + p->ov_len, sizeof p->ov_lines - p->ov_len,

@@ -188,7 +188,7 @@ static int policy_hook(struct fk_drive *d, struct fk_unit *u, int prefill, int t
         prefill ? u->evict->prefill : u->evict->decode;
     double c0 = fk_clock_s(CLOCK_THREAD_CPUTIME_ID);
     int rc = hook ? hook(d->pst, &v) : FK_OK;
-    u->times->t_encode += fk_clock_s(CLOCK_THREAD_CPUTIME_ID) - c0;
+    u->times->t_policy += fk_clock_s(CLOCK_THREAD_CPUTIME_ID) - c0;
     if (rc < 0)
         return fk_err_context(rc, "%s: layer %d: eviction policy %s at token %d", u->path,
                               u->layer, u->evict->name, t);

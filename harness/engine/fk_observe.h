@@ -24,6 +24,7 @@
 /* Thread CPU seconds of one worker, by activity (summed into struct fk_cell_result). */
 struct fk_unit_times {
     double t_io, t_encode, t_attn, t_metrics, t_gram;
+    double t_policy;             /* the eviction policy's hooks */
 };
 
 /* One unit as the driver and the observers see it. Everything is borrowed from the worker

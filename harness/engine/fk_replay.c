@@ -675,6 +675,7 @@ static void worker_end(struct worker *w, int j, struct fk_cell_result *out)
     out->t_attn += w->times.t_attn;
     out->t_metrics += w->times.t_metrics;
     out->t_gram += w->times.t_gram;
+    out->t_policy += w->times.t_policy;
     if (w->pooled) {
         struct fk_replay_pool *pool = w->ro->pool;
         pool->gram[j][0] = w->gram[0];

@@ -117,6 +117,7 @@ struct fk_cell_result {
     struct fk_attn_acc *attn;         /* [trace][layer] */
     double wall_s;                    /* wall time of the cell */
     double t_io, t_encode, t_attn, t_metrics, t_gram; /* summed over workers, seconds */
+    double t_policy;                  /* the eviction policy's hooks, summed likewise */
     long vectors;                     /* coded vectors in total */
 };
 

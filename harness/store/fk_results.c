@@ -719,8 +719,8 @@ static int meta_text(const struct fk_cell_meta *m, const struct fk_cell_result *
     fk_sb_printf(mb, "vectors\t%ld\nzero_vectors\t%ld\nattn_evals\t%ld\nattn_skipped_steps\t%ld\n",
               h.vectors, h.zero_vectors, h.attn_n, h.attn_skipped);
     fk_sb_printf(mb, "wall_s\t%.6g\nt_io\t%.6g\nt_encode\t%.6g\nt_attn\t%.6g\nt_metrics\t%.6g\n"
-              "t_gram\t%.6g\n", r->wall_s, r->t_io, r->t_encode, r->t_attn, r->t_metrics,
-              r->t_gram);
+              "t_gram\t%.6g\nt_policy\t%.6g\n", r->wall_s, r->t_io, r->t_encode, r->t_attn,
+              r->t_metrics, r->t_gram, r->t_policy);
     return mb->oom ? fk_err(FK_ENOMEM, "out of memory") : FK_OK;
 }
 
