@@ -393,6 +393,86 @@ START_TEST(test_keep_top)
 }
 END_TEST
 
+/* The kept-key mirror: after every change of a head's set (arrivals, departures, slots
+ * reused), the dot product of each member equals, bit for bit, a reference written here
+ * from the rule (coordinate c into float lane c % 8 in coordinate order, the lanes summed
+ * ((0+4) + (2+6)) + ((1+5) + (3+7))), for head dimensions with and without a tail. */
+static float lane_dot(const float *q, const float *k, int m)
+{
+    float l[8] = {0};
+    for (int c = 0; c < m; c++)
+        l[c % 8] += q[c] * k[c];
+    return ((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7]));
+}
+
+START_TEST(test_mirror)
+{
+    enum { MT = 300, MH = 2, MG = 3 };
+    const int dims[] = {128, 13, 8};
+    for (int di = 0; di < 3; di++) {
+        int m = dims[di];
+        float *k = malloc(sizeof(float) * MH * MT * (size_t)m);
+        float *q = malloc(sizeof(float) * MG * (size_t)m), *z = malloc(sizeof(float) * MG * MT);
+        int32_t idx[MT];
+        uint8_t in[MH][MT];
+        ck_assert(k && q && z);
+        rng_state = 11 + (uint64_t)m;
+        for (size_t i = 0; i < (size_t)MH * MT * m; i++)
+            k[i] = (float)gauss();
+        for (int i = 0; i < MG * m; i++)
+            q[i] = (float)gauss();
+        memset(in, 0, sizeof in);
+        struct fk_mirror mr;
+        ck_assert_int_eq(fk_mirror_open(&mr, MH, MT, m), FK_OK);
+        int max_hw = 0;
+        for (int round = 0; round < 60; round++) {
+            for (int h = 0; h < MH; h++) {
+                /* a set that grows, churns and shrinks: up to 120 members of MT tokens */
+                double p_in = round < 20 ? 0.4 : round < 40 ? 0.25 : 0.1;
+                for (int j = 0; j < MT; j++)
+                    if (unif() < 0.15)
+                        in[h][j] = unif() < p_in;
+                int n = 0;
+                for (int j = 0; j < MT; j++)
+                    if (in[h][j])
+                        idx[n++] = j;
+                const float *kh = k + (size_t)h * MT * m;
+                ck_assert_int_eq(fk_mirror_sync(&mr, h, kh, idx, n), FK_OK);
+                int span = fk_mirror_span(&mr, h);
+                ck_assert_int_ge(span, n);
+                ck_assert_int_eq(span % FK_MIRROR_BLOCK, 0);
+                max_hw = mr.head[h].hw > max_hw ? mr.head[h].hw : max_hw;
+                fk_mirror_dots(&mr, h, q, MG, z, (size_t)span);
+                for (int i = 0; i < n; i++) {
+                    int sl = mr.slot[(size_t)h * MT + idx[i]];
+                    ck_assert_int_ge(sl, 0);
+                    ck_assert_int_eq(mr.head[h].tok[sl], idx[i]);
+                    for (int g = 0; g < MG; g++) {
+                        float want = lane_dot(q + (size_t)g * m, kh + (size_t)idx[i] * m, m);
+                        ck_assert_msg(z[(size_t)g * span + sl] == want,
+                                      "m %d round %d head %d token %d query %d: %.9g, want "
+                                      "%.9g", m, round, h, idx[i], g,
+                                      z[(size_t)g * span + sl], want);
+                    }
+                }
+                /* no slot holds a token outside the set */
+                for (int sl = 0; sl < mr.head[h].hw; sl++) {
+                    int j = mr.head[h].tok[sl];
+                    ck_assert(j < 0 || in[h][j]);
+                }
+            }
+        }
+        /* slots were reused: the high-water mark stayed near the largest set, far below
+         * the 300 tokens that passed through */
+        ck_assert_int_lt(max_hw, 200);
+        fk_mirror_close(&mr);
+        free(k);
+        free(q);
+        free(z);
+    }
+}
+END_TEST
+
 /* The softmax's vectorised exp: within 2 ulp of expl on |x| <= 708 (random points, the
  * range-reduction boundaries k ln2 / 2, tiny and signed zero arguments), the C library's exp
  * bit for bit outside (underflow, overflow, infinities, NaN). */
@@ -651,6 +731,7 @@ int main(void)
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, test_keep_top);
     tcase_add_test(tc, test_exp);
+    tcase_add_test(tc, test_mirror);
     tcase_add_test(tc, test_streaming);
     tcase_add_test(tc, test_snapkv);
     tcase_add_test(tc, test_knorm);
