@@ -301,12 +301,16 @@ static void ref_h2o(const struct data *d, int heavy, int recent, masks_t out)
     }
 }
 
-/* SCOPE (alpha < 0: instantaneous a) or Moment-KV (alpha >= 0: I = alpha I + a). */
-static void ref_decode_phase(const struct data *d, int budget0, int recent, int adaptive,
+/* SCOPE (alpha < 0: instantaneous a) or Moment-KV (alpha >= 0: I = alpha I + a); variant
+ * 0 slide, 1 adaptive, 2 jump (SCOPE's "discontinuous": kv_utils.py's jump_step, one layer:
+ * a step whose cache holds at least the budget's decoded tokens waits while fewer than delta
+ * steps have waited, else compresses and restarts the count). */
+static void ref_decode_phase(const struct data *d, int budget0, int recent, int variant,
                              int delta, double alpha, masks_t out)
 {
     uint8_t mk[H][T];
     double I[H][T];
+    int jump_step[H] = {0};
     memset(mk, 0, sizeof mk);
     memset(I, 0, sizeof I);
     for (int h = 0; h < H; h++)
@@ -314,21 +318,32 @@ static void ref_decode_phase(const struct data *d, int budget0, int recent, int 
     memcpy(out[0], mk, sizeof mk);
     for (int s = 1; s <= T - P; s++) {
         int t = P + s - 1, budget = budget0;
-        if (adaptive && recent + (t - P) / delta < budget)
+        if (variant > 0 && recent + (t - P) / delta < budget)
             budget = recent + (t - P) / delta;
         for (int h = 0; h < H; h++) {
             mk[h][t] = 1;
             int nd = 0;
             for (int j = P; j <= t; j++)
                 nd += mk[h][j];
+            int compress = nd > budget;
+            if (variant == 2 && nd >= budget) {
+                if (jump_step[h] < delta) {
+                    jump_step[h]++;
+                    compress = 0;
+                } else {
+                    jump_step[h] = 0;
+                }
+            } else if (variant == 2) {
+                compress = 0;
+            }
             double a[T];
-            if (alpha >= 0 || nd > budget)
+            if (alpha >= 0 || compress)
                 attn_naive(d, h, t, mk[h], t + 1, a);
             if (alpha >= 0)
                 for (int j = P; j <= t; j++)
                     if (mk[h][j])
                         I[h][j] = alpha * I[h][j] + a[j];
-            if (nd > budget) {
+            if (compress) {
                 uint8_t cand[T] = {0};
                 for (int j = P; j <= t - recent; j++)
                     cand[j] = mk[h][j];
@@ -623,7 +638,8 @@ START_TEST(test_scope_momentum)
     static struct data d;
     static masks_t got, want;
     void *o = opts_of(sc);
-    int cases[][4] = {{20, 5, 0, 1}, {7, 1, 0, 1}, {30, 4, 1, 3}, {12, 12, 0, 1}};
+    int cases[][4] = {{20, 5, 0, 1}, {7, 1, 0, 1}, {30, 4, 1, 3}, {12, 12, 0, 1},
+                      {30, 4, 2, 3}, {9, 2, 2, 4}, {40, 6, 2, 1}};
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         make_data(&d, 30 + c);
         set_opt(sc, o, "decode_budget", cases[c][0]);
@@ -635,6 +651,15 @@ START_TEST(test_scope_momentum)
         expect_same(sc, got, want, "SCOPE");
         if (!cases[c][2])
             ck_assert_int_eq(count_kept(got, T - P, 1), P + cases[c][0]);
+        /* jump alone lets the cache exceed its budget between compressions */
+        int over = 0;
+        for (int s = 1; s <= T - P; s++) {
+            int t = P + s - 1, b = cases[c][1] + (t - P) / cases[c][3];
+            b = cases[c][2] == 0 || b > cases[c][0] ? cases[c][0] : b;
+            over += count_kept(got, s, 0) > P + b;
+        }
+        ck_assert_msg(cases[c][2] == 2 ? over > 0 : over == 0, "case %zu: %d steps over the "
+                      "budget", c, over);
     }
     free(o);
     o = opts_of(mo);
