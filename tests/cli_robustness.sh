@@ -376,10 +376,11 @@ name = "kivi"
 evict = "scope"
 decode_budget = 64
 recent = 100' "evict-bad-option-value.toml:" "scope: recent = 100 must not exceed decode_budget = 64"
-cfg_case evict-adaptive-codec '[[codec]]
-name = "lexico-adp"
-n_b = 16
-evict = "h2o"' "lexico-adp" "eviction policy 'h2o'" "grows or adapts"
+cfg_case evict-grouped-heads-codec "basis = \"$BASIS\"
+[[codec]]
+name = \"pca\"
+rank = 8
+evict = \"h2o\"" "codec pca codes the KV heads of a group together" "eviction policy 'h2o'"
 SYN=$(ls "$SRC"/datasets/synth/eval/*.h5 2>/dev/null | head -1)
 if [ -n "$SYN" ]; then
     begin "config: eviction policy reading prefill queries a trace lacks"

@@ -476,6 +476,116 @@ START_TEST(test_evict_bytes)
 END_TEST
 
 /* Refused before any cell, with messages naming what is missing. */
+/* A codec that skips dropped tokens (FK_CAP_SKIPS) is handed exactly the rows the policy
+ * still keeps when their turn comes, in token order: against the set derived here from
+ * StreamingLLM's rule (sinks + the `recent` newest tokens) and the buffer rule (n_b exact
+ * tokens, a_len 1: token j is due at the prefill's end when j < P - n_b, else at token
+ * j + n_b); a codec without the capability still gets every row. */
+enum { SK_T = 60, SK_P = 30, SK_H = 2, SK_NB = 8, SK_SINKS = 2 };
+static int skip_seen[2][SK_H][SK_T]; /* [kind][head][token] times coded */
+static int skip_order_ok;
+struct skip_probe {
+    int kind, m, last[SK_H];
+};
+static int skip_open(const void *o, const struct fk_stream_env *env, void **st)
+{
+    (void)o;
+    struct skip_probe *p = calloc(1, sizeof *p);
+    p->kind = env->kind;
+    p->m = env->head_dim;
+    for (int h = 0; h < SK_H; h++)
+        p->last[h] = -1;
+    *st = p;
+    return FK_OK;
+}
+static int skip_encode(void *st, const struct fk_event *ev, struct fk_vec_out *out)
+{
+    struct skip_probe *p = st;
+    for (int i = 0; i < ev->n; i++) {
+        int h = ev->head[i], t = ev->token[i];
+        if (t <= p->last[h])
+            skip_order_ok = 0;
+        p->last[h] = t;
+        skip_seen[p->kind][h][t]++;
+        out[i] = (struct fk_vec_out){.err = 0, .err_enc = 0, .nnz = 1};
+    }
+    return FK_OK;
+}
+static int skip_reconstruct(const void *st, int h, int t, float *out)
+{
+    const struct skip_probe *p = st;
+    ck_assert_int_gt(skip_seen[p->kind][h][t], 0); /* never asked for a skipped row */
+    memset(out, 0, sizeof(float) * (size_t)p->m);
+    return FK_OK;
+}
+static const struct fk_codec_ops skip_ops = {
+    .name = "skip-probe", .summary = "test probe skipping dropped rows",
+    .opts_size = sizeof(struct probe_opts), .options = probe_options,
+    .caps = FK_CAP_SKIPS | FK_CAP_ADAPTS, .open = skip_open, .encode = skip_encode,
+    .reconstruct = skip_reconstruct, .stats = probe_stats, .close = probe_close,
+};
+
+START_TEST(test_evict_skips)
+{
+    char path[512];
+    snprintf(path, sizeof path, "%s/skips.h5", tmpdir);
+    make_trace(path, 1, 4, SK_H, 8, SK_T, SK_P);
+    struct fk_trace *tr;
+    ck_assert_int_eq(fk_trace_open(path, &tr), FK_OK);
+    const struct fk_evict_ops *ev = fk_evict_find("streaming");
+    void *eo = calloc(1, ev->opts_size);
+    fk_evict_opts_defaults(ev, eo);
+    ck_assert_int_eq(fk_evict_opts_set(ev, eo, fk_evict_option(ev, "sinks"), SK_SINKS), FK_OK);
+    const int recents[] = {5, 10};
+    for (int c = 0; c < 4; c++) {
+        int recent = recents[c % 2], skips = c < 2;
+        ck_assert_int_eq(fk_evict_opts_set(ev, eo, fk_evict_option(ev, "recent"), recent),
+                         FK_OK);
+        const struct fk_codec_ops *ops = skips ? &skip_ops : &probe_ops;
+        struct probe_opts o;
+        fk_opts_defaults(ops, &o);
+        o.c.n_b = SK_NB;
+        o.c.a_len = 1;
+        memset(skip_seen, 0, sizeof skip_seen);
+        skip_order_ok = 1;
+        memset(&plog, 0, sizeof plog);
+        plog.ok_order = 1;
+        struct fk_cell_input in = {.ops = ops, .opts = &o, .traces = &tr, .n_traces = 1,
+                                   .evict = ev, .evict_opts = eo};
+        struct fk_replay_opts ro = {.jobs = 1, .attention = 1, .attn_stride = 1};
+        struct fk_cell_result res;
+        ck_assert_msg(fk_replay_cell(&in, &ro, &res) == FK_OK, "%s", fk_errmsg());
+        if (!skips) { /* the old contract: every row up to the last due one, in order */
+            ck_assert(plog.ok_order);
+            int coded = 0;
+            for (int e = 0; e < plog.n_ev; e++)
+                coded += plog.count[e];
+            ck_assert_int_eq(coded, 2 * (SK_T - SK_NB));
+            fk_cell_result_free(&res);
+            continue;
+        }
+        ck_assert(skip_order_ok);
+        int n_coded = 0;
+        for (int j = 0; j < SK_T; j++) {
+            int due = j < SK_P - SK_NB ? SK_P - 1 : j + SK_NB; /* the token of its event */
+            int kept = due >= SK_T ? 0 : j < SK_SINKS || j >= due + 1 - recent;
+            for (int k = 0; k < 2; k++)
+                for (int h = 0; h < SK_H; h++) {
+                    ck_assert_msg(skip_seen[k][h][j] == kept, "recent %d: %s head %d token %d "
+                                  "coded %d times, expected %d", recent, k ? "V" : "K", h, j,
+                                  skip_seen[k][h][j], kept);
+                    n_coded += kept;
+                }
+        }
+        if (recent > SK_NB) /* the window outlives the buffer: not only the sinks */
+            ck_assert_int_gt(n_coded, 4 * SK_SINKS);
+        fk_cell_result_free(&res);
+    }
+    free(eo);
+    fk_trace_close(&tr);
+}
+END_TEST
+
 START_TEST(test_evict_refusals)
 {
     char p1[512], p2[512];
@@ -525,10 +635,19 @@ START_TEST(test_evict_refusals)
     fk_evict_opts_defaults(in.evict, so);
     in.evict_opts = so;
     ck_assert_int_eq(fk_replay_check_evict(&in), FK_OK);
-    /* a dictionary that adapts from every coded row cannot store a kept set exactly */
-    in.ops = fk_codec_find("lexico-adp");
+    /* a codec that adapts from every coded row and cannot skip dropped ones cannot store a
+     * kept set exactly; the dictionary codecs skip them */
+    struct fk_codec_ops adapts = skip_ops;
+    adapts.name = "adapts-probe";
+    adapts.caps = FK_CAP_ADAPTS;
+    in.ops = &adapts;
     ck_assert_int_eq(fk_replay_check_evict(&in), FK_ECONFIG);
-    ck_assert_ptr_nonnull(strstr(fk_errmsg(), "lexico-adp"));
+    ck_assert_ptr_nonnull(strstr(fk_errmsg(), "adapts-probe"));
+    const char *skippers[] = {"lexico-adp", "gm", "pl", "fadkv"};
+    for (int c = 0; c < 4; c++) {
+        in.ops = fk_codec_find(skippers[c]);
+        ck_assert_msg(fk_replay_check_evict(&in) == FK_OK, "%s: %s", skippers[c], fk_errmsg());
+    }
     /* queries present: fine */
     in.ops = full;
     in.traces = &tq;
@@ -1393,6 +1512,7 @@ static Suite *replay_suite(void)
     tcase_add_test(tc, test_full_exact);
     tcase_add_test(tc, test_evict_keep_all);
     tcase_add_test(tc, test_evict_bytes);
+    tcase_add_test(tc, test_evict_skips);
     tcase_add_test(tc, test_evict_refusals);
     tcase_add_test(tc, test_jobs_determinism);
     tcase_add_test(tc, test_stored_16bit);

@@ -93,6 +93,13 @@ enum fk_cap {
                                 * directory of reconstruction files (`reconstructions`), one
                                 * trace-shaped file per trace, and env->external holds this
                                 * (layer, kind)'s rows */
+    FK_CAP_SKIPS = 1u << 10,  /* accepts events that skip tokens of a head: composed with an
+                               * eviction policy, a token the policy dropped before its turn
+                               * is never coded (the codec stores, and adapts from, only what
+                               * the policy keeps); a head's rows still come in increasing
+                               * token order, and reconstruct() is never asked for a skipped
+                               * token. Without it every row is coded, dropped or not, and a
+                               * codec that grows or adapts cannot be composed with a policy */
 };
 
 /* What a codec needs from the data under given options, beyond its capability flags

@@ -237,7 +237,7 @@ static double dc_row_bytes(const struct dc *d, int k)
 
 /* Stores code c as row `token` of `head` (a new row, or a rewrite of a stored one) and
  * fills out. Within an event, new rows may be committed out of token order (phase B before
- * phase C); the event was checked to hold exactly the next tokens of each head. */
+ * phase C); the event was checked to hold later tokens of each head, in order. */
 void dc_commit(struct dc *d, int head, int token, const float *x, const struct fk_code *c,
                int phase, int step, struct fk_vec_out *out, uint32_t flags, int rewrite)
 {
@@ -418,17 +418,18 @@ int dc_encode_fresh(struct dc *d, const float *x, struct fk_code *c)
     return d->coder->encode(d, &v, 1, x, d->corr, c);
 }
 
-/* The event must hold exactly the next tokens of each head, each once, in order. */
+/* The event must hold later tokens of each head, each once, in order (tokens an eviction
+ * policy dropped before their turn are skipped: FK_CAP_SKIPS; their rows stay empty). */
 static int check_event(struct dc *d, const struct fk_event *ev)
 {
     for (int h = 0; h < d->env.n_heads; h++)
         d->heads[h].expect = d->heads[h].n;
     for (int i = 0; i < ev->n; i++) {
         int h = ev->head[i], t = ev->token[i];
-        if (h < 0 || h >= d->env.n_heads || t != d->heads[h].expect || t >= d->env.n_tokens)
-            return fk_err(FK_EINVAL, "event vector %d: (head %d, token %d) is not the next row "
+        if (h < 0 || h >= d->env.n_heads || t < d->heads[h].expect || t >= d->env.n_tokens)
+            return fk_err(FK_EINVAL, "event vector %d: (head %d, token %d) is not a later row "
                           "of that head", i, h, t);
-        d->heads[h].expect++;
+        d->heads[h].expect = t + 1;
     }
     return FK_OK;
 }

@@ -18,6 +18,6 @@ const struct fk_codec_ops fk_codec_pl = {
     .name = "pl",
     .summary = "one-shot top-s of |D^T x| with ridge refinement; append-growth",
     .options = pl_options,
-    .caps = FK_CAP_DICT | FK_CAP_SPARSE | FK_CAP_GROWS | FK_CAP_ADAPTS,
+    .caps = FK_CAP_DICT | FK_CAP_SPARSE | FK_CAP_GROWS | FK_CAP_ADAPTS | FK_CAP_SKIPS,
     DC_OPS(pl),
 };

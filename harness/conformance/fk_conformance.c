@@ -44,7 +44,8 @@ const struct fk_conf_rule fk_conf_rules[] = {
               "message naming an option, or the codec opens and encodes there with finite "
               "errors"},
     {"robustness", "close() accepts NULL and a state that stored nothing, encode() refuses "
-                   "token 1 before token 0 with a message, and a dictionary codec refuses a "
+                   "token 1 before token 0 with a message (a FK_CAP_SKIPS codec accepts it "
+                   "and refuses token 1 again), and a dictionary codec refuses a "
                    "dictionary of another head_dim"},
     {NULL, NULL},
 };
@@ -244,7 +245,7 @@ static void rule_interface(struct cx *cx, const struct fk_codec_ops *ops)
             "FK_CAP_SPARSE declared, but sparse_row or atoms is NULL");
     unsigned known = FK_CAP_DICT | FK_CAP_GRAM | FK_CAP_SPARSE | FK_CAP_GROWS |
                      FK_CAP_ADAPTS | FK_CAP_STATIC | FK_CAP_EXACT | FK_CAP_GRID | FK_CAP_BASIS |
-                     FK_CAP_EXTERNAL;
+                     FK_CAP_EXTERNAL | FK_CAP_SKIPS;
     REQUIRE(!(caps & ~known), "unknown capability bits 0x%x", caps & ~known);
     REQUIRE(!(caps & FK_CAP_GRAM) || (caps & FK_CAP_DICT), "FK_CAP_GRAM (the base "
             "dictionary's Gram) without FK_CAP_DICT");
@@ -1027,8 +1028,16 @@ static void rule_robustness(struct cx *cx, const struct fk_codec_ops *ops)
     REQ_OK(fk_conf_run_open(r, ops, o, d, s, s->H, s->T, 0), "open()");
     fk_err_clear();
     int rc = fk_conf_run_event(r, s, 1, 2, 1, 0, NULL, NULL);
-    REQUIRE(rc < 0, "encode() accepted token 1 before token 0 was stored");
-    REQUIRE(fk_errmsg()[0], "encode() refused token 1 before token 0 (%d) without a message",
+    if (ops->caps & FK_CAP_SKIPS) { /* token 0 skipped (dropped by a policy): fine */
+        REQUIRE(rc == FK_OK, "FK_CAP_SKIPS: encode() refused token 1 with token 0 skipped "
+                "(%d: %s)", rc, fk_errmsg());
+        fk_err_clear();
+        rc = fk_conf_run_event(r, s, 1, 2, 1, 1, NULL, NULL);
+        REQUIRE(rc < 0, "FK_CAP_SKIPS: encode() accepted token 1 twice");
+    } else {
+        REQUIRE(rc < 0, "encode() accepted token 1 before token 0 was stored");
+    }
+    REQUIRE(fk_errmsg()[0], "encode() refused an out-of-order token (%d) without a message",
             rc);
     fk_conf_run_close(r);
     if (ops->caps & FK_CAP_DICT) { /* a dictionary of another head_dim: refused */

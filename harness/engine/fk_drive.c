@@ -64,7 +64,8 @@ static struct fk_sched unit_sched(const struct fk_unit *u, int kind)
 }
 
 /* Encodes tokens e->first .. e->end-1 of every head of stream `kind` as one event and
- * reports it to the observers. tok_step: see struct fk_commit. */
+ * reports it to the observers; for a codec that accepts skipped tokens (FK_CAP_SKIPS), the
+ * rows the policy has dropped already are left out. tok_step: see struct fk_commit. */
 static int encode_event(struct fk_drive *d, struct fk_unit *u, int kind,
                         const struct fk_sched_event *e, const int32_t *tok_step)
 {
@@ -73,9 +74,11 @@ static int encode_event(struct fk_drive *d, struct fk_unit *u, int kind,
     if (n <= 0)
         return FK_OK;
     FK_TRY(reserve_event(d, (size_t)n, m));
-    int i = 0;
+    int skips = u->evict && (u->ops->caps & FK_CAP_SKIPS), i = 0;
     for (int t = e->first; t < e->end; t++)
-        for (int h = 0; h < H; h++, i++) {
+        for (int h = 0; h < H; h++) {
+            if (skips && t <= d->seen && !u->keep[(size_t)h * T + t])
+                continue; /* dropped before its turn: never coded */
             float *xi = d->x + (size_t)i * m;
             const float *src = fk_stored_row(u->kv[kind], u->kv_enc[kind], (size_t)h * T + t,
                                              m, xi);
@@ -83,7 +86,10 @@ static int encode_event(struct fk_drive *d, struct fk_unit *u, int kind,
                 memcpy(xi, src, sizeof(float) * (size_t)m);
             d->tok[i] = t;
             d->head[i] = h;
+            i++;
         }
+    if ((n = i) == 0)
+        return FK_OK;
     struct fk_event ev = {.phase = e->phase, .step = e->step, .n = n, .x = d->x,
                           .token = d->tok, .head = d->head};
     double c0 = fk_clock_s(CLOCK_THREAD_CPUTIME_ID);
@@ -159,6 +165,7 @@ static int policy_open(struct fk_drive *d, struct fk_unit *u)
     }
     memset(d->prev, 0, n);
     d->n_dropped = 0;
+    d->seen = -1;
     struct fk_evict_env env = {.layer = u->layer, .n_kv_heads = u->n_kv_heads,
                                .n_q_heads = u->n_q_heads, .head_dim = u->head_dim,
                                .n_tokens = u->n_tokens, .prompt_len = u->prompt_len,
@@ -177,6 +184,7 @@ static int policy_hook(struct fk_drive *d, struct fk_unit *u, int prefill, int t
 {
     int H = u->n_kv_heads, T = u->n_tokens;
     int first = prefill ? 0 : t;
+    d->seen = t;
     for (int h = 0; h < H; h++)
         for (int j = first; j <= t; j++)
             u->keep[(size_t)h * T + j] = d->prev[(size_t)h * T + j] = 1;
@@ -294,10 +302,12 @@ int fk_drive_unit(struct fk_drive *d, struct fk_unit *u, struct fk_unit_result *
         rc = open_states(u);
     if (rc == FK_OK && u->evict)
         rc = policy_open(d, u);
-    if (rc == FK_OK)
-        rc = drive_ahead(d, u);
+    /* the prefill hook reads only exact rows and queries: it runs before the prefill's
+     * rows are coded, so that a codec skipping dropped tokens never sees its drops */
     if (rc == FK_OK && u->evict && u->prompt_len > 0)
         rc = policy_hook(d, u, 1, u->prompt_len - 1);
+    if (rc == FK_OK)
+        rc = drive_ahead(d, u);
     if (rc == FK_OK)
         rc = drive_decode(d, u);
     if (rc == FK_OK)

@@ -40,6 +40,7 @@ struct fk_drive {
     int32_t *dropped;
     size_t cap_mask;
     int n_dropped;
+    int seen;                    /* the newest token whose mask bits the policy has set */
 };
 
 int fk_drive_init(struct fk_drive *d);

@@ -296,12 +296,13 @@ int fk_replay_check_evict(const struct fk_cell_input *in)
     FK_TRY(fk_evict_check_names(ev, in->ops));
     if (ev->check)
         FK_TRY(ev->check(in->evict_opts));
-    if (in->ops->caps & (FK_CAP_GROWS | FK_CAP_ADAPTS))
+    if ((in->ops->caps & (FK_CAP_GROWS | FK_CAP_ADAPTS)) && !(in->ops->caps & FK_CAP_SKIPS))
         return fk_err(FK_ECONFIG, "codec %s cannot store what eviction policy '%s' keeps "
-                      "exactly: its dictionary grows or adapts from every row it codes, the "
-                      "dropped ones included (compose the policy with a codec whose rows are "
-                      "coded independently of the dropped rows, e.g. full, kivi, lexico)",
-                      in->ops->name, ev->name);
+                      "exactly: its dictionary grows or adapts from every row it codes, and it "
+                      "cannot skip the rows the policy drops (FK_CAP_SKIPS); compose the "
+                      "policy with a codec whose rows are coded independently of the dropped "
+                      "rows (e.g. full, kivi, lexico) or one that skips them (lexico-adp, gm, "
+                      "pl, fadkv)", in->ops->name, ev->name);
     if (in->ops->caps & FK_CAP_BASIS)
         return fk_err(FK_ECONFIG, "codec %s codes the KV heads of a group together, so a "
                       "per-head kept set of eviction policy '%s' cannot drop one head's row "
