@@ -51,14 +51,16 @@ static int h2o_open(const void *opts, const struct fk_evict_env *env, void **sta
     return FK_OK;
 }
 
-/* Over the tokens before `end`: the recent ones stay, the best `heavy` older ones too. */
-static void h2o_evict(struct h2o *s, int h, int end)
+/* Over the n kept tokens s->b.idx[0..n) before `end` (ascending): the recent ones stay,
+ * the best `heavy` older ones too. */
+static void h2o_evict(struct h2o *s, int h, int end, int n)
 {
     const struct fk_evict_env *e = &s->b.env;
-    int n = fk_evict_kept(e, h, 0, end, s->b.idx);
     if (n <= s->o.heavy + s->o.recent)
         return;
-    int nc = fk_evict_kept(e, h, 0, end - s->o.recent, s->b.idx);
+    int nc = n; /* the older ones: a prefix of the ascending list */
+    while (nc > 0 && s->b.idx[nc - 1] >= end - s->o.recent)
+        nc--;
     const double *acc = s->b.acc + (size_t)h * e->n_tokens;
     for (int i = 0; i < nc; i++)
         s->b.score[i] = acc[s->b.idx[i]];
@@ -76,7 +78,7 @@ static int h2o_prefill(void *state, const struct fk_evict_view *v)
             s->b.idx[j] = j;
         FK_TRY(fk_evict_attn_causal_sum(e, v, h, s->b.idx, P, P, 1.0 / G, &s->b.sc,
                                         s->b.acc + (size_t)h * e->n_tokens));
-        h2o_evict(s, h, P);
+        h2o_evict(s, h, P, P);
     }
     return FK_OK;
 }
@@ -87,15 +89,15 @@ static int h2o_decode(void *state, const struct fk_evict_view *v)
     const struct fk_evict_env *e = &s->b.env;
     int t = v->t;
     for (int h = 0; h < e->n_kv_heads; h++) {
-        if (t - 1 >= e->prompt_len) {
-            /* the previous decode token's attention over the set it saw */
-            int n = fk_evict_kept(e, h, 0, t, s->b.idx);
+        /* the kept tokens before t: the set the previous decode token saw */
+        int n = fk_evict_kept(e, h, 0, t, s->b.idx);
+        if (t - 1 >= e->prompt_len) { /* its attention over that set */
             FK_TRY(fk_evict_attn_group(e, v, h, t - 1, s->b.idx, n, &s->b.sc, s->b.score));
             double *acc = s->b.acc + (size_t)h * e->n_tokens;
             for (int i = 0; i < n; i++)
                 acc[s->b.idx[i]] += s->b.score[i];
         }
-        h2o_evict(s, h, t);
+        h2o_evict(s, h, t, n);
     }
     return FK_OK;
 }

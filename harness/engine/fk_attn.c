@@ -550,6 +550,14 @@ static int key_products(const struct fk_attn_in *in, struct fk_attn_scratch *s, 
     return FK_OK;
 }
 
+/* Exact row i of KV head g of K (kind 0) or V (1) as float32 (converted into buf when the
+ * rows are kept as 16-bit words). */
+static const float *exact_row(const struct fk_attn_in *in, int kind, int g, int i, float *buf)
+{
+    return fk_stored_row(kind ? in->v : in->k, kind ? in->v_enc : in->k_enc,
+                         (size_t)g * in->n_tokens + i, in->m, buf);
+}
+
 /* Compressed logits zh[h][i], i < n_comp, of the r query heads h0.. of KV head g: through
  * the codes and U when na > 0 (sparse codecs), else from reconstructed rows. */
 static int keys_compressed(const struct fk_attn_in *in, struct fk_attn_scratch *s, int g,
@@ -578,26 +586,25 @@ static int keys_compressed(const struct fk_attn_in *in, struct fk_attn_scratch *
         }
         return FK_OK;
     }
-    /* the kernel of the exact logits: a codec that stores rows exactly gives z_hat == z */
+    /* the kernel of the exact logits: a codec that stores rows exactly gives z_hat == z
+     * (FK_CAP_EXACT: its rows are the exact ones, read in place) */
     const double *qg = s->qd + (size_t)h0 * m;
+    int exact = (ops->caps & FK_CAP_EXACT) != 0;
     for (int i = 0; i < in->n_comp_k; i++) {
         if (!kept(in, g, i))
             continue;
-        FK_TRY(ops->reconstruct(in->kstate, g, i, s->row));
-        dot_heads(qg, r, s->row, m, s->pw);
+        const float *x = s->row;
+        if (exact)
+            x = exact_row(in, 0, g, i, s->xrow);
+        else
+            FK_TRY(ops->reconstruct(in->kstate, g, i, s->row));
+        dot_heads(qg, r, x, m, s->pw);
         for (int hl = 0; hl < r; hl++)
             s->zh[(size_t)(h0 + hl) * T + i] = s->pw[hl] / sqrtm;
     }
     return FK_OK;
 }
 
-/* Exact row i of KV head g of K (kind 0) or V (1) as float32 (converted into buf when the
- * rows are kept as 16-bit words). */
-static const float *exact_row(const struct fk_attn_in *in, int kind, int g, int i, float *buf)
-{
-    return fk_stored_row(kind ? in->v : in->k, kind ? in->v_enc : in->k_enc,
-                         (size_t)g * in->n_tokens + i, in->m, buf);
-}
 
 /* Compressed outputs oh[h] of the r query heads h0.. of KV head g from reconstructed rows
  * (codecs without sparse codes), in token order as for o: a codec that stores rows exactly
@@ -611,10 +618,10 @@ static int values_dense(const struct fk_attn_in *in, struct fk_attn_scratch *s, 
         const float *x;
         if (!kept(in, g, i))
             continue;
-        if (i < in->n_comp_v) {
+        if (i < in->n_comp_v && !(in->ops->caps & FK_CAP_EXACT)) {
             FK_TRY(in->ops->reconstruct(in->vstate, g, i, s->row));
             x = s->row;
-        } else {
+        } else { /* the exact row (an exact codec stores it as it is: FK_CAP_EXACT) */
             x = exact_row(in, 1, g, i, s->xrow);
         }
         for (int hl = 0; hl < r; hl++)

@@ -202,9 +202,8 @@ static int policy_hook(struct fk_drive *d, struct fk_unit *u, int prefill, int t
                               u->layer, u->evict->name, t);
     for (int h = 0; h < H; h++) {
         uint8_t *kp = u->keep + (size_t)h * T, *pp = d->prev + (size_t)h * T;
-        int n = 0, same = !memcmp(kp, pp, (size_t)t + 1); /* nothing dropped: only count */
-        for (int j = 0; same && j <= t; j++)
-            n += kp[j];
+        /* nothing dropped: the bits of the arriving tokens are set, so n >= 1 */
+        int same = !memcmp(kp, pp, (size_t)t + 1), n = same;
         for (int j = 0; !same && j <= t; j++) {
             if (pp[j] && !kp[j])
                 d->dropped[d->n_dropped++] = h * T + j;
