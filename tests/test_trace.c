@@ -893,6 +893,11 @@ START_TEST(test_bad_arrays)
     edit_put_ds(p, "/layers/L01/queries", H5T_NATIVE_FLOAT, 3, q7, z);
     expect_open_fail(p, FK_ECORRUPT, "/layers/L01/queries", "expected 8", NULL);
 
+    make_good(p, sizeof p, "qempty.h5"); /* a queries array of no rows (fuzz_trace found it) */
+    hsize_t q0[3] = {4, 0, 8};
+    edit_put_ds(p, "/layers/L00/queries", H5T_NATIVE_FLOAT, 3, q0, z);
+    expect_open_fail(p, FK_ECORRUPT, "layer L00", "queries has no rows", NULL);
+
     make_good(p, sizeof p, "noqidx.h5");
     edit_del_link(p, "/layers/L01/query_token_idx");
     expect_open_fail(p, FK_ECORRUPT, "L01", "query_token_idx", NULL);

@@ -478,6 +478,10 @@ static int validate_layers(struct fk_trace *t)
         }
         long q[3] = {in->n_q_heads, in->n_queries, in->head_dim};
         FK_TRY(check_array(t, FK_KIND_Q, l, q));
+        if (q[1] < 1)
+            return fk_err(FK_ECORRUPT, "%s: layer L%02d: queries has no rows (expected "
+                          "[%d][rows >= 1][%d], or no queries dataset)", t->path, l,
+                          in->n_q_heads, in->head_dim);
         if (q[1] > (1L << 24))
             return fk_err(FK_ECORRUPT, "%s: layer L%02d has %ld query rows (limit 16777216)",
                           t->path, l, q[1]);
