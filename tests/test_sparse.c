@@ -675,13 +675,14 @@ START_TEST(topn_vs_sort)
 {
     gsl_rng *r = gsl_rng_alloc(gsl_rng_mt19937);
     gsl_rng_set(r, 21);
-    const int N = 700;
-    float *a = malloc(N * sizeof(float)), *work = malloc(2 * N * sizeof(float));
-    uint8_t *dead = malloc(N);
-    int32_t *out = malloc(N * sizeof(int32_t)), *ref = malloc(N * sizeof(int32_t));
-    struct pair *p = malloc(N * sizeof *p);
+    const int N_MAX = 4096; /* 700: one candidate pass; 4096: the sampled threshold first */
+    float *a = malloc(N_MAX * sizeof(float)), *work = malloc(2 * N_MAX * sizeof(float));
+    uint8_t *dead = malloc(N_MAX);
+    int32_t *out = malloc(N_MAX * sizeof(int32_t)), *ref = malloc(N_MAX * sizeof(int32_t));
+    struct pair *p = malloc(N_MAX * sizeof *p);
     const int ns[] = {1, 2, 7, 64, 256, 400, 699, 700, 5000};
-    for (int trial = 0; trial < 60; trial++) {
+    for (int trial = 0; trial < 90; trial++) {
+        const int N = trial < 60 ? 700 : N_MAX;
         int levels = trial % 3 == 0 ? 5 : (trial % 3 == 1 ? 50 : 0); /* many ties */
         int live = 0;
         for (int j = 0; j < N; j++) {
@@ -708,7 +709,7 @@ START_TEST(topn_vs_sort)
             }
         }
     }
-    ck_assert_int_eq(fk_topn(a, NULL, N, 0, 1, out, work), 0);
+    ck_assert_int_eq(fk_topn(a, NULL, N_MAX, 0, 1, out, work), 0);
     free(a);
     free(work);
     free(dead);

@@ -223,16 +223,21 @@ static int32_t kth_key_masked(const int32_t *key, const int32_t *idx, int nc, in
     return prefix;
 }
 
+/* Byte-wise radix levels of the in-place select (keys are below 2^31): few candidates, so
+ * small histograms (a 2048-bin level cost more in clearing and scanning its bins than in
+ * reading the keys). */
+static const int lev8_shift[4] = {24, 16, 8, 0};
+
 /* The r-th largest (1-based, 1 <= r <= nc) of kb[0 .. nc) (overwritten): radix levels
  * that keep only the chosen bin (branch-free), insertion sort once few remain. */
 static int32_t kth_key_inplace(int32_t *kb, int nc, int r)
 {
-    uint32_t hist[2048];
-    for (int lev = 0; lev < 3 && nc > CAND_SORT; lev++) {
-        int sh = lev_shift[lev], bm = lev_bins[lev] - 1, top = 0;
-        memset(hist, 0, sizeof(uint32_t) * (size_t)lev_bins[lev]);
+    uint32_t hist[256];
+    for (int lev = 0; lev < 4 && nc > CAND_SORT; lev++) {
+        int sh = lev8_shift[lev], top = 0;
+        memset(hist, 0, sizeof hist);
         for (int i = 0; i < nc; i++) {
-            int b = (kb[i] >> sh) & bm;
+            int b = (kb[i] >> sh) & 255;
             hist[b]++;
             top = b > top ? b : top;
         }
@@ -243,10 +248,10 @@ static int32_t kth_key_inplace(int32_t *kb, int nc, int r)
         for (int i = 0; i < nc; i++) {
             int32_t k = kb[i];
             kb[w] = k;
-            w += ((k >> sh) & bm) == b;
+            w += ((k >> sh) & 255) == b;
         }
         nc = w;
-        if (lev == 2)
+        if (lev == 3)
             return kb[0]; /* all equal */
     }
     int32_t sorted[CAND_SORT];
@@ -255,14 +260,50 @@ static int32_t kth_key_inplace(int32_t *kb, int nc, int r)
     return sorted[r - 1];
 }
 
-/* Appends to cand every atom of key[0 .. n) whose key is >= t0, in index order (branch-free:
- * writes one slot past the count, and the count never exceeds the index). */
+/* Index of the lowest set bit of m != 0. */
+static inline int lowest_bit(uint64_t m)
+{
+#if defined(__GNUC__)
+    return __builtin_ctzll(m);
+#else
+    int i = 0;
+    while (!(m & 1u)) {
+        m >>= 1;
+        i++;
+    }
+    return i;
+#endif
+}
+
+/* f[i] = key[i] >= t0, i < len (vectorised). */
+FK_CLONES static void ge_flags(const int32_t *restrict key, int len, int32_t t0,
+                               uint8_t *restrict f)
+{
+    for (int i = 0; i < len; i++)
+        f[i] = key[i] >= t0;
+}
+
+/* Appends to cand every atom of key[0 .. n) whose key is >= t0, in index order: the flags
+ * of 64 keys packed into a mask (eight 0/1 bytes to eight bits by one multiplication), then
+ * its set bits: a store per candidate only (a branch-free store per key, chained on the
+ * count, cost several times as much). */
 static int collect(const int32_t *key, int n, int32_t t0, int32_t *cand)
 {
     int nc = 0;
-    for (int j = 0; j < n; j++) {
-        cand[nc] = j;
-        nc += key[j] >= t0;
+    uint8_t f[64];
+    for (int j0 = 0; j0 < n; j0 += 64) {
+        int len = n - j0 < 64 ? n - j0 : 64;
+        memset(f + len, 0, (size_t)(64 - len));
+        ge_flags(key + j0, len, t0, f);
+        uint64_t mk = 0;
+        for (int b = 0; b < 8; b++) {
+            uint64_t w = 0; /* byte i holds flag 8 b + i (one load on a little-endian CPU) */
+            for (int i = 0; i < 8; i++)
+                w |= (uint64_t)f[8 * b + i] << (8 * i);
+            mk |= ((w * 0x0102040810204080u) >> 56) << (8 * b);
+        }
+        for (; mk; mk &= mk - 1)
+            cand[nc++] = j0 + lowest_bit(mk);
     }
     return nc;
 }
