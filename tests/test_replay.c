@@ -586,6 +586,50 @@ START_TEST(test_evict_skips)
 }
 END_TEST
 
+/* The adaptive dictionary codecs under a policy that drops rows before and after their turn
+ * (recent < n_b): every cell finishes (the supports hash, errors and attention read only kept
+ * rows; a row a skipping codec never coded is never asked for), the kept count is the
+ * policy's, and the numbers are the same at 1 and 2 jobs. */
+START_TEST(test_evict_adaptive_codecs)
+{
+    char p1[512], pd[512];
+    snprintf(p1, sizeof p1, "%s/eva.h5", tmpdir);
+    snprintf(pd, sizeof pd, "%s/eva-dict.h5", tmpdir);
+    make_trace(p1, 2, 6, 2, 16, 70, 40);
+    make_dict(pd, 2, 64, 16);
+    struct fk_trace *tr;
+    ck_assert_int_eq(fk_trace_open(p1, &tr), FK_OK);
+    struct fk_dict *d;
+    ck_assert_int_eq(fk_dict_load(pd, &d), FK_OK);
+    static const char *const pol[][6] = {
+        {"streaming", "sinks", "2", "recent", "5"}, {"h2o", "heavy", "4", "recent", "4"},
+        {"scope", "decode_budget", "8", "recent", "4"}, {"snapkv", "window", "4", "budget", "9"},
+    };
+    const int kept_end[] = {7, 9, 40 + 8, 9 + 30}; /* per head at the last token */
+    const char *codecs[] = {"lexico-adp", "gm", "pl", "fadkv"};
+    for (size_t c = 0; c < 4; c++)
+        for (size_t p = 0; p < 4; p++) {
+            struct fk_cell_result r1, r2;
+            ck_assert_msg(run_cell_evict(codecs[c], pol[p][0], pol[p] + 1, &tr, 1, d, 1, &r1) ==
+                              FK_OK, "%s+%s: %s", codecs[c], pol[p][0], fk_errmsg());
+            ck_assert_msg(run_cell_evict(codecs[c], pol[p][0], pol[p] + 1, &tr, 1, d, 2, &r2) ==
+                              FK_OK, "%s+%s at 2 jobs: %s", codecs[c], pol[p][0], fk_errmsg());
+            assert_same(&r1, &r2);
+            for (int l = 0; l < 2; l++)
+                for (int k = 0; k < 2; k++) {
+                    const struct fk_stream_result *x = fk_cell_stream(&r1, 0, l, k);
+                    ck_assert_msg(x->n_kept == 2 * kept_end[p], "%s+%s: %ld kept, expected %d",
+                                  codecs[c], pol[p][0], x->n_kept, 2 * kept_end[p]);
+                    ck_assert(x->n_vectors > 0 && isfinite(x->err_sum));
+                }
+            fk_cell_result_free(&r1);
+            fk_cell_result_free(&r2);
+        }
+    fk_dict_free(&d);
+    fk_trace_close(&tr);
+}
+END_TEST
+
 START_TEST(test_evict_refusals)
 {
     char p1[512], p2[512];
@@ -1513,6 +1557,7 @@ static Suite *replay_suite(void)
     tcase_add_test(tc, test_evict_keep_all);
     tcase_add_test(tc, test_evict_bytes);
     tcase_add_test(tc, test_evict_skips);
+    tcase_add_test(tc, test_evict_adaptive_codecs);
     tcase_add_test(tc, test_evict_refusals);
     tcase_add_test(tc, test_jobs_determinism);
     tcase_add_test(tc, test_stored_16bit);

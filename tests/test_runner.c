@@ -244,8 +244,8 @@ static void write_nan_trace(const char *path)
 {
     enum { L = 2, H = 2, D = 8, T = 24, P = 8 };
     struct fk_trace_info ti = {.n_layers = L, .n_q_heads = H, .n_kv_heads = H, .head_dim = D,
-                               .n_tokens = T, .prompt_len = P, .keys_post_rope = 1,
-                               .rope_theta = 10000};
+                               .n_tokens = T, .prompt_len = P, .n_queries = T,
+                               .keys_post_rope = 1, .rope_theta = 10000};
     strcpy(ti.model_id, "nan-test");
     strcpy(ti.source, "synthetic");
     int32_t pos[T];

@@ -59,12 +59,8 @@ static int full_encode(void *state, const struct fk_event *ev, struct fk_vec_out
     struct full *f = state;
     for (int i = 0; i < ev->n; i++) {
         int h = ev->head[i], t = ev->token[i];
-        if (h < 0 || h >= f->n_heads || t < f->n_rows[h] || t >= f->n_tokens)
+        if (h < 0 || h >= f->n_heads || t != f->n_rows[h] || t >= f->n_tokens)
             return fk_err(FK_EINVAL, "full: event row (head %d, token %d) out of order", h, t);
-        /* tokens skipped (dropped by an eviction policy, FK_CAP_SKIPS) hold zeros */
-        memset(f->rows + ((size_t)h * f->n_tokens + f->n_rows[h]) * f->m, 0,
-               sizeof(float) * (size_t)(t - f->n_rows[h]) * f->m);
-        f->n_rows[h] = t;
         memcpy(f->rows + ((size_t)h * f->n_tokens + t) * f->m, ev->x + (size_t)i * f->m,
                sizeof(float) * (size_t)f->m);
         f->n_rows[h]++;
@@ -101,7 +97,7 @@ const struct fk_codec_ops fk_codec_full = {
     .summary = "stores vectors exactly (zero error, full fp16-equivalent memory): the reference",
     .opts_size = sizeof(struct full_opts),
     .options = full_options,
-    .caps = FK_CAP_STATIC | FK_CAP_EXACT | FK_CAP_SKIPS,
+    .caps = FK_CAP_STATIC | FK_CAP_EXACT,
     .open = full_open,
     .encode = full_encode,
     .reconstruct = full_reconstruct,

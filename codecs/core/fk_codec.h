@@ -97,9 +97,12 @@ enum fk_cap {
                                * eviction policy, a token the policy dropped before its turn
                                * is never coded (the codec stores, and adapts from, only what
                                * the policy keeps); a head's rows still come in increasing
-                               * token order, and reconstruct() is never asked for a skipped
-                               * token. Without it every row is coded, dropped or not, and a
-                               * codec that grows or adapts cannot be composed with a policy */
+                               * token order, and reconstruct() and sparse_row() are never
+                               * asked for a dropped token. Rows are skipped as they come due:
+                               * declare it only for a codec coded at its turn (not
+                               * FK_CAP_STATIC, whose rows are coded ahead of the policy).
+                               * Without it every row is coded, dropped or not, and a codec
+                               * that grows or adapts cannot be composed with a policy */
 };
 
 /* What a codec needs from the data under given options, beyond its capability flags

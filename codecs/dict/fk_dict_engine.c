@@ -418,17 +418,20 @@ int dc_encode_fresh(struct dc *d, const float *x, struct fk_code *c)
     return d->coder->encode(d, &v, 1, x, d->corr, c);
 }
 
-/* The event must hold later tokens of each head, each once, in order (tokens an eviction
- * policy dropped before their turn are skipped: FK_CAP_SKIPS; their rows stay empty). */
+/* The event must hold the next tokens of each head, each once, in order; an adaptive
+ * codec (FK_CAP_SKIPS) may skip the tokens an eviction policy dropped before their turn
+ * (their rows stay empty). */
 static int check_event(struct dc *d, const struct fk_event *ev)
 {
+    int skips = d->adapt != NULL;
     for (int h = 0; h < d->env.n_heads; h++)
         d->heads[h].expect = d->heads[h].n;
     for (int i = 0; i < ev->n; i++) {
         int h = ev->head[i], t = ev->token[i];
-        if (h < 0 || h >= d->env.n_heads || t < d->heads[h].expect || t >= d->env.n_tokens)
-            return fk_err(FK_EINVAL, "event vector %d: (head %d, token %d) is not a later row "
-                          "of that head", i, h, t);
+        if (h < 0 || h >= d->env.n_heads || t >= d->env.n_tokens ||
+            (skips ? t < d->heads[h].expect : t != d->heads[h].expect))
+            return fk_err(FK_EINVAL, "event vector %d: (head %d, token %d) is not %s row of "
+                          "that head", i, h, t, skips ? "a later" : "the next");
         d->heads[h].expect = t + 1;
     }
     return FK_OK;

@@ -16,6 +16,6 @@ const struct fk_codec_ops fk_codec_lexico = {
     .name = "lexico",
     .summary = "full OMP over a static universal per-layer dictionary",
     .options = lexico_options,
-    .caps = FK_CAP_DICT | FK_CAP_SPARSE | FK_CAP_GRAM | FK_CAP_STATIC | FK_CAP_SKIPS,
+    .caps = FK_CAP_DICT | FK_CAP_SPARSE | FK_CAP_GRAM | FK_CAP_STATIC,
     DC_OPS(lexico),
 };

@@ -928,6 +928,9 @@ int fk_trace_write_layer(struct fk_trace_writer *w, int layer, enum fk_kind kind
     const struct fk_trace_info *in = &w->info;
     if (layer < 0 || layer >= in->n_layers)
         return fk_err(FK_EINVAL, "%s: layer %d out of range", w->path, layer);
+    if (kind == FK_KIND_Q && in->n_queries < 1) /* the reader refuses a queries array of no rows */
+        return fk_err(FK_EINVAL, "%s: queries written with n_queries = %d (set it to the rows "
+                      "written, >= 1)", w->path, in->n_queries);
     char g[32], name[64];
     snprintf(g, sizeof g, "L%02d", layer);
     hid_t grp;

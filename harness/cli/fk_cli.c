@@ -147,9 +147,9 @@ int fk_cli_codecs(int argc, char **argv)
         if (print_options(c))
             return 1;
     }
-    printf("\neviction policies ([[codec]] evict = \"...\", over any codec above except those "
-           "whose dictionary grows or adapts; their options are keys of the same block; "
-           "docs/EVICTION.md):\n");
+    printf("\neviction policies ([[codec]] evict = \"...\", over any codec above but pca (and a "
+           "plugin that adapts without FK_CAP_SKIPS); their options are keys of the same "
+           "block; docs/EVICTION.md):\n");
     for (int i = 0; fk_evict_policies[i]; i++) {
         const struct fk_evict_ops *e = fk_evict_policies[i];
         struct fk_codec_ops view = {.name = e->name, .opts_size = e->opts_size,

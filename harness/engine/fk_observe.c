@@ -742,12 +742,15 @@ static int support_hashes(const struct fk_unit *u, int k, struct fk_stream_resul
             return fk_err(FK_ENOMEM, "out of memory");
         sr->n_row_hash = (long)H * comp;
     }
+    /* a row a skipping codec may never have coded (dropped: FK_CAP_SKIPS) hashes as empty */
+    int skips = u->keep && (u->ops->caps & FK_CAP_SKIPS);
     for (int h = 0; u->ops->sparse_row && h < H; h++)
         for (int t = 0; t < comp; t++) {
             int nnz = 0;
             const int32_t *idx = NULL;
             const float *coef = NULL;
-            FK_TRY(u->ops->sparse_row(u->st[k], h, t, &nnz, &idx, &coef));
+            if (!skips || u->keep[(size_t)h * u->n_tokens + t])
+                FK_TRY(u->ops->sparse_row(u->st[k], h, t, &nnz, &idx, &coef));
             uint64_t rh = FNV_OFFSET;
             for (int i = 0; i <= nnz; i++) {
                 rh ^= (uint64_t)(uint32_t)(i < nnz ? idx[i] : -1);

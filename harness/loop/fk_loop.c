@@ -542,7 +542,8 @@ static int policy_open(struct loop *lp, const struct fk_loop_codec *c)
     const struct fk_llama2c_config *cfg = fk_llama2c_model_config(lp->m);
     if (c->ops->caps & (FK_CAP_GROWS | FK_CAP_ADAPTS))
         return fk_err(FK_ECONFIG, "eviction policy %s over codec %s: the codec's dictionary "
-                      "changes with rows the policy may drop (as in replay, refused)",
+                      "changes with rows the policy may drop: refused in the closed loop (the "
+                      "replay composes them, skipping the dropped rows)",
                       ev->name, c->ops->name);
     FK_TRY(fk_evict_check_names(ev, c->ops));
     if (ev->check)
