@@ -380,20 +380,27 @@ static int run_cell_evict(const char *codec, const char *policy, const char *con
     return rc;
 }
 
+/* The eviction tests' data: 2 layers, 6/2 heads, head_dim 16, 70 tokens (40 prefill), and a
+ * 64-atom dictionary, written under the name `tag`. */
+static void evict_fixture(const char *tag, struct fk_trace **tr, struct fk_dict **d)
+{
+    char p1[512], pd[512];
+    snprintf(p1, sizeof p1, "%s/%s.h5", tmpdir, tag);
+    snprintf(pd, sizeof pd, "%s/%s-dict.h5", tmpdir, tag);
+    make_trace(p1, 2, 6, 2, 16, 70, 40);
+    make_dict(pd, 2, 64, 16);
+    ck_assert_int_eq(fk_trace_open(p1, tr), FK_OK);
+    ck_assert_int_eq(fk_dict_load(pd, d), FK_OK);
+}
+
 /* A budget that keeps every token gives exactly the numbers without a policy (full: cos 1,
  * KL 0), for every policy over full, kivi, lexico and uniform; a policy cell is the same at
  * any --jobs. */
 START_TEST(test_evict_keep_all)
 {
-    char p1[512], pd[512];
-    snprintf(p1, sizeof p1, "%s/ev1.h5", tmpdir);
-    snprintf(pd, sizeof pd, "%s/ev-dict.h5", tmpdir);
-    make_trace(p1, 2, 6, 2, 16, 70, 40);
-    make_dict(pd, 2, 64, 16);
     struct fk_trace *tr;
-    ck_assert_int_eq(fk_trace_open(p1, &tr), FK_OK);
     struct fk_dict *d;
-    ck_assert_int_eq(fk_dict_load(pd, &d), FK_OK);
+    evict_fixture("ev1", &tr, &d);
     static const char *const keep_all[][6] = {
         {"snapkv", "budget", "1000", "window", "8"}, {"h2o", "heavy", "1000", NULL, NULL},
         {"streaming", "recent", "1000", NULL, NULL}, {"scope", "decode_budget", "1000", NULL, NULL},
@@ -592,15 +599,9 @@ END_TEST
  * policy's, and the numbers are the same at 1 and 2 jobs. */
 START_TEST(test_evict_adaptive_codecs)
 {
-    char p1[512], pd[512];
-    snprintf(p1, sizeof p1, "%s/eva.h5", tmpdir);
-    snprintf(pd, sizeof pd, "%s/eva-dict.h5", tmpdir);
-    make_trace(p1, 2, 6, 2, 16, 70, 40);
-    make_dict(pd, 2, 64, 16);
     struct fk_trace *tr;
-    ck_assert_int_eq(fk_trace_open(p1, &tr), FK_OK);
     struct fk_dict *d;
-    ck_assert_int_eq(fk_dict_load(pd, &d), FK_OK);
+    evict_fixture("eva", &tr, &d);
     static const char *const pol[][6] = {
         {"streaming", "sinks", "2", "recent", "5"}, {"h2o", "heavy", "4", "recent", "4"},
         {"scope", "decode_budget", "8", "recent", "4"}, {"snapkv", "window", "4", "budget", "9"},
