@@ -18,6 +18,7 @@
 #include "common/fk_err.h"
 #include "core/fk_codec.h"
 #include "core/fk_evict.h"
+#include "formats/fk_dict.h"
 #include "gen/fk_llama2c.h"
 #include "loop/fk_loop.h"
 
@@ -335,10 +336,78 @@ START_TEST(refuses_what_cannot_run)
 }
 END_TEST
 
+/* A codec that skips dropped rows, recording what it is handed (layer 0), and storing rows
+ * exactly: the closed loop's counterpart of test_replay's skip probe. */
+enum { LP_T = 512, LP_H = 16 };
+static int lp_seen[2][LP_H][LP_T];
+struct lp_probe_opts {
+    struct fk_common_opts c;
+};
+static const struct fk_option lp_probe_options[] = {
+    FK_COMMON_OPTIONS(struct lp_probe_opts),
+    {NULL, 0, 0, 0, 0, 0, NULL, NULL},
+};
+struct lp_probe {
+    int kind, layer, m, H, T;
+    float *rows;
+};
+static int lp_open(const void *o, const struct fk_stream_env *env, void **st)
+{
+    (void)o;
+    struct lp_probe *p = calloc(1, sizeof *p);
+    ck_assert_ptr_nonnull(p);
+    *p = (struct lp_probe){.kind = env->kind, .layer = env->layer, .m = env->head_dim,
+                           .H = env->n_heads, .T = env->n_tokens};
+    p->rows = calloc((size_t)p->H * p->T * p->m, sizeof(float));
+    ck_assert_ptr_nonnull(p->rows);
+    *st = p;
+    return FK_OK;
+}
+static int lp_encode(void *st, const struct fk_event *ev, struct fk_vec_out *out)
+{
+    struct lp_probe *p = st;
+    for (int i = 0; i < ev->n; i++) {
+        int h = ev->head[i], t = ev->token[i];
+        ck_assert(h < LP_H && t < LP_T);
+        if (p->layer == 0)
+            lp_seen[p->kind][h][t]++;
+        memcpy(p->rows + ((size_t)h * p->T + t) * p->m, ev->x + (size_t)i * p->m,
+               sizeof(float) * (size_t)p->m);
+        out[i] = (struct fk_vec_out){.nnz = p->m};
+    }
+    return FK_OK;
+}
+static int lp_reconstruct(const void *st, int h, int t, float *out)
+{
+    const struct lp_probe *p = st;
+    ck_assert_msg(p->layer != 0 || lp_seen[p->kind][h][t] > 0, "row (%d, %d) never coded", h,
+                  t);
+    memcpy(out, p->rows + ((size_t)h * p->T + t) * p->m, sizeof(float) * (size_t)p->m);
+    return FK_OK;
+}
+static void lp_stats(const void *st, struct fk_stream_stats *s)
+{
+    (void)st;
+    memset(s, 0, sizeof *s);
+}
+static void lp_close(void *st)
+{
+    struct lp_probe *p = st;
+    if (p)
+        free(p->rows);
+    free(p);
+}
+static const struct fk_codec_ops lp_probe_ops = {
+    .name = "loop-skip-probe", .summary = "test probe", .opts_size = sizeof(struct lp_probe_opts),
+    .options = lp_probe_options, .caps = FK_CAP_SKIPS | FK_CAP_ADAPTS, .open = lp_open,
+    .encode = lp_encode, .reconstruct = lp_reconstruct, .stats = lp_stats, .close = lp_close,
+};
+
 /* An eviction policy in the loop: StreamingLLM whose window holds every token gives the
  * plain runner's logits bit for bit; a short window changes them only once the sequence is
- * longer than sinks + recent (the NumPy oracle checks the values); a policy over a codec whose
- * dictionary adapts is refused. */
+ * longer than sinks + recent (the NumPy oracle checks the values); over fadkv, which skips
+ * the rows a policy drops, the same holds against fadkv alone; a codec that adapts and cannot
+ * skip is refused. */
 START_TEST(eviction_policy_in_the_loop)
 {
     if (!have_model("fortune-byte-4L"))
@@ -371,12 +440,77 @@ START_TEST(eviction_policy_in_the_loop)
         ck_assert(c == 0 ? r.attn_kl[0] == 0.0 : isnan(r.attn_kl[0]));
         fk_loop_result_free(&r);
     }
+    /* over fadkv (it skips dropped rows): a window holding every token gives fadkv's own
+     * logits bit for bit; a short one the same logits up to the first drop, then others */
     const struct fk_codec_ops *fad = fk_codec_find("fadkv");
-    void *ao = codec_opts(fad, NULL);
-    struct fk_loop_codec lc = {.ops = fad, .opts = ao, .evict = ev, .evict_opts = eo};
+    const char *fkv[] = {"n_b", "4", "n", "32", NULL};
+    void *ao = codec_opts(fad, fkv);
+    char dpath[4200];
+    const char *src = getenv("FK_SRCDIR");
+    snprintf(dpath, sizeof dpath, "%s/datasets/dicts/fortune-byte-4L.h5", src ? src : ".");
+    struct fk_dict *dict = NULL;
+    ck_assert_msg(fk_dict_load(dpath, &dict) == FK_OK, "%s", fk_errmsg());
+    struct fk_loop_codec plain = {.ops = fad, .opts = ao, .dict = dict};
+    struct fk_loop_result r0;
+    ck_assert_msg(fk_loop_run(f.m, &f.ref, &plain, FK_LOOP_TEACHER, 1, &r0) == FK_OK, "%s",
+                  fk_errmsg());
+    size_t V = (size_t)f.V;
+    for (int c = 0; c < 2; c++) {
+        ck_assert(fk_evict_opts_set(ev, eo, fk_evict_option(ev, "recent"), recent[c]) == FK_OK);
+        struct fk_loop_codec lc = {.ops = fad, .opts = ao, .dict = dict, .evict = ev,
+                                   .evict_opts = eo};
+        struct fk_loop_result r;
+        ck_assert_msg(fk_loop_run(f.m, &f.ref, &lc, FK_LOOP_TEACHER, 1, &r) == FK_OK,
+                      "fadkv+streaming: %s", fk_errmsg());
+        int differ = 0;
+        for (int j = 0; j < S; j++) {
+            int same = !memcmp(r.logits + j * V, r0.logits + j * V, V * sizeof(float));
+            if (P + j + 1 <= 4 + recent[c])
+                ck_assert_msg(same, "recent %d, step %d: fadkv's logits changed before a drop",
+                              recent[c], j);
+            differ += !same;
+        }
+        ck_assert_msg(c == 0 ? differ == 0 : differ > 0, "recent %d: %d steps differ",
+                      recent[c], differ);
+        fk_loop_result_free(&r);
+    }
+    fk_loop_result_free(&r0);
+    /* the rows a skipping codec is handed: exactly those StreamingLLM keeps when they come
+     * due (n_b 8, a_len 1: token j at the prompt's end when j < P - 8, else at token j + 8) */
+    const int lrec = 6;
+    ck_assert(fk_evict_opts_set(ev, eo, fk_evict_option(ev, "recent"), lrec) == FK_OK);
+    struct lp_probe_opts po;
+    fk_opts_defaults(&lp_probe_ops, &po);
+    po.c.n_b = 8;
+    po.c.a_len = 1;
+    memset(lp_seen, 0, sizeof lp_seen);
+    struct fk_loop_codec pc = {.ops = &lp_probe_ops, .opts = &po, .evict = ev,
+                               .evict_opts = eo};
+    struct fk_loop_result rp;
+    ck_assert_msg(fk_loop_run(f.m, &f.ref, &pc, FK_LOOP_TEACHER, 0, &rp) == FK_OK, "%s",
+                  fk_errmsg());
+    fk_loop_result_free(&rp);
+    int T = P + S, n_kv = fk_llama2c_model_config(f.m)->n_kv_heads, coded = 0;
+    for (int j = 0; j < T; j++) {
+        int due = j < P - 8 ? P - 1 : j + 8;
+        int want = due >= T - 1 ? 0 : j < 4 || j >= due + 1 - lrec;
+        for (int k = 0; k < 2; k++)
+            for (int h = 0; h < n_kv; h++) {
+                ck_assert_msg(lp_seen[k][h][j] == want, "%s head %d token %d coded %d times, "
+                              "expected %d", k ? "V" : "K", h, j, lp_seen[k][h][j], want);
+                coded += want;
+            }
+    }
+    ck_assert_int_gt(coded, 0);
+    /* a codec that adapts and cannot skip dropped rows is refused */
+    struct fk_codec_ops noskip = *fad;
+    noskip.caps &= ~(unsigned)FK_CAP_SKIPS;
+    struct fk_loop_codec lc = {.ops = &noskip, .opts = ao, .dict = dict, .evict = ev,
+                               .evict_opts = eo};
     struct fk_loop_result r;
     ck_assert(fk_loop_run(f.m, &f.ref, &lc, FK_LOOP_TEACHER, 0, &r) == FK_ECONFIG);
     ck_assert_msg(strstr(fk_errmsg(), "refused") != NULL, "%s", fk_errmsg());
+    fk_dict_free(&dict);
     free(ao);
     free(fo);
     free(eo);

@@ -374,6 +374,13 @@ static void keep_rows(struct loop *lp, int t)
         }
 }
 
+/* Whether row (h, t) of layer l is left out: dropped by the policy, for a codec that skips
+ * dropped rows (FK_CAP_SKIPS; the mask covers every token of an event). */
+static int skipped(const struct loop *lp, int l, int h, int t)
+{
+    return lp->pol && (lp->ops->caps & FK_CAP_SKIPS) && !lp->keep[l][(size_t)h * lp->T + t];
+}
+
 /* Codes event e of stream kind k in every layer and writes the reconstructions into the
  * runner's cache rows (every compressed row of a codec whose dictionary changes). */
 static int code_event(struct loop *lp, int k, const struct fk_sched_event *e)
@@ -387,12 +394,17 @@ static int code_event(struct loop *lp, int k, const struct fk_sched_event *e)
     for (int l = 0; l < lp->L; l++) {
         int i = 0;
         for (int t = e->first; t < e->end; t++)
-            for (int h = 0; h < H; h++, i++) {
+            for (int h = 0; h < H; h++) {
+                if (skipped(lp, l, h, t))
+                    continue; /* never attended to again, never coded */
                 memcpy(lp->x + (size_t)i * m, raw_row(lp, l, k, h, t), (size_t)m * sizeof(float));
                 lp->tok[i] = t;
                 lp->head[i] = h;
+                i++;
             }
-        struct fk_event ev = {.phase = e->phase, .step = e->step, .n = n, .x = lp->x,
+        if (i == 0)
+            continue;
+        struct fk_event ev = {.phase = e->phase, .step = e->step, .n = i, .x = lp->x,
                               .token = lp->tok, .head = lp->head};
         void *st = lp->st[l * 2 + k];
         double c0 = fk_clock_s(CLOCK_THREAD_CPUTIME_ID);
@@ -403,7 +415,8 @@ static int code_event(struct loop *lp, int k, const struct fk_sched_event *e)
         for (int t = again ? 0 : e->first; t < e->end; t++) {
             float *row = fk_llama2c_kv_row(lp->run, l, (enum fk_kind)k, t);
             for (int h = 0; h < H && rc >= 0; h++)
-                rc = lp->ops->reconstruct(st, h, t, row + (size_t)h * m);
+                if (!skipped(lp, l, h, t))
+                    rc = lp->ops->reconstruct(st, h, t, row + (size_t)h * m);
             if (rc < 0)
                 return fk_err_context(rc, "%s reconstruct in the loop (layer %d %s, token %d)",
                                       lp->ops->name, l, k ? "V" : "K", t);
@@ -540,11 +553,10 @@ static int policy_open(struct loop *lp, const struct fk_loop_codec *c)
 {
     const struct fk_evict_ops *ev = c->evict;
     const struct fk_llama2c_config *cfg = fk_llama2c_model_config(lp->m);
-    if (c->ops->caps & (FK_CAP_GROWS | FK_CAP_ADAPTS))
+    if ((c->ops->caps & (FK_CAP_GROWS | FK_CAP_ADAPTS)) && !(c->ops->caps & FK_CAP_SKIPS))
         return fk_err(FK_ECONFIG, "eviction policy %s over codec %s: the codec's dictionary "
-                      "changes with rows the policy may drop: refused in the closed loop (the "
-                      "replay composes them, skipping the dropped rows)",
-                      ev->name, c->ops->name);
+                      "changes with rows the policy may drop and it cannot skip them "
+                      "(FK_CAP_SKIPS): refused", ev->name, c->ops->name);
     FK_TRY(fk_evict_check_names(ev, c->ops));
     if (ev->check)
         FK_TRY(ev->check(c->evict_opts));

@@ -73,8 +73,9 @@ struct fk_loop_codec {
      * passes, decode() at every layer of decode position t once its q, k, v exist and before
      * its attention (the runner's pre_attention hook), on the exact rows this loop computed
      * and every query so far; each layer's attention then reads only the kept rows (the
-     * runner's keep masks). Refused with a codec whose dictionary grows or adapts (as
-     * replay). With a policy, attn_kl is NaN once a row is dropped (forward KL is infinite). */
+     * runner's keep masks). A codec that skips dropped rows (FK_CAP_SKIPS) is never handed
+     * one, as in replay; one whose dictionary grows or adapts without that is refused. With a
+     * policy, attn_kl is NaN once a row is dropped (forward KL is infinite). */
     const struct fk_evict_ops *evict;
     const void *evict_opts;
     /* (optional) teacher forcing in blocks of up to `block` positions per forward pass
