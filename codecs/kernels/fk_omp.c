@@ -186,34 +186,51 @@ static inline float frombits(uint32_t b)
 }
 
 /* One full strip of the fused update: t = g - sum_l wf_l * dm_l; out = t * inv;
- * c -= zk * out; returns max |c| over the strip. Constant trip counts so that gcc -O2
- * vectorises every loop. */
-FK_CLONES static float strip_full(const float *restrict g, const float *restrict dm, size_t ld,
-                                  const float *restrict wf, int k, float inv, float zk,
-                                  float *restrict c, float *restrict out)
+ * c -= zk * out; returns max |c| over the strip. The strip goes in chunks of CH floats whose
+ * t stays in vector registers while the k rows stream past (one load per row element, no
+ * stores of t); each element's operations and their order are those of strip_tail, so every
+ * clone and chunking gives the same bits. */
+#define CH 64 /* floats of t held in registers: 4 x 16 */
+typedef float v16f __attribute__((vector_size(64)));
+
+/* unaligned 16-float load and store (macros: a function returning a 64-byte vector would
+ * change the ABI between clones) */
+#define LD16(p) (__extension__({ v16f v_; memcpy(&v_, (p), sizeof v_); v_; }))
+#define ST16(p, v) memcpy((p), &(v), sizeof(v16f))
+
+FK_CLONES512 static float strip_full(const float *restrict g, const float *restrict dm,
+                                     size_t ld, const float *restrict wf, int k, float inv,
+                                     float zk, float *restrict c, float *restrict out)
 {
-    float t[STRIP];
-    const float *restrict tv = g; /* g itself while nothing is subtracted (no copy) */
-    if (k > 0) {
-        float w0 = wf[0];
-        for (int i = 0; i < STRIP; i++)
-            t[i] = g[i] - w0 * dm[i];
-        for (int l = 1; l < k; l++) {
-            const float *restrict row = dm + (size_t)l * ld;
-            float wl = wf[l];
-            for (int i = 0; i < STRIP; i++)
-                t[i] -= wl * row[i];
-        }
-        tv = t;
-    }
     uint32_t mb = 0;
-    for (int i = 0; i < STRIP; i++) {
-        float v = tv[i] * inv;
-        out[i] = v;
-        float cv = c[i] - zk * v;
-        c[i] = cv;
-        mb = absbits(cv) > mb ? absbits(cv) : mb;
+    for (int i0 = 0; i0 < STRIP; i0 += CH) {
+        v16f t0 = LD16(g + i0), t1 = LD16(g + i0 + 16), t2 = LD16(g + i0 + 32),
+             t3 = LD16(g + i0 + 48);
+        for (int l = 0; l < k; l++) {
+            const float *r = dm + (size_t)l * ld + i0;
+            float w = wf[l];
+            t0 = t0 - w * LD16(r);
+            t1 = t1 - w * LD16(r + 16);
+            t2 = t2 - w * LD16(r + 32);
+            t3 = t3 - w * LD16(r + 48);
+        }
+        t0 = t0 * inv;
+        t1 = t1 * inv;
+        t2 = t2 * inv;
+        t3 = t3 * inv;
+        ST16(out + i0, t0);
+        ST16(out + i0 + 16, t1);
+        ST16(out + i0 + 32, t2);
+        ST16(out + i0 + 48, t3);
+        v16f c0 = LD16(c + i0) - zk * t0, c1 = LD16(c + i0 + 16) - zk * t1,
+             c2 = LD16(c + i0 + 32) - zk * t2, c3 = LD16(c + i0 + 48) - zk * t3;
+        ST16(c + i0, c0);
+        ST16(c + i0 + 16, c1);
+        ST16(c + i0 + 32, c2);
+        ST16(c + i0 + 48, c3);
     }
+    for (int i = 0; i < STRIP; i++) /* from L1, in lane-wise maxima */
+        mb = absbits(c[i]) > mb ? absbits(c[i]) : mb;
     return frombits(mb);
 }
 
