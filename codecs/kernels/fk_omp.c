@@ -289,17 +289,23 @@ static int argmax_masked(const float *c, int n, const uint8_t *mask, const uint8
     return bj;
 }
 
-/* Argmax over the strip maxima: the first strip holding mx, then the first index in it. */
+static int first_match(const float *restrict c, int nc, int32_t mb, int *count);
+
+/* Argmax over the strip maxima: the first strip holding mx, then the first index in it (one
+ * vectorised pass over the strip; |c_i| == mx exactly when the bit patterns are equal, NaN
+ * aside, which finds nothing as before). */
 static int argmax_lookup(const float *c, int n, const float *smax, float mx)
 {
+    if (isnan(mx))
+        return -1;
     int ns = (n + STRIP - 1) / STRIP;
     for (int s = 0; s < ns; s++) {
         if (smax[s] != mx)
             continue;
-        int lo = s * STRIP, hi = lo + STRIP < n ? lo + STRIP : n;
-        for (int i = lo; i < hi; i++)
-            if (fabsf(c[i]) == mx)
-                return i;
+        int lo = s * STRIP, hi = lo + STRIP < n ? lo + STRIP : n, cnt;
+        int p = first_match(c + lo, hi - lo, (int32_t)absbits(mx), &cnt);
+        if (cnt > 0)
+            return lo + p;
     }
     return -1;
 }
@@ -457,6 +463,11 @@ static void omp_select(struct gstate *g)
     }
     g->j = j;
     g->grow = d->gram_row(d->gram_ctx, j, g->ws.scratch);
+    /* the step starts with G_jj and G_{S,j}, scattered over the row and far ahead of its
+     * pass: fetch them now, while the other vector in flight runs its pass */
+    __builtin_prefetch(g->grow + j, 0, 3);
+    for (int l = 0; l < g->k; l++)
+        __builtin_prefetch(g->grow + g->out->idx[l], 0, 3);
     /* the atom is read again by omp_finish (the residual), after many Gram rows went by */
     const float *at = d->atoms + (size_t)j * (size_t)d->m;
     for (int i = 0; i < d->m; i += 16)
@@ -884,7 +895,7 @@ FK_CLONES static int32_t absmax_bits(const float *restrict c, int nc)
 }
 
 /* The first position holding |c_p| bits == mb, and how many do (vectorised). */
-FK_CLONES static int first_match(const float *restrict c, int nc, int32_t mb, int *count)
+FK_CLONES512 static int first_match(const float *restrict c, int nc, int32_t mb, int *count)
 {
     int pos = nc, cnt = 0;
     for (int p = 0; p < nc; p++) {
