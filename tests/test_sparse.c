@@ -428,6 +428,82 @@ START_TEST(omp_duplicates_guard)
 }
 END_TEST
 
+/* Precision guard. A chain of 12 atoms d_j ~ e_0 + eps (e_1 + ... + e_j), eps = 1.5e-3 (each at
+ * delta2 ~ eps^2 = 2.3e-6 from the span of the ones before, above the dependency guard;
+ * cond(G_SS) ~ (12 / eps)^2 ~ 6e7), other atoms in dims 12..15, and a Gram whose chain
+ * entries carry an error of 3e-6 (what a float32 Gram of larger, less tidy atoms carries on
+ * such a cluster). A vector of the chain's span at s = 12 needs coefficients ~ 1 / eps, the
+ * solve cancels and, unguarded, err2 reaches many times ||x||^2. Gram mode: every code must
+ * end with err2 <= ||x||^2 and err2 must be its own residual (recomputed here in long
+ * double); some codes must have been cut (the data exercise the guard). Naive mode, whose
+ * Gram entries come from the atoms themselves (so it needs no cut here): the same bounds. */
+START_TEST(omp_precision_guard)
+{
+    gsl_rng *r = gsl_rng_alloc(gsl_rng_mt19937);
+    gsl_rng_set(r, 5);
+    struct tdict t;
+    memset(&t, 0, sizeof t);
+    t.n = 64;
+    t.m = 16;
+    t.atoms = calloc((size_t)t.n * t.m, sizeof(float));
+    const double eps = 1.5e-3;
+    for (int j = 0; j < 12; j++) {
+        double nn = sqrt(1.0 + j * eps * eps);
+        t.atoms[j * 16] = (float)(1.0 / nn);
+        for (int i = 1; i <= j; i++)
+            t.atoms[j * 16 + i] = (float)(eps / nn);
+    }
+    for (int j = 12; j < t.n; j++) {
+        double v[4], s = 0;
+        for (int i = 0; i < 4; i++) {
+            v[i] = gsl_ran_gaussian(r, 1.0);
+            s += v[i] * v[i];
+        }
+        for (int i = 0; i < 4; i++)
+            t.atoms[j * 16 + 12 + i] = (float)(v[i] / sqrt(s));
+    }
+    tdict_finish(&t);
+    for (int i = 0; i < 12; i++) /* the Gram's error on the chain */
+        for (int j = 0; j < i; j++) {
+            float e = (float)(3e-6 * gsl_ran_gaussian(r, 1.0));
+            t.gram[i * t.n + j] += e;
+            t.gram[j * t.n + i] += e;
+        }
+    int guarded[2] = {0, 0};
+    for (int v = 0; v < 40; v++) {
+        float x[16], a[64];
+        for (int i = 0; i < 16; i++) /* in the chain's span, with coefficients ~ 1 / eps */
+            x[i] = i < 12 ? (float)gsl_ran_gaussian(r, 1.0) : 0.0f;
+        correlate(&t, x, a);
+        struct fk_code g, n;
+        ck_assert_int_eq(fk_omp_gram(&t.v, x, a, 12, 0, t.work, &g), FK_OK);
+        ck_assert_int_eq(fk_omp_naive(&t.v, x, a, NULL, 0, 12, 0, t.work, &n), FK_OK);
+        const struct fk_code *cs[2] = {&g, &n};
+        for (int q = 0; q < 2; q++) {
+            const struct fk_code *c = cs[q];
+            ck_assert_msg(c->err2 <= c->xx * (1 + 1e-9), "vector %d mode %d: err2 %g > xx %g",
+                          v, q, c->err2, c->xx);
+            long double e = 0; /* the code's own residual, independently */
+            for (int i = 0; i < 16; i++) {
+                long double ri = x[i];
+                for (int l = 0; l < c->k; l++)
+                    ri -= (long double)c->coef[l] * t.atoms[c->idx[l] * 16 + i];
+                e += ri * ri;
+            }
+            ck_assert_msg(fabsl(e - c->err2) <= 1e-9L * c->xx, "err2 %g, residual %Lg",
+                          c->err2, e);
+            if (!(c->flags & FK_CODE_GUARDED))
+                continue;
+            guarded[q]++;
+        }
+    }
+    /* the naive mode's exact Gram entries need no cut here; the Gram mode's do */
+    ck_assert_msg(guarded[0] > 0, "the data never needed the guard (Gram mode)");
+    tdict_free(&t);
+    gsl_rng_free(r);
+}
+END_TEST
+
 /* Premature stop, relative tolerance, determinism with dirty scratch. */
 START_TEST(omp_premature_tol_determinism)
 {
@@ -808,6 +884,7 @@ static Suite *sparse_suite(void)
     tcase_add_test(tc, omp_zero_and_nonfinite);
     tcase_add_test(tc, omp_s_exceeds_m_and_live);
     tcase_add_test(tc, omp_duplicates_guard);
+    tcase_add_test(tc, omp_precision_guard);
     tcase_add_test(tc, omp_premature_tol_determinism);
     tcase_add_test(tc, omp_batch_equals_single);
     tcase_add_test(tc, omp_naive_pool);

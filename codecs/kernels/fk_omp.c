@@ -430,6 +430,58 @@ struct gstate {
     float mx;
 };
 
+/* The precision guard (fk_sparse.h, fk_omp_gram): out holds the code of k atoms with
+ * coefficients gamma and its recomputed err2; energy(kp) recomputes ||x - D_S' gamma'||^2
+ * for a prefix of kp atoms, with gamma' in gamma. */
+#define GUARD_LOSS 1e-3
+static void resid_naive(const float *restrict atoms, int m, const float *restrict x,
+                        const int32_t *idx, const double *gamma, int k, double *restrict rx,
+                        float *restrict r);
+static double energy_naive(const double *rx, int m);
+
+struct guard {
+    const struct fk_dict_view *d;
+    const float *x;
+    const double *L, *z;
+    int ld, naive;
+    double *gamma, *rx;
+    float *r;
+};
+
+static double guard_energy(const struct guard *gd, const struct fk_code *out, int kp)
+{
+    if (gd->naive) {
+        resid_naive(gd->d->atoms, gd->d->m, gd->x, out->idx, gd->gamma, kp, gd->rx, gd->r);
+        return energy_naive(gd->rx, gd->d->m);
+    }
+    return resid_energy(gd->d, gd->x, out->idx, gd->gamma, kp, gd->rx);
+}
+
+static void precision_guard(const struct guard *gd, double zz, struct fk_code *out)
+{
+    int k = out->k;
+    if (k < 1 || !(out->err2 - (out->xx - zz) > GUARD_LOSS * out->xx))
+        return;
+    int best = k;
+    double be = out->err2;
+    for (int kp = k - 1; kp >= 0; kp--) {
+        back_solve(gd->L, gd->ld, kp, gd->z, gd->gamma);
+        double e = kp ? guard_energy(gd, out, kp) : out->xx;
+        if (e <= be) { /* ties to the shorter code */
+            be = e;
+            best = kp;
+        }
+    }
+    if (best == k)
+        return;
+    back_solve(gd->L, gd->ld, best, gd->z, gd->gamma);
+    for (int l = 0; l < best; l++)
+        out->coef[l] = gd->gamma[l];
+    out->k = best;
+    out->err2 = be;
+    out->flags |= FK_CODE_GUARDED;
+}
+
 static void omp_finish(struct gstate *g)
 {
     struct fk_code *out = g->out;
@@ -438,6 +490,9 @@ static void omp_finish(struct gstate *g)
     for (int l = 0; l < g->k; l++)
         out->coef[l] = g->ws.gamma[l];
     out->err2 = resid_energy(g->d, g->x, out->idx, g->ws.gamma, g->k, g->ws.rx);
+    struct guard gd = {.d = g->d, .x = g->x, .L = g->ws.L, .z = g->ws.z, .ld = g->ld,
+                       .naive = 0, .gamma = g->ws.gamma, .rx = g->ws.rx, .r = g->ws.r};
+    precision_guard(&gd, g->zz, out);
     g->active = 0;
 }
 
@@ -1076,6 +1131,12 @@ done:
         out->coef[l] = ws.gamma[l];
     resid_naive(d->atoms, m, x, out->idx, ws.gamma, out->k, ws.rx, ws.r);
     out->err2 = energy_naive(ws.rx, m);
+    double zz = 0.0;
+    for (int l = 0; l < out->k; l++)
+        zz += ws.z[l] * ws.z[l];
+    struct guard gd = {.d = d, .x = x, .L = ws.L, .z = ws.z, .ld = ld, .naive = 1,
+                       .gamma = ws.gamma, .rx = ws.rx, .r = ws.r};
+    precision_guard(&gd, zz, out);
     return FK_OK;
 }
 

@@ -20,6 +20,8 @@ enum fk_code_flag {
     FK_CODE_PREMATURE = 1u << 1, /* residual orthogonal to every candidate: k < s */
     FK_CODE_TOL = 1u << 2,       /* stopped by the relative error threshold */
     FK_CODE_DEPENDENT = 1u << 3, /* at least one atom excluded by the dependency guard */
+    FK_CODE_GUARDED = 1u << 4,   /* the coefficient solve lost precision: the code was cut
+                                  * to its best prefix (precision guard, fk_omp_gram) */
 };
 
 /* One sparse code of a vector x. */
@@ -78,7 +80,15 @@ size_t fk_omp_work_floats(int n_atoms, int m, int s);
  * Implementation: progressive Cholesky of G_SS in double (w = L^{-1} G_{S,j} from the row
  * fetched for j) plus the v0 rows q_k^T D (float) for the correlation update; memory
  * (s - 1) * n_atoms floats of work. The dependency guard excludes j when
- * G_jj - ||w||^2 <= 1e-6 G_jj; out->iters counts accepted plus excluded candidates. */
+ * G_jj - ||w||^2 <= 1e-6 G_jj; out->iters counts accepted plus excluded candidates.
+ * Precision guard (both modes): the recomputed err2 = ||x - D_S coef||^2 should equal the
+ * implicit residual ||x||^2 - ||z||^2 up to rounding. Atoms that pass the dependency guard
+ * but are dependent within the float32 Gram's own rounding (clusters of near-identical atoms
+ * trained on data with few distinct vectors) make the solve cancel, and err2 can exceed
+ * ||x||^2. When err2 exceeds the implicit residual by more than 1e-3 ||x||^2, the code is cut
+ * to the prefix S_1..S_k' (k' < k, coefficients from the leading block of the same Cholesky
+ * factor) whose recomputed err2 is smallest, if that is smaller, and flagged
+ * FK_CODE_GUARDED. Codes whose solve kept its precision are not touched. */
 int fk_omp_gram(const struct fk_dict_view *d, const float *x, const float *a, int s,
                 double tol_rel, float *work, struct fk_code *out);
 

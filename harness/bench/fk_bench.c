@@ -435,6 +435,7 @@ static void summarise(const struct fk_bench_omp_cfg *cfg, const struct fk_bench_
         }
         res->n_premature += (c->flags & FK_CODE_PREMATURE) != 0;
         res->n_dependent += (c->flags & FK_CODE_DEPENDENT) != 0;
+        res->n_guarded += (c->flags & FK_CODE_GUARDED) != 0;
     }
     res->codes_hash = h;
     res->mean_k = ksum / n;

@@ -70,6 +70,7 @@ struct fk_bench_omp_result {
     double mean_rel_err;    /* mean sqrt(err2 / xx) over non-zero signals */
     long n_premature;       /* codes flagged FK_CODE_PREMATURE */
     long n_dependent;       /* codes flagged FK_CODE_DEPENDENT */
+    long n_guarded;         /* codes cut by the precision guard (FK_CODE_GUARDED) */
     uint64_t codes_hash;    /* FNV-1a over (k, idx, coef bits) of all codes: equal hashes at
                              * any thread count prove determinism */
     int blas_threads_saved; /* OpenBLAS thread count restored at the end */

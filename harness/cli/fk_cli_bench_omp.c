@@ -187,8 +187,9 @@ static void print_result(const struct omp_args *a, const struct fk_bench_omp_dat
         printf("  %-34s %d / %d (%.4f%%)\n", "supports Gram == naive (as sets)", res.agree_n,
                res.naive_n, 100.0 * res.agree_n / res.naive_n);
     }
-    printf("  mean atoms %.3f, mean relative error %.4f, premature %ld, dependent %ld\n",
-           res.mean_k, res.mean_rel_err, res.n_premature, res.n_dependent);
+    printf("  mean atoms %.3f, mean relative error %.4f, premature %ld, dependent %ld, "
+           "guarded %ld\n", res.mean_k, res.mean_rel_err, res.n_premature, res.n_dependent,
+           res.n_guarded);
     printf("  codes hash %016" PRIx64 " (equal at any thread count)\n", res.codes_hash);
     if (codes_out)
         printf("  wrote codes to %s\n", codes_out);
