@@ -435,8 +435,10 @@ END_TEST
  * such a cluster). A vector of the chain's span at s = 12 needs coefficients ~ 1 / eps, the
  * solve cancels and, unguarded, err2 reaches many times ||x||^2. Gram mode: every code must
  * end with err2 <= ||x||^2 and err2 must be its own residual (recomputed here in long
- * double); some codes must have been cut (the data exercise the guard). Naive mode, whose
- * Gram entries come from the atoms themselves (so it needs no cut here): the same bounds. */
+ * double); some codes must have been cut (the data exercise the guard), and some cut codes
+ * must keep atoms and most of x (a guard that always cut to the empty code fails). Naive
+ * mode, whose Gram entries come from the atoms themselves (so it needs no cut here): the
+ * same bounds. */
 START_TEST(omp_precision_guard)
 {
     gsl_rng *r = gsl_rng_alloc(gsl_rng_mt19937);
@@ -469,7 +471,7 @@ START_TEST(omp_precision_guard)
             t.gram[i * t.n + j] += e;
             t.gram[j * t.n + i] += e;
         }
-    int guarded[2] = {0, 0};
+    int guarded[2] = {0, 0}, useful = 0;
     for (int v = 0; v < 40; v++) {
         float x[16], a[64];
         for (int i = 0; i < 16; i++) /* in the chain's span, with coefficients ~ 1 / eps */
@@ -495,10 +497,12 @@ START_TEST(omp_precision_guard)
             if (!(c->flags & FK_CODE_GUARDED))
                 continue;
             guarded[q]++;
+            useful += c->k > 0 && c->err2 < 0.5 * c->xx; /* not cut to nothing */
         }
     }
     /* the naive mode's exact Gram entries need no cut here; the Gram mode's do */
     ck_assert_msg(guarded[0] > 0, "the data never needed the guard (Gram mode)");
+    ck_assert_msg(useful > 0, "every cut code kept (almost) nothing of x");
     tdict_free(&t);
     gsl_rng_free(r);
 }
