@@ -3,9 +3,10 @@
  * built for AVX2 and picked at load time (GCC target_clones, x86-64 Linux); FK_FMA_CLONES
  * adds an x86-64-v3 clone instead (AVX2 with FMA, for loops that call fma() explicitly);
  * FK_CLONES512 adds an AVX-512F clone to FK_CLONES (for 16-float vector kernels).
- * ISO C mode (-std=c11) keeps floating-point contraction off and the kernels keep their lanes
- * independent, so every clone computes the same bits. Off under clang (libFuzzer builds) and
- * AddressSanitizer, whose instrumentation and ifunc resolvers do not mix.
+ * The build turns floating-point contraction off (-ffp-contract=off, meson.build) and the
+ * kernels keep their lanes independent, so every clone computes the same bits. The clones
+ * are off under clang (libFuzzer builds) and AddressSanitizer, whose instrumentation and
+ * ifunc resolvers do not mix.
  */
 #ifndef FK_SIMD_H
 #define FK_SIMD_H
