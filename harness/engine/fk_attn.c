@@ -587,17 +587,20 @@ static int keys_compressed(const struct fk_attn_in *in, struct fk_attn_scratch *
         return FK_OK;
     }
     /* the kernel of the exact logits: a codec that stores rows exactly gives z_hat == z
-     * (FK_CAP_EXACT: its rows are the exact ones, read in place) */
+     * (FK_CAP_EXACT: its rows are the exact ones, whose logits z the caller has just computed
+     * with this kernel: copied) */
     const double *qg = s->qd + (size_t)h0 * m;
     int exact = (ops->caps & FK_CAP_EXACT) != 0;
     for (int i = 0; i < in->n_comp_k; i++) {
         if (!kept(in, g, i))
             continue;
+        if (exact) {
+            for (int hl = 0; hl < r; hl++)
+                s->zh[(size_t)(h0 + hl) * T + i] = s->z[(size_t)(h0 + hl) * T + i];
+            continue;
+        }
         const float *x = s->row;
-        if (exact)
-            x = exact_row(in, 0, g, i, s->xrow);
-        else
-            FK_TRY(ops->reconstruct(in->kstate, g, i, s->row));
+        FK_TRY(ops->reconstruct(in->kstate, g, i, s->row));
         dot_heads(qg, r, x, m, s->pw);
         for (int hl = 0; hl < r; hl++)
             s->zh[(size_t)(h0 + hl) * T + i] = s->pw[hl] / sqrtm;
