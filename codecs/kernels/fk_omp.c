@@ -431,8 +431,8 @@ struct gstate {
 };
 
 /* The precision guard (fk_sparse.h, fk_omp_gram): out holds the code of k atoms with
- * coefficients gamma and its recomputed err2; energy(kp) recomputes ||x - D_S' gamma'||^2
- * for a prefix of kp atoms, with gamma' in gamma. */
+ * coefficients gamma and its recomputed err2; guard_energy(kp) recomputes
+ * ||x - D_S' gamma'||^2 for a prefix of kp atoms, with gamma' in gamma, as the mode does. */
 #define GUARD_LOSS 1e-3
 static void resid_naive(const float *restrict atoms, int m, const float *restrict x,
                         const int32_t *idx, const double *gamma, int k, double *restrict rx,

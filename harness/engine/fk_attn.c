@@ -599,9 +599,8 @@ static int keys_compressed(const struct fk_attn_in *in, struct fk_attn_scratch *
                 s->zh[(size_t)(h0 + hl) * T + i] = s->z[(size_t)(h0 + hl) * T + i];
             continue;
         }
-        const float *x = s->row;
         FK_TRY(ops->reconstruct(in->kstate, g, i, s->row));
-        dot_heads(qg, r, x, m, s->pw);
+        dot_heads(qg, r, s->row, m, s->pw);
         for (int hl = 0; hl < r; hl++)
             s->zh[(size_t)(h0 + hl) * T + i] = s->pw[hl] / sqrtm;
     }
