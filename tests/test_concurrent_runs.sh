@@ -51,9 +51,13 @@ grep -v '^note' "$W/cmp.out" | tail -3
 rm -rf "$W/killed"
 "$BIN" --config "$W/sweep.toml" --set "sweep.output=\"$W/killed\"" >"$W/kill.out" 2>&1 &
 pid=$!
-for _ in $(seq 1 400); do
+# look for a claim with the run stopped, so that the cell cannot finish (and its claim go)
+# between the look and the kill
+for _ in $(seq 1 1000); do
+    kill -STOP "$pid" 2>/dev/null || break
     [ -n "$(ls "$W"/killed/cells/*.claim 2>/dev/null)" ] && break
-    sleep 0.05
+    kill -CONT "$pid" 2>/dev/null
+    sleep 0.02
 done
 kill -KILL "$pid" 2>/dev/null
 wait "$pid" 2>/dev/null
