@@ -730,6 +730,60 @@ START_TEST(correlate_and_gram)
 }
 END_TEST
 
+/* fk_correlate_chain against the chains written out here: every output bit, for row counts
+ * around its 8 lanes, atom counts around its groups of 4, a list of atom ids and the atoms
+ * in order, a head_dim that is not a multiple of 8, and nothing written outside the listed
+ * columns of the given rows. */
+START_TEST(correlate_chain_bits)
+{
+    gsl_rng *r = gsl_rng_alloc(gsl_rng_mt19937);
+    gsl_rng_set(r, 7);
+    enum { NA = 40, MAXX = 19, LDA = 48 };
+    const int dims[] = {13, 64};
+    for (int di = 0; di < 2; di++) {
+        int m = dims[di];
+        float *atoms = malloc(sizeof(float) * NA * (size_t)m);
+        float *x = malloc(sizeof(float) * MAXX * (size_t)m);
+        ck_assert(atoms && x);
+        for (int i = 0; i < NA * m; i++)
+            atoms[i] = (float)gsl_ran_gaussian(r, 1.0);
+        for (int i = 0; i < MAXX * m; i++)
+            x[i] = (float)gsl_ran_gaussian(r, 1.0);
+        int32_t ids[NA];
+        for (int p = 0; p < NA; p++)
+            ids[p] = (p * 17 + 3) % NA; /* a permutation */
+        for (int nx = 1; nx <= MAXX; nx++)
+            for (int ni = 1; ni <= 9; ni++)
+                for (int list = 0; list < 2; list++) {
+                    float a[MAXX * LDA];
+                    for (int i = 0; i < MAXX * LDA; i++)
+                        a[i] = -7.0f;
+                    fk_correlate_chain(x, nx, m, atoms, list ? ids : NULL, ni, a, LDA);
+                    for (int i = 0; i < MAXX; i++)
+                        for (int c = 0; c < LDA; c++) {
+                            int p = -1;
+                            for (int q = 0; q < ni; q++)
+                                if ((list ? ids[q] : q) == c)
+                                    p = q;
+                            float want = -7.0f;
+                            if (i < nx && p >= 0) {
+                                want = 0.0f;
+                                for (int k = 0; k < m; k++)
+                                    want = fmaf(x[i * m + k], atoms[(size_t)c * m + k], want);
+                            }
+                            ck_assert_msg(!memcmp(&a[i * LDA + c], &want, sizeof want),
+                                          "m %d, %d rows, %d atoms (%s): a[%d][%d] = %.9g, "
+                                          "chain %.9g", m, nx, ni, list ? "listed" : "in order",
+                                          i, c, a[i * LDA + c], want);
+                        }
+                }
+        free(atoms);
+        free(x);
+    }
+    gsl_rng_free(r);
+}
+END_TEST
+
 /* ---- Top-n ---- */
 
 struct pair {
@@ -893,6 +947,7 @@ static Suite *sparse_suite(void)
     tcase_add_test(tc, omp_batch_equals_single);
     tcase_add_test(tc, omp_naive_pool);
     tcase_add_test(tc, correlate_and_gram);
+    tcase_add_test(tc, correlate_chain_bits);
     tcase_add_test(tc, topn_vs_sort);
     tcase_add_test(tc, refine_vs_gsl);
     suite_add_tcase(s, tc);
