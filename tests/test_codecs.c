@@ -15,6 +15,7 @@
 #include "fk_check_main.h"
 #include "conformance/fk_conformance.h"
 #include "core/fk_codec.h"
+#include "dict/fk_dict_engine.h"
 #include "engine/fk_schedule.h"
 #include "formats/fk_dict.h"
 #include "common/fk_err.h"
@@ -1120,6 +1121,113 @@ START_TEST(adapt_prefill_events)
 }
 END_TEST
 
+/* ---- Correlations ahead (env.ahead) change no bit -------------------------------------
+ * An FK_CAP_AHEAD codec given the rows of later events in advance must code exactly as
+ * without them: the same outcomes, stored rows and counters, bit for bit, also when some
+ * rows ahead differ from the events' rows (those blocks get their own SGEMM). The engine's
+ * window must have served the decode events (N = 1024, m = 128, 8 heads: products OpenBLAS
+ * computes with its packed kernels), or the test would compare a path with itself. */
+
+static void assert_runs_equal(const struct trun *a, const struct trun *b, int H, int T,
+                              const char *what)
+{
+    const char *name = a->ops->name;
+    REQUIRE(!memcmp(a->out, b->out, sizeof *a->out * (size_t)H * T),
+            "%s, %s: the vector outcomes differ", name, what);
+    REQUIRE(!memcmp(a->err_commit, b->err_commit, sizeof(float) * (size_t)H * T),
+            "%s, %s: the committed errors differ", name, what);
+    for (int t = 0; t < T; t++)
+        for (int h = 0; h < H; h++) {
+            int n1, n2;
+            const int32_t *i1, *i2;
+            const float *c1, *c2;
+            REQ_OK(a->ops->sparse_row(a->st, h, t, &n1, &i1, &c1));
+            REQ_OK(b->ops->sparse_row(b->st, h, t, &n2, &i2, &c2));
+            REQUIRE(n1 == n2 && !memcmp(i1, i2, sizeof(int32_t) * (size_t)n1) &&
+                        !memcmp(c1, c2, sizeof(float) * (size_t)n1),
+                    "%s, %s: stored row (head %d, token %d) differs", name, what, h, t);
+        }
+    struct fk_stream_stats sa = stats_of(a), sb = stats_of(b);
+    REQUIRE(sa.n_atoms == sb.n_atoms && sa.appends == sb.appends &&
+                sa.replacements == sb.replacements && sa.adapt_failed == sb.adapt_failed &&
+                sa.collateral_reencodes == sb.collateral_reencodes &&
+                sa.premature == sb.premature && sa.uses_total == sb.uses_total &&
+                sa.macs == sb.macs,
+            "%s, %s: the counters differ (atoms %d / %d, appends %llu / %llu, replacements "
+            "%llu / %llu)", name, what, sa.n_atoms, sb.n_atoms, (unsigned long long)sa.appends,
+            (unsigned long long)sb.appends, (unsigned long long)sa.replacements,
+            (unsigned long long)sb.replacements);
+}
+
+/* One stream through every FK_CAP_AHEAD codec, without and with the rows ahead. */
+static void ahead_stream(const struct tdict *d, const struct tgen *g, int P, int T,
+                         unsigned long seed, int *n_ahead, int *rewritten)
+{
+    enum { H = 8 };
+    int M = d->m;
+    struct tstream s, other;
+    tstream_init(&s, d, H, P, T, g, seed);
+    other = s; /* the same rows but four of the decode tokens' */
+    other.x = malloc(sizeof(float) * (size_t)T * H * M);
+    ck_assert_ptr_nonnull(other.x);
+    memcpy(other.x, s.x, sizeof(float) * (size_t)T * H * M);
+    const int moved[] = {P, P + 1, (P + T) / 2, T - 1};
+    for (int i = 0; i < 4; i++)
+        other.x[((size_t)moved[i] * H + (size_t)(moved[i] % H)) * M + 5] += 1e-3f;
+    *n_ahead = 0;
+    for (int i = 0; i < fk_codec_count(); i++) {
+        const struct fk_codec_ops *ops = fk_codec_at(i);
+        if (!(ops->caps & FK_CAP_AHEAD))
+            continue;
+        ++*n_ahead;
+        REQUIRE(ops->caps & FK_CAP_DICT, "%s: FK_CAP_AHEAD outside the dictionary engine",
+                ops->name);
+        void *o = opts_small(ops, 8, 64);
+        if (fk_codec_option(ops, "victim")) /* fadkv: recently used slots are victims too */
+            opt_enum(ops, o, "victim", "ema");
+        struct trun r0, r1, r2;
+        trun_stream(&r0, ops, o, d, &s, 0, NULL, NULL);
+        REQ_OK(fk_conf_run_stream_ahead(&r1, ops, o, d, &s, &s, 0, NULL, NULL));
+        REQ_OK(fk_conf_run_stream_ahead(&r2, ops, o, d, &s, &other, 0, NULL, NULL));
+        const struct dc *dc = r1.st;
+        REQUIRE(dc->ah_ok[H] == AH_OK, "%s: the window did not serve the decode events "
+                "(state %d)", ops->name, dc->ah_ok[H]);
+        struct fk_stream_stats st = stats_of(&r0);
+        REQUIRE(st.appends + st.replacements >= 40, "%s: only %llu appends and %llu "
+                "replacements", ops->name, (unsigned long long)st.appends,
+                (unsigned long long)st.replacements);
+        if (st.replacements > (uint64_t)dc->replaced_slots)
+            *rewritten = 1; /* a slot replaced twice */
+        assert_runs_equal(&r0, &r1, H, T, "with the rows ahead");
+        assert_runs_equal(&r0, &r2, H, T, "with four rows ahead that differ");
+        trun_close(&r0);
+        trun_close(&r1);
+        trun_close(&r2);
+        free(o);
+    }
+    free(other.x);
+    free(s.x);
+}
+
+START_TEST(ahead_changes_nothing)
+{
+    struct tdict d;
+    tdict_init(&d, 1024, 128, 32, 1, 111);
+    /* novel vectors along 48 directions: appended atoms are used again and again */
+    struct tgen reuse = {.n_use = 1000, .k_gen = 6, .noise = 0.02, .p_novel_prefill = 0.2,
+                         .p_novel = 0.5, .n_dirs = 48, .zero_every = 29};
+    /* fresh novel vectors: fadkv runs out of unused slots and replaces some twice */
+    struct tgen fresh = {.n_use = 1000, .k_gen = 6, .noise = 0.02, .p_novel_prefill = 0.2,
+                         .p_novel = 0.9, .n_dirs = 0, .zero_every = 0};
+    int n_ahead = 0, rewritten = 0;
+    ahead_stream(&d, &reuse, 24, 96, 112, &n_ahead, &rewritten);
+    ahead_stream(&d, &fresh, 24, 200, 113, &n_ahead, &rewritten);
+    ck_assert_int_eq(n_ahead, 4); /* lexico-adp, gm, pl, fadkv */
+    ck_assert_msg(rewritten, "no slot was replaced twice");
+    tdict_free(&d);
+}
+END_TEST
+
 /* Caps the address space at its current size plus extra bytes (old: the limit to restore).
  * Returns 0 when it cannot. */
 static int as_limit(size_t extra, struct rlimit *old)
@@ -1228,6 +1336,7 @@ static Suite *codecs_suite(void)
     tcase_add_test(tc, fadkv_pending_code_keeps_its_atoms);
     tcase_add_test(tc, multi_token_events);
     tcase_add_test(tc, adapt_prefill_events);
+    tcase_add_test(tc, ahead_changes_nothing);
     tcase_add_test(tc, close_half_opened);
     suite_add_tcase(s, tc);
     return s;

@@ -103,6 +103,7 @@ enum fk_cap {
                                * FK_CAP_STATIC, whose rows are coded ahead of the policy).
                                * Without it every row is coded, dropped or not, and a codec
                                * that grows or adapts cannot be composed with a policy */
+    FK_CAP_AHEAD = 1u << 11,  /* reads env->ahead (the rows of later events, when known) */
 };
 
 /* What a codec needs from the data under given options, beyond its capability flags
@@ -164,6 +165,12 @@ struct fk_stream_env {
     int reference;               /* 1: the straightforward algorithms (naive OMP recomputing
                                   * D^T r, no Gram, one vector at a time): the benchmark's
                                   * reference mode; same supports in exact arithmetic */
+    const float *ahead;          /* [n_heads][n_tokens][head_dim] float32: the rows encode()
+                                  * will be given, when the harness knows them in advance (a
+                                  * trace replay) and the codec declares FK_CAP_AHEAD; NULL
+                                  * otherwise (the model in the loop, reference mode). Only
+                                  * an aid to batch work: a codec codes each event's rows as
+                                  * given, and uses ahead only where it checked they are equal */
 };
 
 /* One eviction event: all vectors evicted together, ordered by (token, head). */
@@ -270,7 +277,7 @@ struct fk_codec_ops {
  * declares (fk_opts_*, fk_codec_option, fk_coef_names, fk_err) are the executable's: a
  * plugin links against nothing of fadkv-bench. FK_PLUGIN_ABI_VERSION changes with any
  * change of the structs of this header. */
-#define FK_PLUGIN_ABI_VERSION 1
+#define FK_PLUGIN_ABI_VERSION 2
 #define FK_PLUGIN_ENTRY "fk_plugin_abi"
 struct fk_plugin {
     int abi_version;             /* FK_PLUGIN_ABI_VERSION the plugin was built with */

@@ -181,6 +181,7 @@ static int replace_adapt(struct dc *d, const float *x, struct fk_code *c, int st
     if (d->ref_count[best] > 0)
         FK_TRY(release_victim(d, best, step));
     memcpy(d->atoms + (size_t)best * d->m, u, sizeof(float) * (size_t)d->m);
+    dc_slot_rewritten(d, best);
     d->dead[best] = 0;
     if (!d->is_adapted[best] && best < d->N)
         d->replaced_slots++;

@@ -312,6 +312,10 @@ void dc_close(void *state)
     free(d->rbuf);
     free(d->codes);
     free(d->needs);
+    free(d->acorr);
+    free(d->arows);
+    free(d->stale);
+    free(d->stale_ids);
     free(d);
 }
 
@@ -391,6 +395,22 @@ int dc_open(const struct dc_coder *coder, const struct dc_adapt *adapt, const vo
     }
     if (env->base->dead)
         memcpy(d->dead, env->base->dead, (size_t)d->N);
+    if (env->ahead && !env->reference && d->m <= FK_CHAIN_MAXDIM && env->n_heads > 0 &&
+        env->n_tokens > 0) {
+        int H = env->n_heads;
+        d->ah_tok = DC_BLK / H > 1 ? DC_BLK / H : 1;
+        size_t rows = (size_t)H * (size_t)d->ah_tok;
+        d->ah_cols = d->N;
+        d->acorr = malloc(sizeof(float) * rows * (size_t)d->N);
+        d->arows = calloc(rows * (size_t)d->m, sizeof(float));
+        d->stale = calloc((size_t)d->N, 1);
+        d->stale_ids = malloc(sizeof(int32_t) * (size_t)d->N);
+        if (!d->acorr || !d->arows || !d->stale || !d->stale_ids) {
+            dc_close(d);
+            return fk_err(FK_ENOMEM, "out of memory (correlations ahead)");
+        }
+        d->ahead = env->ahead;
+    }
     *state = d;
     return FK_OK;
 }
@@ -437,9 +457,116 @@ static int check_event(struct dc *d, const struct fk_event *ev)
     return FK_OK;
 }
 
-/* Phase A of nb vectors x [nb][m]: codes into d->codes, d->needs set where adaptation is
- * due. One correlation SGEMM per DC_BLK vectors (reference mode: one vector at a time). */
-static int encode_span(struct dc *d, const float *x, int nb, int can_adapt)
+/* ---- correlations ahead -----------------------------------------------------------------
+ * In a decode, an adaptive codec's events hold one token of every head (a_len = 1): one
+ * correlation SGEMM per event packs the whole dictionary again for a handful of rows (at
+ * N = 4096 that made gm's correlations cost twice lexico's, whose codes are computed ahead
+ * in large blocks). When the rows are known in advance (env.ahead), the correlations of the
+ * rows of the next ah_tok tokens (DC_BLK rows, the window) with every atom the stream has
+ * then come from one SGEMM, and an event copies its rows' from there once it has checked
+ * that its rows are those rows. The atoms that changed since (appended atoms, fadkv's
+ * rewritten slots) get their columns for the event's rows as chains of fused multiply-adds
+ * (fk_correlate_chain). Every value is then the one the event's own SGEMM over all atoms
+ * gives, provided OpenBLAS computes each element of both products as one such chain: its
+ * packed kernels do (m within one block of k), its small-matrix kernels, which it picks for
+ * small products, do not. So the first block of each row count gets its own SGEMM as well
+ * and the two are compared bit for bit: the window serves later blocks of that count only
+ * if they were equal (a block's product only grows with the atoms appended later, and
+ * OpenBLAS picks its small kernels by size). Where they differ, every block of that count
+ * keeps its own SGEMM, as without env.ahead. */
+
+void dc_slot_rewritten(struct dc *d, int j)
+{
+    if (!d->ahead || j >= d->N || j >= d->ah_nt || d->stale[j])
+        return;
+    d->stale[j] = 1;
+    d->stale_ids[d->n_stale++] = j;
+}
+
+/* The window of tokens t0 .. t0 + ah_tok - 1 (within the trace) of every head, against
+ * the current atoms; 0 when out of memory (the lookahead is then off). */
+static int ahead_fill(struct dc *d, int t0)
+{
+    int H = d->env.n_heads, T = d->env.n_tokens, m = d->m, Nt = d->Nt;
+    size_t rows = (size_t)H * d->ah_tok;
+    if (Nt > d->ah_cols) {
+        int cols = Nt > d->ah_cols + 256 ? Nt : d->ah_cols + 256;
+        float *n = realloc(d->acorr, sizeof(float) * rows * (size_t)cols);
+        if (!n) {
+            d->ahead = NULL;
+            return 0;
+        }
+        d->acorr = n;
+        d->ah_cols = cols;
+    }
+    int n = T - t0 < d->ah_tok ? T - t0 : d->ah_tok;
+    for (int h = 0; h < H; h++)
+        memcpy(d->arows + (size_t)h * d->ah_tok * m, d->ahead + ((size_t)h * T + t0) * m,
+               sizeof(float) * (size_t)n * m);
+    struct fk_dict_view v = {.m = m, .n_atoms = Nt, .atoms = dc_atoms(d)};
+    fk_correlate(&v, d->arows, (int)rows, d->acorr);
+    for (int i = 0; i < d->n_stale; i++)
+        d->stale[d->stale_ids[i]] = 0;
+    d->n_stale = 0;
+    d->ah_t0 = t0;
+    d->ah_n = n;
+    d->ah_nt = Nt;
+    return 1;
+}
+
+/* The correlations of nc event rows x (tokens tok, heads head, in token order) with every
+ * current atom into a [nc][Nt] from the window; 0 when it cannot (a row is not the row
+ * ahead, or the rows span more tokens than a window), a is then partly written. */
+static int ahead_fetch(struct dc *d, const float *x, const int32_t *tok, const int32_t *head,
+                       int nc, float *a)
+{
+    int T = d->env.n_tokens, m = d->m, Nt = d->Nt;
+    int t_lo = tok[0], t_hi = tok[nc - 1];
+    if (t_hi - t_lo >= d->ah_tok)
+        return 0;
+    if ((t_lo < d->ah_t0 || t_hi >= d->ah_t0 + d->ah_n) && !ahead_fill(d, t_lo))
+        return 0;
+    int nw = d->ah_nt;
+    for (int i = 0; i < nc; i++) {
+        int t = tok[i], h = head[i];
+        const float *xi = x + (size_t)i * m;
+        if (memcmp(xi, d->ahead + ((size_t)h * T + t) * m, sizeof(float) * (size_t)m))
+            return 0;
+        memcpy(a + (size_t)i * Nt,
+               d->acorr + ((size_t)h * d->ah_tok + (size_t)(t - d->ah_t0)) * (size_t)nw,
+               sizeof(float) * (size_t)nw);
+    }
+    if (d->n_stale > 0)
+        fk_correlate_chain(x, nc, m, d->atoms, d->stale_ids, d->n_stale, a, (size_t)Nt);
+    if (Nt > nw)
+        fk_correlate_chain(x, nc, m, d->atoms + (size_t)nw * m, NULL, Nt - nw, a + nw,
+                           (size_t)Nt);
+    return 1;
+}
+
+/* The correlations of a block of nc event rows x with the atoms of view v into d->corr:
+ * from the window when it serves blocks of nc rows, else by their own SGEMM. */
+static void block_correlate(struct dc *d, const struct fk_dict_view *v, const float *x,
+                            const int32_t *tok, const int32_t *head, int nc)
+{
+    int st = d->ahead && nc < DC_BLK ? d->ah_ok[nc] : AH_OFF; /* a full block: one SGEMM */
+    if (st == AH_OK && ahead_fetch(d, x, tok, head, nc, d->corr))
+        return;
+    fk_correlate(v, x, nc, d->corr);
+    if (st != AH_UNKNOWN)
+        return;
+    size_t n = (size_t)nc * (size_t)d->Nt; /* the first block of nc rows: compare */
+    float *alt = malloc(sizeof(float) * n);
+    if (alt && ahead_fetch(d, x, tok, head, nc, alt))
+        d->ah_ok[nc] = memcmp(alt, d->corr, sizeof(float) * n) ? AH_OFF : AH_OK;
+    free(alt);
+}
+
+/* Phase A of nb vectors x [nb][m] (tokens tok, heads head): codes into d->codes, d->needs
+ * set where adaptation is due. One correlation SGEMM per DC_BLK vectors (reference mode:
+ * one vector at a time), or the correlations ahead. */
+static int encode_span(struct dc *d, const float *x, const int32_t *tok, const int32_t *head,
+                       int nb, int can_adapt)
 {
     int blk = d->env.reference ? 1 : DC_BLK;
     for (int c0 = 0; c0 < nb; c0 += blk) {
@@ -447,7 +574,7 @@ static int encode_span(struct dc *d, const float *x, int nb, int can_adapt)
         const float *xb = x + (size_t)c0 * d->m;
         struct fk_dict_view v = dc_view(d);
         double t0 = fk_thread_cpu_s();
-        fk_correlate(&v, xb, nc, d->corr);
+        block_correlate(d, &v, xb, tok + c0, head + c0, nc);
         double t1 = fk_thread_cpu_s();
         d->st.t_corr += t1 - t0;
         FK_TRY(d->coder->encode(d, &v, nc, xb, d->corr, &d->codes[c0]));
@@ -475,7 +602,8 @@ int dc_encode(void *state, const struct fk_event *ev, struct fk_vec_out *out)
     FK_TRY(dc_grow_codes(d, span > 0 ? span : 1));
     for (int b0 = 0; b0 < ev->n; b0 += span) {
         int nb = ev->n - b0 < span ? ev->n - b0 : span;
-        FK_TRY(encode_span(d, ev->x + (size_t)b0 * m, nb, can_adapt));
+        FK_TRY(encode_span(d, ev->x + (size_t)b0 * m, ev->token + b0, ev->head + b0, nb,
+                           can_adapt));
         /* pin every atom an event's code uses, committed now (phase B) or kept later when
          * its adaptation fails (phase C): a replacement must never damage either */
         for (int i = 0; i < nb; i++)

@@ -27,6 +27,7 @@ enum { VICTIM_REFCOUNT, VICTIM_EMA };
 enum { COLL_REENCODE, COLL_DROP };
 enum { OMP_GRAM, OMP_NAIVE };
 enum { MEM_PAPER, MEM_STRICT };
+enum { AH_UNKNOWN, AH_OK, AH_OFF }; /* struct dc ah_ok: the window serves a row count */
 
 /* Options of the coders. */
 struct dc_code_opts {
@@ -136,6 +137,16 @@ struct dc {
     int last_adapt_step;         /* for tauc_mode = period */
     int replaced_slots;          /* base slots replaced at least once (fadkv) */
     struct dc_rows *heads;       /* [n_heads] */
+    /* correlations ahead (fk_dict_engine.c, "Correlations ahead") */
+    const float *ahead;          /* env.ahead while the lookahead is on, else NULL */
+    float *acorr;                /* [n_heads * ah_tok][ah_nt] the window's correlations */
+    float *arows;                /* [n_heads * ah_tok][m] the window's rows, head-major */
+    int ah_tok, ah_t0, ah_n;     /* tokens per window; first token held; tokens held */
+    int ah_nt, ah_cols;          /* atoms when the window was computed; acorr's row room */
+    uint8_t ah_ok[DC_BLK];       /* per row count: the window serves it (AH_*) */
+    uint8_t *stale;              /* [N] base slot rewritten since the window was computed */
+    int32_t *stale_ids;          /* [N] those slots, n_stale of them */
+    int n_stale;
     /* scratch */
     float *corr;                 /* [DC_BLK][acap] correlations */
     float *work;                 /* OMP/topn work */
@@ -159,6 +170,8 @@ const float *dc_atoms(const struct dc *d);
 struct fk_dict_view dc_view(struct dc *d);
 /* Copy-on-write of the base dictionary before the first change. */
 int dc_own_atoms(struct dc *d);
+/* Records that base slot j (< N) now holds another atom (fadkv's replacements). */
+void dc_slot_rewritten(struct dc *d, int j);
 /* Appends unit atom u (Nt grows by one); maintains Gram rows in Gram mode. */
 int dc_append_atom(struct dc *d, const float *u);
 /* Codes x against the current atoms (its own correlation pass) into c. */

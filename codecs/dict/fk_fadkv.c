@@ -62,6 +62,6 @@ const struct fk_codec_ops fk_codec_fadkv = {
     .summary = "screening coder (gm|pl) plus replacement of inactive atoms: fixed-size "
                "dictionary",
     .options = fadkv_options,
-    .caps = FK_CAP_DICT | FK_CAP_SPARSE | FK_CAP_ADAPTS | FK_CAP_SKIPS,
+    .caps = FK_CAP_DICT | FK_CAP_SPARSE | FK_CAP_ADAPTS | FK_CAP_SKIPS | FK_CAP_AHEAD,
     DC_OPS(fadkv),
 };

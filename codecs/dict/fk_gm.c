@@ -17,6 +17,7 @@ const struct fk_codec_ops fk_codec_gm = {
     .name = "gm",
     .summary = "Top-n screening, greedy OMP in the pool, ridge refinement; append-growth",
     .options = gm_options,
-    .caps = FK_CAP_DICT | FK_CAP_SPARSE | FK_CAP_GROWS | FK_CAP_ADAPTS | FK_CAP_SKIPS,
+    .caps = FK_CAP_DICT | FK_CAP_SPARSE | FK_CAP_GROWS | FK_CAP_ADAPTS | FK_CAP_SKIPS |
+            FK_CAP_AHEAD,
     DC_OPS(gm),
 };

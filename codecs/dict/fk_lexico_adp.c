@@ -18,6 +18,6 @@ const struct fk_codec_ops fk_codec_lexico_adp = {
     .summary = "lexico plus append-growth: a badly coded vector becomes a new atom",
     .options = adp_options,
     .caps = FK_CAP_DICT | FK_CAP_SPARSE | FK_CAP_GRAM | FK_CAP_GROWS | FK_CAP_ADAPTS |
-            FK_CAP_SKIPS,
+            FK_CAP_SKIPS | FK_CAP_AHEAD,
     DC_OPS(adp),
 };

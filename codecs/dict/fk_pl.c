@@ -18,6 +18,7 @@ const struct fk_codec_ops fk_codec_pl = {
     .name = "pl",
     .summary = "one-shot top-s of |D^T x| with ridge refinement; append-growth",
     .options = pl_options,
-    .caps = FK_CAP_DICT | FK_CAP_SPARSE | FK_CAP_GROWS | FK_CAP_ADAPTS | FK_CAP_SKIPS,
+    .caps = FK_CAP_DICT | FK_CAP_SPARSE | FK_CAP_GROWS | FK_CAP_ADAPTS | FK_CAP_SKIPS |
+            FK_CAP_AHEAD,
     DC_OPS(pl),
 };

@@ -201,9 +201,38 @@ int fk_conf_env(struct fk_conf_run *r, const struct fk_codec_ops *ops,
     return FK_OK;
 }
 
+static int run_open(struct fk_conf_run *r, const struct fk_codec_ops *ops, const void *opts,
+                    const struct fk_conf_dict *d, const struct fk_conf_stream *src, int H,
+                    int T, int kind, const struct fk_conf_stream *ahead);
+
 int fk_conf_run_open(struct fk_conf_run *r, const struct fk_codec_ops *ops, const void *opts,
                      const struct fk_conf_dict *d, const struct fk_conf_stream *src, int H,
                      int T, int kind)
+{
+    return run_open(r, ops, opts, d, src, H, T, kind, NULL);
+}
+
+/* env.ahead from the rows of a ([T][H][m]) in the env's layout [H][T][m]. */
+static int env_ahead(struct fk_conf_run *r, const struct fk_conf_stream *a,
+                     struct fk_stream_env *env)
+{
+    int m = env->head_dim, H = env->n_heads, T = env->n_tokens;
+    if (a->m != m || a->H != H || a->T != T)
+        return fk_err(FK_EINVAL, "conformance: the rows ahead are %d x %d x %d, the env's "
+                      "%d x %d x %d", a->H, a->T, a->m, H, T, m);
+    if (!(r->ahead = malloc(sizeof(float) * (size_t)H * T * m)))
+        return fk_err(FK_ENOMEM, "conformance: out of memory for the rows ahead");
+    for (int t = 0; t < T; t++)
+        for (int h = 0; h < H; h++)
+            memcpy(r->ahead + ((size_t)h * T + t) * m, a->x + ((size_t)t * H + h) * m,
+                   sizeof(float) * (size_t)m);
+    env->ahead = r->ahead;
+    return FK_OK;
+}
+
+static int run_open(struct fk_conf_run *r, const struct fk_codec_ops *ops, const void *opts,
+                    const struct fk_conf_dict *d, const struct fk_conf_stream *src, int H,
+                    int T, int kind, const struct fk_conf_stream *ahead)
 {
     memset(r, 0, sizeof *r);
     r->ops = ops;
@@ -217,6 +246,8 @@ int fk_conf_run_open(struct fk_conf_run *r, const struct fk_codec_ops *ops, cons
     struct fk_stream_env env = {.layer = 0, .kind = kind, .head_dim = d->m, .n_heads = H,
                                 .n_tokens = T, .base = base};
     FK_TRY(fk_conf_env(r, ops, src, &env));
+    if (ahead && (ops->caps & FK_CAP_AHEAD))
+        FK_TRY(env_ahead(r, ahead, &env));
     r->out = calloc((size_t)T * H, sizeof *r->out);
     r->err_commit = calloc((size_t)T * H, sizeof *r->err_commit);
     if (!r->out || !r->err_commit)
@@ -303,7 +334,15 @@ int fk_conf_run_stream(struct fk_conf_run *r, const struct fk_codec_ops *ops, co
                        const struct fk_conf_dict *d, const struct fk_conf_stream *s, int kind,
                        fk_conf_hook hook, void *ctx)
 {
-    FK_TRY(fk_conf_run_open(r, ops, opts, d, s, s->H, s->T, kind));
+    return fk_conf_run_stream_ahead(r, ops, opts, d, s, NULL, kind, hook, ctx);
+}
+
+int fk_conf_run_stream_ahead(struct fk_conf_run *r, const struct fk_codec_ops *ops,
+                             const void *opts, const struct fk_conf_dict *d,
+                             const struct fk_conf_stream *s, const struct fk_conf_stream *ahead,
+                             int kind, fk_conf_hook hook, void *ctx)
+{
+    FK_TRY(run_open(r, ops, opts, d, s, s->H, s->T, kind, ahead));
     struct fk_sched sc = fk_conf_sched(ops, opts, kind, s);
     struct fk_sched_iter it;
     struct fk_sched_event e;
@@ -323,9 +362,11 @@ void fk_conf_run_close(struct fk_conf_run *r)
     free(r->out);
     free(r->err_commit);
     free(r->ext);
+    free(r->ahead);
     if (r->tb)
         fk_test_basis_free(r->tb);
     free(r->tb);
+    r->ahead = NULL;
     r->st = NULL;
     r->out = NULL;
     r->err_commit = NULL;

@@ -31,8 +31,9 @@ const struct fk_conf_rule fk_conf_rules[] = {
                "reported err equals the relative error of what reconstruct() returns for its "
                "row, zero vectors are flagged and cost no atoms, rows are finite, exact codecs "
                "store every row bit-exactly, sparse codes rebuild the reconstruction"},
-    {"determinism", "two runs over the same stream (at 2 and at 1 BLAS threads) give the same "
-                    "outcomes, the same rows bit for bit and the same counters"},
+    {"determinism", "two runs over the same stream (at 2 and at 1 BLAS threads; the second "
+                    "with the rows ahead in env.ahead when the codec declares FK_CAP_AHEAD) "
+                    "give the same outcomes, the same rows bit for bit and the same counters"},
     {"accounting", "with each coefficient storage the codec offers, bytes_codes is zero before "
                    "any row, positive after, never drops without adaptation, and follows a "
                    "fixed cost per row (dense) or per row and per coefficient (sparse, at least "
@@ -245,7 +246,7 @@ static void rule_interface(struct cx *cx, const struct fk_codec_ops *ops)
             "FK_CAP_SPARSE declared, but sparse_row or atoms is NULL");
     unsigned known = FK_CAP_DICT | FK_CAP_GRAM | FK_CAP_SPARSE | FK_CAP_GROWS |
                      FK_CAP_ADAPTS | FK_CAP_STATIC | FK_CAP_EXACT | FK_CAP_GRID | FK_CAP_BASIS |
-                     FK_CAP_EXTERNAL | FK_CAP_SKIPS;
+                     FK_CAP_EXTERNAL | FK_CAP_SKIPS | FK_CAP_AHEAD;
     REQUIRE(!(caps & ~known), "unknown capability bits 0x%x", caps & ~known);
     REQUIRE(!(caps & FK_CAP_GRAM) || (caps & FK_CAP_DICT), "FK_CAP_GRAM (the base "
             "dictionary's Gram) without FK_CAP_DICT");
@@ -620,7 +621,9 @@ static void rule_determinism(struct cx *cx, const struct fk_codec_ops *ops)
         fk_blas_threads_set(2);
         struct fk_conf_run *a = run_stream(cx, ops, o, d, s, kind, NULL, NULL);
         fk_blas_threads_set(1);
-        struct fk_conf_run *b = run_stream(cx, ops, o, d, s, kind, NULL, NULL);
+        struct fk_conf_run *b = cx_run(cx); /* with the rows ahead (FK_CAP_AHEAD) */
+        REQ_OK(fk_conf_run_stream_ahead(b, ops, o, d, s, s, kind, NULL, NULL),
+               "the %s stream with env.ahead", kind ? "value" : "key");
         const char *kn = kind ? "value" : "key";
         REQUIRE(a->n_tok == b->n_tok, "%s stream: %d then %d tokens stored", kn, a->n_tok,
                 b->n_tok);

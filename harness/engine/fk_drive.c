@@ -268,6 +268,8 @@ static int open_states(struct fk_unit *u)
                                     .basis = u->basis[k], .external = u->ext[k],
                                     .positions = u->positions,
                                     .rope = u->rope, .reference = u->ro->reference};
+        if ((u->ops->caps & FK_CAP_AHEAD) && !u->ro->reference)
+            env.ahead = u->kvf[k]; /* the rows encode_event hands over, when known */
         int rc = u->ops->open(u->opts, &env, &u->st[k]);
         if (rc < 0)
             return fk_err_context(rc, "%s: layer %d %s: opening codec %s", u->path, u->layer,

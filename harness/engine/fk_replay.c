@@ -334,12 +334,9 @@ int fk_replay_check_evict(const struct fk_cell_input *in)
     return rc;
 }
 
-/* A policy's inputs of one layer: K and V as float32, its queries, a zeroed keep mask. */
-static int read_policy_inputs(struct worker *w, struct fk_trace *tr, int layer,
-                              struct fk_unit *u)
+/* The layer's K and V as float32 (u->kvf): the rows as read when they are float32. */
+static int kv_float(struct worker *w, const struct fk_trace_info *info, struct fk_unit *u)
 {
-    const struct fk_evict_ops *ev = w->in->evict;
-    const struct fk_trace_info *info = fk_trace_get_info(tr);
     int T = info->n_tokens, m = info->head_dim, H = info->n_kv_heads;
     size_t nkv = (size_t)H * T * m;
     for (int k = 0; k < 2; k++) {
@@ -356,6 +353,17 @@ static int read_policy_inputs(struct worker *w, struct fk_trace *tr, int layer,
         }
         u->kvf[k] = w->kvf[k];
     }
+    return FK_OK;
+}
+
+/* A policy's inputs of one layer: K and V as float32, its queries, a zeroed keep mask. */
+static int read_policy_inputs(struct worker *w, struct fk_trace *tr, int layer,
+                              struct fk_unit *u)
+{
+    const struct fk_evict_ops *ev = w->in->evict;
+    const struct fk_trace_info *info = fk_trace_get_info(tr);
+    int T = info->n_tokens, m = info->head_dim, H = info->n_kv_heads;
+    FK_TRY(kv_float(w, info, u));
     FK_TRY(grow((void **)&w->keep, &w->cap_keep, (size_t)H * T, 1));
     memset(w->keep, 0, (size_t)H * T);
     u->keep = w->keep;
@@ -427,6 +435,8 @@ static int replay_layer(struct worker *w, int ti, int layer, const struct fk_bas
     }
     if (w->in->evict)
         FK_TRY(read_policy_inputs(w, tr, layer, &u));
+    else if ((w->in->ops->caps & FK_CAP_AHEAD) && !ro->reference)
+        FK_TRY(kv_float(w, info, &u)); /* the codec's env.ahead */
     w->times.t_io += fk_clock_s(CLOCK_MONOTONIC) - t0;
     for (int k = 0; k < 2; k++) {
         u.kv[k] = w->kv[k];
