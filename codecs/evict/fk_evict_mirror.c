@@ -149,13 +149,66 @@ FK_CLONES512 static void dots_block(const float *restrict blk, const float *rest
     memcpy(z, &r, sizeof r);
 }
 
+/* Keeps a 16-float vector in an AVX-512 register (no instruction): without it GCC folds the
+ * load into each of the three multiplies that read it, and loads it three times. */
+#if defined(__GNUC__) && defined(__x86_64__) && !defined(__clang__)
+#define FK_IN_REGISTER(v) __asm__("" : "+v"(v))
+#else
+#define FK_IN_REGISTER(v) (void)0
+#endif
+
+/* dots_block of three query rows q, q + m, q + 2m into z, z + ldz, z + 2 ldz, each key vector
+ * loaded once for the three (dots_block is bound by its loads: a key vector and a broadcast
+ * query coordinate per multiply and add); each row's lanes get the same operations in the
+ * same order as in dots_block. AVX-512 only (fk_mirror_dots checks). */
+FK_AVX512_ONLY static void dots_block3(const float *restrict blk, const float *restrict q, int m,
+                                     float *restrict z, size_t ldz)
+{
+    const float *restrict q0 = q, *restrict q1 = q + m, *restrict q2 = q + 2 * (size_t)m;
+    int mv = m / LANES * LANES;
+    fk_v16 a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0}, a4 = {0}, a5 = {0}, a6 = {0}, a7 = {0};
+    fk_v16 b0 = {0}, b1 = {0}, b2 = {0}, b3 = {0}, b4 = {0}, b5 = {0}, b6 = {0}, b7 = {0};
+    fk_v16 c0 = {0}, c1 = {0}, c2 = {0}, c3 = {0}, c4 = {0}, c5 = {0}, c6 = {0}, c7 = {0};
+    for (int c = 0; c < mv; c += LANES) {
+        const float *k = blk + (size_t)c * B;
+        fk_v16 x;
+#define FK_LANE3(l, a, b, d)                                                                   \
+    memcpy(&x, k + (l) * B, sizeof x);                                                        \
+    FK_IN_REGISTER(x);                                                                        \
+    a += q0[c + (l)] * x;                                                                     \
+    b += q1[c + (l)] * x;                                                                     \
+    d += q2[c + (l)] * x;
+        FK_LANE3(0, a0, b0, c0) FK_LANE3(1, a1, b1, c1) FK_LANE3(2, a2, b2, c2)
+        FK_LANE3(3, a3, b3, c3) FK_LANE3(4, a4, b4, c4) FK_LANE3(5, a5, b5, c5)
+        FK_LANE3(6, a6, b6, c6) FK_LANE3(7, a7, b7, c7)
+#undef FK_LANE3
+    }
+    fk_v16 acc[3][LANES] = {{a0, a1, a2, a3, a4, a5, a6, a7}, {b0, b1, b2, b3, b4, b5, b6, b7},
+                            {c0, c1, c2, c3, c4, c5, c6, c7}};
+    const float *qs[3] = {q0, q1, q2};
+    for (int g = 0; g < 3; g++) {
+        fk_v16 *a = acc[g];
+        for (int c = mv; c < m; c++) { /* m not a multiple of LANES: the tail's lanes */
+            fk_v16 x;
+            memcpy(&x, blk + (size_t)c * B, sizeof x);
+            a[c - mv] += qs[g][c] * x;
+        }
+        fk_v16 r = ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]));
+        memcpy(z + (size_t)g * ldz, &r, sizeof r);
+    }
+}
+
 void fk_mirror_dots(const struct fk_mirror *mr, int h, const float *q, int G, float *z,
                     size_t ldz)
 {
     const struct fk_mirror_head *hd = &mr->head[h];
-    int m = mr->head_dim, nb = (hd->hw + B - 1) / B;
-    for (int b = 0; b < nb; b++) /* a block (m B floats) stays in L1 for the G rows */
-        for (int g = 0; g < G; g++)
-            dots_block(hd->blk + (size_t)b * m * B, q + (size_t)g * m, m,
-                       z + (size_t)g * ldz + (size_t)b * B);
+    int m = mr->head_dim, nb = (hd->hw + B - 1) / B, three = fk_have_avx512();
+    for (int b = 0; b < nb; b++) { /* a block (m B floats) stays in L1 for the G rows */
+        const float *blk = hd->blk + (size_t)b * m * B;
+        int g = 0;
+        for (; three && g + 3 <= G; g += 3)
+            dots_block3(blk, q + (size_t)g * m, m, z + (size_t)g * ldz + (size_t)b * B, ldz);
+        for (; g < G; g++)
+            dots_block(blk, q + (size_t)g * m, m, z + (size_t)g * ldz + (size_t)b * B);
+    }
 }
