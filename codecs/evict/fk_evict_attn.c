@@ -15,6 +15,7 @@ void fk_evict_scratch_free(struct fk_evict_scratch *s)
 {
     fk_mirror_close(&s->mr);
     free(s->zs);
+    free(s->sl);
     free(s->qg);
     free(s->c);
     free(s->p);
@@ -192,6 +193,21 @@ static void softmax_row(const struct fk_evict_env *env, const float *c, int n, d
         p[i] *= inv;
 }
 
+/* out[i] = src[at[i]], i < n (vectorised gathers in the AVX-512 clone). */
+FK_CLONES512 static void gather_i32(const int32_t *restrict src, const int32_t *restrict at,
+                                    int n, int32_t *restrict out)
+{
+    for (int i = 0; i < n; i++)
+        out[i] = src[at[i]];
+}
+
+FK_CLONES512 static void gather_f32(const float *restrict src, const int32_t *restrict at, int n,
+                                    float *restrict out)
+{
+    for (int i = 0; i < n; i++)
+        out[i] = src[at[i]];
+}
+
 int fk_evict_attn_group(const struct fk_evict_env *env, const struct fk_evict_view *v, int h,
                         int tq, const int32_t *idx, int n, struct fk_evict_scratch *s,
                         double *score)
@@ -210,10 +226,10 @@ int fk_evict_attn_group(const struct fk_evict_env *env, const struct fk_evict_vi
     size_t span = (size_t)fk_mirror_span(&s->mr, h);
     FK_TRY(reserve((void **)&s->zs, &s->cap_zs, (size_t)G * span, sizeof(float)));
     fk_mirror_dots(&s->mr, h, s->qg, G, s->zs, span);
-    const int32_t *slot = s->mr.slot + (size_t)h * T;
+    FK_TRY(reserve((void **)&s->sl, &s->cap_sl, (size_t)n, sizeof(int32_t)));
+    gather_i32(s->mr.slot + (size_t)h * T, idx, n, s->sl); /* the slots, once for the G rows */
     for (int g = 0; g < G; g++)
-        for (int i = 0; i < n; i++)
-            s->c[(size_t)g * n + i] = s->zs[(size_t)g * span + (size_t)slot[idx[i]]];
+        gather_f32(s->zs + (size_t)g * span, s->sl, n, s->c + (size_t)g * n);
     double scale = inv_scale(env), *p = s->p, *inv = s->p + (size_t)G * n;
     for (int g = 0; g < G; g++)
         exp_row(env, s->c + (size_t)g * n, n, scale, p + (size_t)g * n);

@@ -20,7 +20,8 @@ struct fk_evict_scratch {
     float *c;                    /* logits [rows][n] */
     double *p;                   /* softmax rows [G][n] and G reciprocal sums */
     float *zs;                   /* the mirror's dot products [G][span] */
-    size_t cap_qg, cap_c, cap_p, cap_zs;
+    int32_t *sl;                 /* the mirror slots of the kept keys [n] */
+    size_t cap_qg, cap_c, cap_p, cap_zs, cap_sl;
     struct fk_mirror mr;         /* the kept keys of every KV head (opened on first use) */
 };
 void fk_evict_scratch_free(struct fk_evict_scratch *s);
