@@ -208,6 +208,20 @@ FK_CLONES512 static void gather_f32(const float *restrict src, const int32_t *re
         out[i] = src[at[i]];
 }
 
+/* score[i] = (sum over g in order of p[g][i] inv[g]) / G, i < n: the group mean of the
+ * normalised rows (element by element, so every clone gives the same bits). */
+FK_CLONES512 static void group_mean(const double *restrict p, const double *restrict inv, int G,
+                                    int n, double *restrict score)
+{
+    for (int i = 0; i < n; i++)
+        score[i] = 0;
+    for (int g = 0; g < G; g++)
+        for (int i = 0; i < n; i++)
+            score[i] += p[(size_t)g * n + i] * inv[g];
+    for (int i = 0; i < n; i++)
+        score[i] /= G;
+}
+
 int fk_evict_attn_group(const struct fk_evict_env *env, const struct fk_evict_view *v, int h,
                         int tq, const int32_t *idx, int n, struct fk_evict_scratch *s,
                         double *score)
@@ -252,13 +266,7 @@ int fk_evict_attn_group(const struct fk_evict_env *env, const struct fk_evict_vi
             inv[g] = 1.0 / sum;
         }
     }
-    for (int i = 0; i < n; i++)
-        score[i] = 0;
-    for (int g = 0; g < G; g++)
-        for (int i = 0; i < n; i++)
-            score[i] += p[(size_t)g * n + i] * inv[g];
-    for (int i = 0; i < n; i++)
-        score[i] /= G;
+    group_mean(p, inv, G, n, score);
     return FK_OK;
 }
 
