@@ -202,16 +202,24 @@ static int policy_hook(struct fk_drive *d, struct fk_unit *u, int prefill, int t
                               u->layer, u->evict->name, t);
     for (int h = 0; h < H; h++) {
         uint8_t *kp = u->keep + (size_t)h * T, *pp = d->prev + (size_t)h * T;
-        /* nothing dropped: the bits of the arriving tokens are set, so n >= 1 */
+        /* nothing dropped: the bits of the arriving tokens are set, so n >= 1; else the
+         * blocks of 64 tokens that changed are walked, and n counts the kept tokens */
         int same = !memcmp(kp, pp, (size_t)t + 1), n = same;
-        for (int j = 0; !same && j <= t; j++) {
-            if (pp[j] && !kp[j])
-                d->dropped[d->n_dropped++] = h * T + j;
-            else if (!pp[j] && kp[j])
-                return fk_err(FK_EINVAL, "%s: layer %d: eviction policy %s re-admitted token "
-                              "%d of KV head %d", u->path, u->layer, u->evict->name, j, h);
-            pp[j] = kp[j];
-            n += kp[j];
+        for (int j0 = 0; !same && j0 <= t; j0 += 64) {
+            int j1 = t + 1 - j0 < 64 ? t + 1 : j0 + 64;
+            for (int j = j0; j < j1; j++)
+                n += kp[j] != 0;
+            if (!memcmp(kp + j0, pp + j0, (size_t)(j1 - j0)))
+                continue;
+            for (int j = j0; j < j1; j++) {
+                if (pp[j] && !kp[j])
+                    d->dropped[d->n_dropped++] = h * T + j;
+                else if (!pp[j] && kp[j])
+                    return fk_err(FK_EINVAL, "%s: layer %d: eviction policy %s re-admitted "
+                                  "token %d of KV head %d", u->path, u->layer, u->evict->name,
+                                  j, h);
+                pp[j] = kp[j];
+            }
         }
         if (n < 1 || (!prefill && !kp[t]))
             return fk_err(FK_EINVAL, "%s: layer %d: eviction policy %s dropped %s of KV head "
