@@ -1192,6 +1192,11 @@ static void ahead_stream(const struct tdict *d, const struct tgen *g, int P, int
         const struct dc *dc = r1.st;
         REQUIRE(dc->ah_ok[H] == AH_OK, "%s: the window did not serve the decode events "
                 "(state %d)", ops->name, dc->ah_ok[H]);
+        /* the chains were checked against the SGEMM; at m = 128 they must have held (one
+         * block of k): appended atoms and rewritten slots then come from them */
+        REQUIRE(dc->chain_ok != AH_UNKNOWN, "%s: the chains were never checked", ops->name);
+        REQUIRE(M > 256 || dc->chain_ok == AH_OK, "%s: the chains differ from the SGEMM at "
+                "m = %d", ops->name, M);
         struct fk_stream_stats st = stats_of(&r0);
         REQUIRE(st.appends + st.replacements >= 40, "%s: only %llu appends and %llu "
                 "replacements", ops->name, (unsigned long long)st.appends,
@@ -1224,6 +1229,11 @@ START_TEST(ahead_changes_nothing)
     ahead_stream(&d, &fresh, 24, 200, 113, &n_ahead, &rewritten);
     ck_assert_int_eq(n_ahead, 4); /* lexico-adp, gm, pl, fadkv */
     ck_assert_msg(rewritten, "no slot was replaced twice");
+    tdict_free(&d);
+    /* head_dim 1024: OpenBLAS sums k in blocks, and the chains must not serve (they did
+     * before the chains were checked, and lexico-adp's outcomes changed) */
+    tdict_init(&d, 1024, 1024, 32, 1, 111);
+    ahead_stream(&d, &reuse, 24, 96, 112, &n_ahead, &rewritten);
     tdict_free(&d);
 }
 END_TEST

@@ -472,8 +472,10 @@ static int check_event(struct dc *d, const struct fk_event *ev)
  * small products, do not. So the first block of each row count gets its own SGEMM as well
  * and the two are compared bit for bit: the window serves later blocks of that count only
  * if they were equal (a block's product only grows with the atoms appended later, and
- * OpenBLAS picks its small kernels by size). Where they differ, every block of that count
- * keeps its own SGEMM, as without env.ahead. */
+ * OpenBLAS picks its small kernels by size). The chains are compared the same way on the
+ * first served block that needs them (chain_ok): OpenBLAS splits k into blocks when m is
+ * large (here from m = 384), and its sums are then not one chain. Where they differ, those
+ * blocks keep their own SGEMM, as without env.ahead. */
 
 void dc_slot_rewritten(struct dc *d, int j)
 {
@@ -515,10 +517,12 @@ static int ahead_fill(struct dc *d, int t0)
 }
 
 /* The correlations of nc event rows x (tokens tok, heads head, in token order) with every
- * current atom into a [nc][Nt] from the window; 0 when it cannot (a row is not the row
- * ahead, or the rows span more tokens than a window), a is then partly written. */
+ * current atom into a [nc][Nt] from the window; *chained: some columns came from chains
+ * (atoms changed since the window). 0 when it cannot (a row is not the row ahead or not in
+ * the window, the rows span more tokens than a window, or chains are needed and not
+ * allowed); a is then partly written. */
 static int ahead_fetch(struct dc *d, const float *x, const int32_t *tok, const int32_t *head,
-                       int nc, float *a)
+                       int nc, float *a, int allow_chain, int *chained)
 {
     int T = d->env.n_tokens, m = d->m, Nt = d->Nt;
     int t_lo = tok[0], t_hi = tok[nc - 1];
@@ -527,10 +531,14 @@ static int ahead_fetch(struct dc *d, const float *x, const int32_t *tok, const i
     if ((t_lo < d->ah_t0 || t_hi >= d->ah_t0 + d->ah_n) && !ahead_fill(d, t_lo))
         return 0;
     int nw = d->ah_nt;
+    *chained = d->n_stale > 0 || Nt > nw;
+    if (*chained && !allow_chain)
+        return 0;
     for (int i = 0; i < nc; i++) {
         int t = tok[i], h = head[i];
         const float *xi = x + (size_t)i * m;
-        if (memcmp(xi, d->ahead + ((size_t)h * T + t) * m, sizeof(float) * (size_t)m))
+        if (t < d->ah_t0 || t >= d->ah_t0 + d->ah_n ||
+            memcmp(xi, d->ahead + ((size_t)h * T + t) * m, sizeof(float) * (size_t)m))
             return 0;
         memcpy(a + (size_t)i * Nt,
                d->acorr + ((size_t)h * d->ah_tok + (size_t)(t - d->ah_t0)) * (size_t)nw,
@@ -545,20 +553,31 @@ static int ahead_fetch(struct dc *d, const float *x, const int32_t *tok, const i
 }
 
 /* The correlations of a block of nc event rows x with the atoms of view v into d->corr:
- * from the window when it serves blocks of nc rows, else by their own SGEMM. */
+ * from the window when it serves blocks of nc rows (and, for columns from chains, when the
+ * chains were found equal too), else by their own SGEMM. The first block of each row count
+ * and the first served block that needs chains are compared with their own SGEMM. */
 static void block_correlate(struct dc *d, const struct fk_dict_view *v, const float *x,
                             const int32_t *tok, const int32_t *head, int nc)
 {
     int st = d->ahead && nc < DC_BLK ? d->ah_ok[nc] : AH_OFF; /* a full block: one SGEMM */
-    if (st == AH_OK && ahead_fetch(d, x, tok, head, nc, d->corr))
+    int chained = 0;
+    if (st == AH_OK &&
+        ahead_fetch(d, x, tok, head, nc, d->corr, d->chain_ok == AH_OK, &chained))
         return;
     fk_correlate(v, x, nc, d->corr);
-    if (st != AH_UNKNOWN)
+    int check_chain = st == AH_OK && d->chain_ok == AH_UNKNOWN;
+    if (st != AH_UNKNOWN && !check_chain)
         return;
-    size_t n = (size_t)nc * (size_t)d->Nt; /* the first block of nc rows: compare */
+    size_t n = (size_t)nc * (size_t)d->Nt;
     float *alt = malloc(sizeof(float) * n);
-    if (alt && ahead_fetch(d, x, tok, head, nc, alt))
-        d->ah_ok[nc] = memcmp(alt, d->corr, sizeof(float) * n) ? AH_OFF : AH_OK;
+    if (alt && ahead_fetch(d, x, tok, head, nc, alt, 1, &chained) &&
+        (!check_chain || chained)) {
+        int eq = !memcmp(alt, d->corr, sizeof(float) * n);
+        if (st == AH_UNKNOWN) /* a difference with chains sets both off */
+            d->ah_ok[nc] = eq ? AH_OK : AH_OFF;
+        if (chained)
+            d->chain_ok = eq ? AH_OK : AH_OFF;
+    }
     free(alt);
 }
 
