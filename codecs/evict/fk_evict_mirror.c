@@ -122,6 +122,23 @@ int fk_mirror_span(const struct fk_mirror *mr, int h)
     return (mr->head[h].hw + B - 1) / B * B;
 }
 
+/* The end of a block's dot products with query row q: coordinates mv .. m-1 (m not a
+ * multiple of LANES) into their lanes a[c - mv], then the lanes summed pairwise into z[0..B).
+ * Inlined into each kernel and clone. */
+static inline __attribute__((always_inline)) void lanes_finish(const float *restrict blk,
+                                                               const float *restrict q, int m,
+                                                               int mv, fk_v16 *a,
+                                                               float *restrict z)
+{
+    for (int c = mv; c < m; c++) {
+        fk_v16 x;
+        memcpy(&x, blk + (size_t)c * B, sizeof x);
+        a[c - mv] += q[c] * x;
+    }
+    fk_v16 r = ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]));
+    memcpy(z, &r, sizeof r);
+}
+
 /* One block's B dot products with one query row q [m] into z[0..B): coordinate c in lane
  * c % LANES, in coordinate order, the lanes summed pairwise (fk_evict_mirror.h). */
 FK_CLONES512 static void dots_block(const float *restrict blk, const float *restrict q, int m,
@@ -140,13 +157,7 @@ FK_CLONES512 static void dots_block(const float *restrict blk, const float *rest
 #undef FK_LANE
     }
     fk_v16 a[LANES] = {a0, a1, a2, a3, a4, a5, a6, a7};
-    for (int c = mv; c < m; c++) { /* m not a multiple of LANES: the tail's lanes */
-        fk_v16 x;
-        memcpy(&x, blk + (size_t)c * B, sizeof x);
-        a[c - mv] += q[c] * x;
-    }
-    fk_v16 r = ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]));
-    memcpy(z, &r, sizeof r);
+    lanes_finish(blk, q, m, mv, a, z);
 }
 
 /* Keeps a 16-float vector in an AVX-512 register (no instruction): without it GCC folds the
@@ -185,17 +196,8 @@ FK_AVX512_ONLY static void dots_block3(const float *restrict blk, const float *r
     }
     fk_v16 acc[3][LANES] = {{a0, a1, a2, a3, a4, a5, a6, a7}, {b0, b1, b2, b3, b4, b5, b6, b7},
                             {c0, c1, c2, c3, c4, c5, c6, c7}};
-    const float *qs[3] = {q0, q1, q2};
-    for (int g = 0; g < 3; g++) {
-        fk_v16 *a = acc[g];
-        for (int c = mv; c < m; c++) { /* m not a multiple of LANES: the tail's lanes */
-            fk_v16 x;
-            memcpy(&x, blk + (size_t)c * B, sizeof x);
-            a[c - mv] += qs[g][c] * x;
-        }
-        fk_v16 r = ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]));
-        memcpy(z + (size_t)g * ldz, &r, sizeof r);
-    }
+    for (int g = 0; g < 3; g++)
+        lanes_finish(blk, q + (size_t)g * m, m, mv, acc[g], z + (size_t)g * ldz);
 }
 
 void fk_mirror_dots(const struct fk_mirror *mr, int h, const float *q, int G, float *z,
