@@ -951,16 +951,19 @@ FK_CLONES static void resid_naive(const float *restrict atoms, int m, const floa
                                   const int32_t *idx, const double *gamma, int k,
                                   double *restrict rx, float *restrict r)
 {
-    for (int i = 0; i < m; i++)
-        rx[i] = x[i];
-    for (int l = 0; l < k; l++) {
-        const float *restrict at = atoms + (size_t)idx[l] * m;
-        double g = gamma[l];
-        for (int i = 0; i < m; i++)
-            rx[i] -= g * at[i];
+    int i0 = 0;
+    for (; i0 + FK_RB <= m; i0 += FK_RB) {
+        double t[FK_RB];
+        fk_resid_block(atoms, m, idx, gamma, k, x, i0, t);
+        for (int i = 0; i < FK_RB; i++) {
+            rx[i0 + i] = t[i];
+            r[i0 + i] = (float)t[i];
+        }
     }
-    for (int i = 0; i < m; i++)
+    for (int i = i0; i < m; i++) {
+        rx[i] = fk_resid_coord(atoms, m, idx, gamma, k, x, i);
         r[i] = (float)rx[i];
+    }
 }
 
 /* ||rx||^2 with FK_DL lanes. */
@@ -1134,9 +1137,14 @@ static int omp_naive(const struct fk_dict_view *d, const float *x, const float *
             out->iters++;
             int k = out->k;
             const float *dj = d->atoms + (size_t)j * m;
-            double gjj = fk_dot_fd(dj, dj, m);
+            const float *rows[FK_SMAX + 1]; /* dj . dj, then d_l . dj for the support */
+            double dots[FK_SMAX + 1];
+            rows[0] = dj;
             for (int l = 0; l < k; l++)
-                ws.w[l] = fk_dot_fd(d->atoms + (size_t)out->idx[l] * m, dj, m);
+                rows[l + 1] = d->atoms + (size_t)out->idx[l] * m;
+            fk_dots_fd(rows, k + 1, dj, m, dots);
+            double gjj = dots[0];
+            memcpy(ws.w, dots + 1, sizeof(double) * (size_t)k);
             if (gss)
                 memcpy(gss_w, ws.w, sizeof(double) * (size_t)k);
             double ww = fwd_solve(ws.L, ld, k, ws.w, ws.w);

@@ -12,7 +12,8 @@
  *   - otherwise (GM: the pool), O(n_atoms): one vectorised pass computes every key; the
  *     threshold t0 of a conservative rank among SAMPLE evenly spaced keys; one branch-free
  *     pass collects the atoms with key >= t0 (a few more than n, ascending); the exact n-th
- *     largest key among them comes from a radix select (bits 30..20, 19..9, 8..0), ties go
+ *     largest key among them comes from a bisection of their range with vectorised counts
+ *     (a radix select, bits 30..20, 19..9, 8..0, when there are very many), ties go
  *     to the smaller index. When fewer than n atoms reach t0, every live atom is a
  *     candidate (same result, slower).
  * The pool comes out in ascending index order without sorting; only an ordered pool
@@ -33,8 +34,8 @@
 #define TOPN_SHARE 16 /* ... and n_atoms at least this many times n */
 #define CHUNK 1024    /* atoms per call of the key pass */
 #define SAMPLE 256    /* keys sampled for the threshold estimate */
+#define SAMPLE_RES (1 << 16) /* its resolution in key units (|a| within 2^-7 relative) */
 #define CAND_SORT 64  /* candidates up to this: resolved by insertion sort */
-#define RCHUNK 64     /* residual coordinates per chunk */
 
 
 /* Screening key of a live atom: order of keys = order of |a| (NaN lowest); always >= 1. */
@@ -223,41 +224,32 @@ static int32_t kth_key_masked(const int32_t *key, const int32_t *idx, int nc, in
     return prefix;
 }
 
-/* Byte-wise radix levels of the in-place select (keys are below 2^31): few candidates, so
- * small histograms (a 2048-bin level cost more in clearing and scanning its bins than in
- * reading the keys). */
-static const int lev8_shift[4] = {24, 16, 8, 0};
-
-/* The r-th largest (1-based, 1 <= r <= nc) of kb[0 .. nc) (overwritten): radix levels
- * that keep only the chosen bin (branch-free), insertion sort once few remain. */
-static int32_t kth_key_inplace(int32_t *kb, int nc, int r)
+/* The r-th largest (1-based, 1 <= r <= nc) of the keys kb[0 .. nc), all >= 0: the largest
+ * t with at least r keys >= t, by bisection of [min, max] with one vectorised count per
+ * halving (about log2(max - min) counts, one clone for the whole search; a radix select on
+ * a few hundred keys cost several times as much in histogram updates, bin scans and
+ * compactions). res > 1: stop once the interval is shorter than res and return its lower
+ * end, a key t with at least r keys >= t, at most res below the r-th largest. */
+FK_CLONES512 static int32_t kth_key_count(const int32_t *restrict kb, int nc, int r,
+                                          int32_t res)
 {
-    uint32_t hist[256];
-    for (int lev = 0; lev < 4 && nc > CAND_SORT; lev++) {
-        int sh = lev8_shift[lev], top = 0;
-        memset(hist, 0, sizeof hist);
-        for (int i = 0; i < nc; i++) {
-            int b = (kb[i] >> sh) & 255;
-            hist[b]++;
-            top = b > top ? b : top;
-        }
-        int above;
-        int b = find_bin(hist, top, r, &above);
-        r -= above;
-        int w = 0;
-        for (int i = 0; i < nc; i++) {
-            int32_t k = kb[i];
-            kb[w] = k;
-            w += ((k >> sh) & 255) == b;
-        }
-        nc = w;
-        if (lev == 3)
-            return kb[0]; /* all equal */
+    int32_t mx = 0, mn = INT32_MAX;
+    for (int i = 0; i < nc; i++) {
+        mx = kb[i] > mx ? kb[i] : mx;
+        mn = kb[i] < mn ? kb[i] : mn;
     }
-    int32_t sorted[CAND_SORT];
-    for (int i = 0; i < nc; i++)
-        insert_desc(sorted, i, kb[i]);
-    return sorted[r - 1];
+    int64_t a = mn, b = (int64_t)mx + 1; /* count(>= a) = nc >= r > count(>= b) = 0 */
+    while (b - a > res) {
+        int32_t mid = (int32_t)(a + (b - a) / 2);
+        int c = 0;
+        for (int i = 0; i < nc; i++)
+            c += kb[i] >= mid;
+        if (c >= r)
+            a = mid;
+        else
+            b = mid;
+    }
+    return (int32_t)a;
 }
 
 /* Index of the lowest set bit of m != 0. */
@@ -311,10 +303,21 @@ static int collect(const int32_t *key, int n, int32_t t0, int32_t *cand)
 #define KTH_STACK 2048 /* candidates whose keys are selected on a stack copy */
 
 /* Larger n (see the file comment). key, cand: n_atoms int32 each. Returns n_eff. */
+/* 1 when some dead[i] != 0, i < n (vectorised). */
+FK_CLONES512 static int any_set(const uint8_t *restrict dead, int n)
+{
+    uint8_t o = 0;
+    for (int i = 0; i < n; i++)
+        o |= dead[i];
+    return o != 0;
+}
+
 static int topn_large(const float *a, const uint8_t *dead, int n_atoms, int n, int32_t *out,
                       int32_t *key, int32_t *cand)
 {
     int live = 0;
+    if (dead && !any_set(dead, n_atoms))
+        dead = NULL; /* the keys without the dead test: the same keys, a shorter pass */
     for (int c0 = 0; c0 < n_atoms; c0 += CHUNK) {
         int len = n_atoms - c0 < CHUNK ? n_atoms - c0 : CHUNK;
         keys_block(a + c0, dead ? dead + c0 : NULL, len, key + c0, &live);
@@ -332,7 +335,7 @@ static int topn_large(const float *a, const uint8_t *dead, int n_atoms, int n, i
             int32_t sk[SAMPLE];
             for (int i = 0; i < SAMPLE; i++)
                 sk[i] = key[i * stride];
-            t0 = kth_key_inplace(sk, SAMPLE, q);
+            t0 = kth_key_count(sk, SAMPLE, q, SAMPLE_RES);
             t0 = t0 > 1 ? t0 : 1;
         }
     }
@@ -348,7 +351,7 @@ static int topn_large(const float *a, const uint8_t *dead, int n_atoms, int n, i
         int32_t kb[KTH_STACK];
         for (int i = 0; i < nc; i++)
             kb[i] = key[cand[i]];
-        thr = kth_key_inplace(kb, nc, n_eff);
+        thr = kth_key_count(kb, nc, n_eff, 1);
     } else {
         thr = kth_key_masked(key, cand, nc, n_eff);
     }
@@ -389,21 +392,19 @@ FK_CLONES static double resid_refine(const float *restrict atoms, const int32_t 
                                      double *xx_out)
 {
     double acc[FK_DL] = {0}, accx[FK_DL] = {0};
-    double r[RCHUNK];
-    for (int i0 = 0; i0 < m; i0 += RCHUNK) {
-        int len = m - i0 < RCHUNK ? m - i0 : RCHUNK;
-        for (int i = 0; i < len; i++)
-            r[i] = x[i0 + i];
-        for (int p = 0; p < k; p++) {
-            const float *restrict at = atoms + (size_t)idx[p] * m + i0;
-            double g = gam[p];
-            for (int i = 0; i < len; i++)
-                r[i] -= g * at[i];
+    int i0 = 0; /* coordinate i goes to lane i % FK_DL, and FK_RB is a multiple of FK_DL */
+    for (; i0 + FK_RB <= m; i0 += FK_RB) {
+        double r[FK_RB];
+        fk_resid_block(atoms, m, idx, gam, k, x, i0, r);
+        for (int i = 0; i < FK_RB; i++) {
+            acc[(i0 + i) % FK_DL] += r[i] * r[i];
+            accx[(i0 + i) % FK_DL] += (double)x[i0 + i] * x[i0 + i];
         }
-        for (int i = 0; i < len; i++) {
-            acc[i % FK_DL] += r[i] * r[i];
-            accx[i % FK_DL] += (double)x[i0 + i] * x[i0 + i];
-        }
+    }
+    for (int i = i0; i < m; i++) {
+        double r = fk_resid_coord(atoms, m, idx, gam, k, x, i);
+        acc[i % FK_DL] += r * r;
+        accx[i % FK_DL] += (double)x[i] * x[i];
     }
     *xx_out = fk_lanes_sum(accx);
     return fk_lanes_sum(acc);
@@ -452,10 +453,16 @@ static int refine(const struct fk_dict_view *d, const float *x, double lambda0, 
     double as[FK_SMAX], gam[FK_SMAX], res[FK_SMAX];
     for (int p = 0; p < k; p++) {
         const float *dp = d->atoms + (size_t)code->idx[p] * m;
-        as[p] = fk_dot_fd(dp, x, m);
+        const float *rows[FK_SMAX + 1]; /* x . d_p, then d_q . d_p, q <= p (without gss) */
+        double dots[FK_SMAX + 1];
+        rows[0] = x;
+        int nr = 1;
+        for (int q = 0; !gss && q <= p; q++)
+            rows[nr++] = d->atoms + (size_t)code->idx[q] * m;
+        fk_dots_fd(rows, nr, dp, m, dots);
+        as[p] = dots[0];
         for (int q = 0; q <= p; q++) {
-            double v = gss ? gss[(size_t)p * FK_SMAX + q]
-                           : fk_dot_fd(dp, d->atoms + (size_t)code->idx[q] * m, m);
+            double v = gss ? gss[(size_t)p * FK_SMAX + q] : dots[q + 1];
             g[p * k + q] = v;
             g[q * k + p] = v;
         }
