@@ -1151,8 +1151,8 @@ static void assert_runs_equal(const struct trun *a, const struct trun *b, int H,
     REQUIRE(sa.n_atoms == sb.n_atoms && sa.appends == sb.appends &&
                 sa.replacements == sb.replacements && sa.adapt_failed == sb.adapt_failed &&
                 sa.collateral_reencodes == sb.collateral_reencodes &&
-                sa.premature == sb.premature && sa.uses_total == sb.uses_total &&
-                sa.macs == sb.macs,
+                sa.premature == sb.premature && sa.guarded == sb.guarded &&
+                sa.uses_total == sb.uses_total && sa.macs == sb.macs,
             "%s, %s: the counters differ (atoms %d / %d, appends %llu / %llu, replacements "
             "%llu / %llu)", name, what, sa.n_atoms, sb.n_atoms, (unsigned long long)sa.appends,
             (unsigned long long)sb.appends, (unsigned long long)sa.replacements,
@@ -1235,6 +1235,92 @@ START_TEST(ahead_changes_nothing)
     tdict_init(&d, 1024, 1024, 32, 1, 111);
     ahead_stream(&d, &reuse, 24, 96, 112, &n_ahead, &rewritten);
     tdict_free(&d);
+}
+END_TEST
+
+static const float *guard_gram_row(void *ctx, int j, float *scratch)
+{
+    (void)scratch;
+    const struct tdict *d = ctx;
+    return d->gram + (size_t)j * (size_t)d->N;
+}
+
+/* stats.guarded counts the codes OMP's precision guard cut. The dictionary of test_sparse's
+ * omp_precision_guard: a chain of 12 atoms d_j ~ e_0 + eps (e_1 + ... + e_j), eps = 1.5e-3,
+ * others in dims 12..15, and a Gram whose chain entries carry an error of 3e-6; vectors in
+ * the chain's span, all prefill (one event, one correlation SGEMM), coded by lexico
+ * (Batch-OMP, s = 12, n_b = 0: every token coded). The count must equal the codes that
+ * fk_omp_gram, run here on the same correlations and Gram, flags FK_CODE_GUARDED, and be
+ * positive (the data need the guard). */
+START_TEST(guard_counted)
+{
+    enum { N = 64, M = 16, S = 12, T = 48 };
+    struct tdict d;
+    tdict_init(&d, N, M, 0, 1, 151);
+    gsl_rng *r = gsl_rng_alloc(gsl_rng_mt19937);
+    gsl_rng_set(r, 5);
+    const double eps = 1.5e-3;
+    memset(d.atoms, 0, sizeof(float) * N * M);
+    for (int j = 0; j < S; j++) {
+        double nn = sqrt(1.0 + j * eps * eps);
+        d.atoms[j * M] = (float)(1.0 / nn);
+        for (int i = 1; i <= j; i++)
+            d.atoms[j * M + i] = (float)(eps / nn);
+    }
+    for (int j = S; j < N; j++) {
+        double v[4], n2 = 0;
+        for (int i = 0; i < 4; i++) {
+            v[i] = gsl_ran_gaussian(r, 1.0);
+            n2 += v[i] * v[i];
+        }
+        for (int i = 0; i < 4; i++)
+            d.atoms[j * M + 12 + i] = (float)(v[i] / sqrt(n2));
+    }
+    REQ_OK(fk_gram_compute(d.atoms, N, M, d.gram));
+    for (int i = 0; i < S; i++)
+        for (int j = 0; j < i; j++) {
+            float e = (float)(3e-6 * gsl_ran_gaussian(r, 1.0));
+            d.gram[i * N + j] += e;
+            d.gram[j * N + i] += e;
+        }
+    struct tgen g = {.n_use = N, .k_gen = 3, .noise = 0.01};
+    struct tstream st;
+    tstream_init(&st, &d, 1, T, T, &g, 152);
+    for (int t = 0; t < T; t++)
+        for (int i = 0; i < M; i++)
+            st.x[(size_t)t * M + i] = i < S ? (float)gsl_ran_gaussian(r, 1.0) : 0.0f;
+    const struct fk_codec_ops *ops = codec("lexico");
+    void *o = opts_new(ops);
+    opt_set(ops, o, "s", S);
+    opt_set(ops, o, "n_b", 0);
+    opt_enum(ops, o, "omp_mode", "gram");
+    struct trun run;
+    trun_stream(&run, ops, o, &d, &st, 0, NULL, NULL);
+    struct fk_stream_stats ss = stats_of(&run);
+    /* the oracle: the kernel on the same rows, correlations and Gram */
+    struct fk_dict_view v = {.m = M, .n_atoms = N, .atoms = d.atoms, .dead = d.dead,
+                             .gram_row = guard_gram_row, .gram_ctx = &d};
+    float *a = malloc(sizeof(float) * T * N);
+    float *work = malloc(sizeof(float) * fk_omp_work_floats(N, M, S));
+    ck_assert_ptr_nonnull(a);
+    ck_assert_ptr_nonnull(work);
+    fk_correlate(&v, st.x, T, a);
+    long want = 0;
+    for (int t = 0; t < T; t++) {
+        struct fk_code c;
+        REQ_OK(fk_omp_gram(&v, st.x + (size_t)t * M, a + (size_t)t * N, S, 0, work, &c));
+        want += (c.flags & FK_CODE_GUARDED) != 0;
+    }
+    ck_assert_msg(want > 0, "the guard cut no code");
+    ck_assert_msg((long)ss.guarded == want, "stats: %llu codes guarded, the kernel: %ld",
+                  (unsigned long long)ss.guarded, want);
+    free(a);
+    free(work);
+    trun_close(&run);
+    free(o);
+    free(st.x);
+    tdict_free(&d);
+    gsl_rng_free(r);
 }
 END_TEST
 
@@ -1347,6 +1433,7 @@ static Suite *codecs_suite(void)
     tcase_add_test(tc, multi_token_events);
     tcase_add_test(tc, adapt_prefill_events);
     tcase_add_test(tc, ahead_changes_nothing);
+    tcase_add_test(tc, guard_counted);
     tcase_add_test(tc, close_half_opened);
     suite_add_tcase(s, tc);
     return s;

@@ -341,7 +341,7 @@ START_TEST(undefined_metrics_empty)
     ck_assert_int_eq(a.failed, 0);
     static const char *const dict_only[] = {"dict_size_norm_final", "appends", "replacements",
                                             "adapt_failed", "growth_capped", "premature",
-                                            "macs_per_vec", NULL};
+                                            "guarded", "macs_per_vec", NULL};
     int seen = 0;
     for (int c = 0; c < s->n_cells; c++) {
         const char *codec = s->cells[c].ops->name;

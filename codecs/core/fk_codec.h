@@ -207,6 +207,8 @@ struct fk_stream_stats {
     uint64_t appends, replacements, adapt_failed, growth_capped, collateral_reencodes;
     uint64_t saturated;          /* FP8 coefficients saturated to +-448 */
     uint64_t premature;          /* codes that stopped before s atoms */
+    uint64_t guarded;            /* codes OMP's precision guard cut to a prefix of their
+                                  * atoms (FK_CODE_GUARDED, kernels/fk_sparse.h) */
     uint64_t uses_total;         /* nonzeros committed (all codes ever stored) */
     uint64_t uses_adapted;       /* of which on adapted atoms */
     double macs;                 /* analytical cost model (spec 10.7), summed over vectors */
@@ -277,7 +279,7 @@ struct fk_codec_ops {
  * declares (fk_opts_*, fk_codec_option, fk_coef_names, fk_err) are the executable's: a
  * plugin links against nothing of fadkv-bench. FK_PLUGIN_ABI_VERSION changes with any
  * change of the structs of this header. */
-#define FK_PLUGIN_ABI_VERSION 2
+#define FK_PLUGIN_ABI_VERSION 3
 #define FK_PLUGIN_ENTRY "fk_plugin_abi"
 struct fk_plugin {
     int abi_version;             /* FK_PLUGIN_ABI_VERSION the plugin was built with */

@@ -274,6 +274,8 @@ void dc_commit(struct dc *d, int head, int token, const float *x, const struct f
         out->flags |= FK_VEC_PREMATURE;
         d->st.premature++;
     }
+    if (c->flags & FK_CODE_GUARDED)
+        d->st.guarded++;
     out->err_enc = (float)sqrt(c->err2 / c->xx);
     out->err = (float)sqrt(row_err2(d, x, c->k, r->idx + off, r->coef + off, d->xbuf) / c->xx);
 }

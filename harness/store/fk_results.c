@@ -240,7 +240,7 @@ struct headline {
     double bytes_tok_head, bytes_tok_head_avg, bits_per_elem, bits_per_elem_avg, bytes_model;
     double tok_heads, avg_heads, avg_sum, model_sum; /* sums behind the per-head bytes */
     double appends, replacements, adapt_failed, growth_capped, collateral_reencodes;
-    double saturated, premature;
+    double saturated, premature, guarded;
     double t_corr, t_code, t_adapt;
     long vectors, zero_vectors;
     double attn_rkl, attn_retained, retained_frac; /* eviction (docs/RESULTS.md) */
@@ -342,6 +342,7 @@ static void add_stream(const struct fk_cell_result *r, int t, int l, int k,
     h->collateral_reencodes += s->st.collateral_reencodes;
     h->saturated += s->st.saturated;
     h->premature += s->st.premature;
+    h->guarded += s->st.guarded;
     h->t_corr += s->st.t_corr;
     h->t_code += s->st.t_code;
     h->t_adapt += s->st.t_adapt;
@@ -637,6 +638,7 @@ static int write_h5(const char *path, const struct fk_cell_meta *m,
     X(bytes_tok_head_avg) X(bits_per_elem) X(bits_per_elem_avg) X(bytes_model)            \
     X(macs_per_vec) X(cpu_us_per_vec) X(appends) X(replacements)                          \
     X(adapt_failed) X(growth_capped) X(collateral_reencodes) X(saturated) X(premature)   \
+    X(guarded)                                                                            \
     X(t_corr) X(t_code)                                                                   \
     X(t_adapt)                                                                            \
     X(attn_rkl) X(attn_retained) X(retained_frac)
@@ -693,7 +695,7 @@ static void undefined_empty(const struct fk_codec_ops *ops, const void *opts,
         h->adapt_failed = h->growth_capped = h->collateral_reencodes = NAN;
     }
     if (!(ops->caps & FK_CAP_SPARSE))
-        h->premature = NAN;
+        h->premature = h->guarded = NAN;
     const struct fk_option *co = fk_codec_option(ops, "coef");
     if (!co || strcmp(co->choices ? co->choices[(int)fk_opts_get(opts, co)] : "", "fp8"))
         h->saturated = NAN;
@@ -897,6 +899,7 @@ static const char *const cell_metrics[] = {
     "bytes_tok_head_avg", "bits_per_elem", "bits_per_elem_avg", "bytes_model", "macs_per_vec",
     "cpu_us_per_vec", "appends",
     "replacements", "adapt_failed", "growth_capped", "collateral_reencodes", "saturated", "premature",
+    "guarded",
     "vectors", "zero_vectors", "attn_evals", "attn_skipped_steps", "wall_s",
     "attn_rkl", "attn_retained", "retained_frac", NULL,
 };
