@@ -1250,8 +1250,9 @@ static const float *guard_gram_row(void *ctx, int j, float *scratch)
  * others in dims 12..15, and a Gram whose chain entries carry an error of 3e-6; vectors in
  * the chain's span, all prefill (one event, one correlation SGEMM), coded by lexico
  * (Batch-OMP, s = 12, n_b = 0: every token coded). The count must equal the codes that
- * fk_omp_gram, run here on the same correlations and Gram, flags FK_CODE_GUARDED, and be
- * positive (the data need the guard). */
+ * fk_omp_gram, run here on the same correlations and Gram, flags FK_CODE_GUARDED (some but
+ * not all: the data need the guard), and premature must equal its FK_CODE_PREMATURE codes
+ * (the counters are told apart: many codes here are both). */
 START_TEST(guard_counted)
 {
     enum { N = 64, M = 16, S = 12, T = 48 };
@@ -1305,15 +1306,19 @@ START_TEST(guard_counted)
     ck_assert_ptr_nonnull(a);
     ck_assert_ptr_nonnull(work);
     fk_correlate(&v, st.x, T, a);
-    long want = 0;
+    long want = 0, want_premature = 0;
     for (int t = 0; t < T; t++) {
         struct fk_code c;
         REQ_OK(fk_omp_gram(&v, st.x + (size_t)t * M, a + (size_t)t * N, S, 0, work, &c));
         want += (c.flags & FK_CODE_GUARDED) != 0;
+        want_premature += (c.flags & FK_CODE_PREMATURE) != 0;
     }
-    ck_assert_msg(want > 0, "the guard cut no code");
+    ck_assert_msg(want > 0 && want < T, "the guard cut %ld of %d codes", want, (int)T);
     ck_assert_msg((long)ss.guarded == want, "stats: %llu codes guarded, the kernel: %ld",
                   (unsigned long long)ss.guarded, want);
+    ck_assert_msg((long)ss.premature == want_premature,
+                  "stats: %llu codes premature, the kernel: %ld",
+                  (unsigned long long)ss.premature, want_premature);
     free(a);
     free(work);
     trun_close(&run);

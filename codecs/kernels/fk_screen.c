@@ -302,7 +302,6 @@ static int collect(const int32_t *key, int n, int32_t t0, int32_t *cand)
 
 #define KTH_STACK 2048 /* candidates whose keys are selected on a stack copy */
 
-/* Larger n (see the file comment). key, cand: n_atoms int32 each. Returns n_eff. */
 /* 1 when some dead[i] != 0, i < n (vectorised). */
 FK_CLONES512 static int any_set(const uint8_t *restrict dead, int n)
 {
@@ -312,6 +311,7 @@ FK_CLONES512 static int any_set(const uint8_t *restrict dead, int n)
     return o != 0;
 }
 
+/* Larger n (see the file comment). key, cand: n_atoms int32 each. Returns n_eff. */
 static int topn_large(const float *a, const uint8_t *dead, int n_atoms, int n, int32_t *out,
                       int32_t *key, int32_t *cand)
 {
