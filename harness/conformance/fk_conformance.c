@@ -637,7 +637,8 @@ static void rule_determinism(struct cx *cx, const struct fk_codec_ops *ops)
         struct fk_stream_stats sa = stats_of(a), sb = stats_of(b);
         REQUIRE(sa.n_atoms == sb.n_atoms && sa.appends == sb.appends &&
                     sa.replacements == sb.replacements && sa.adapt_failed == sb.adapt_failed &&
-                    sa.saturated == sb.saturated && sa.uses_total == sb.uses_total &&
+                    sa.saturated == sb.saturated && sa.premature == sb.premature &&
+                    sa.guarded == sb.guarded && sa.uses_total == sb.uses_total &&
                     sa.macs == sb.macs && sa.bytes_codes == sb.bytes_codes &&
                     sa.bytes_dict_seq == sb.bytes_dict_seq,
                 "%s stream: the counters differ between two runs (bytes_codes %.0f / %.0f, "
