@@ -34,7 +34,8 @@
 #define TOPN_SHARE 16 /* ... and n_atoms at least this many times n */
 #define CHUNK 1024    /* atoms per call of the key pass */
 #define SAMPLE 256    /* keys sampled for the threshold estimate */
-#define SAMPLE_RES (1 << 16) /* its resolution in key units (|a| within 2^-7 relative) */
+#define SAMPLE_RES (1 << 16) /* its search's resolution in key units (|a| within 2^-7
+                              * relative), finer when the sample keys span less */
 #define CAND_SORT 64  /* candidates up to this: resolved by insertion sort */
 
 
@@ -228,8 +229,9 @@ static int32_t kth_key_masked(const int32_t *key, const int32_t *idx, int nc, in
  * t with at least r keys >= t, by bisection of [min, max] with one vectorised count per
  * halving (about log2(max - min) counts, one clone for the whole search; a radix select on
  * a few hundred keys cost several times as much in histogram updates, bin scans and
- * compactions). res > 1: stop once the interval is shorter than res and return its lower
- * end, a key t with at least r keys >= t, at most res below the r-th largest. */
+ * compactions). res > 1: stop once the interval is at most res key units and at most
+ * 2^-10 of the keys' range, and return its lower end: a key t with at least r keys >= t,
+ * that close below the r-th largest (res = 1: exact). */
 FK_CLONES512 static int32_t kth_key_count(const int32_t *restrict kb, int nc, int r,
                                           int32_t res)
 {
@@ -239,7 +241,10 @@ FK_CLONES512 static int32_t kth_key_count(const int32_t *restrict kb, int nc, in
         mn = kb[i] < mn ? kb[i] : mn;
     }
     int64_t a = mn, b = (int64_t)mx + 1; /* count(>= a) = nc >= r > count(>= b) = 0 */
-    while (b - a > res) {
+    int64_t stop = (b - a) >> 10;
+    stop = stop < res ? stop : res;
+    stop = stop > 1 ? stop : 1;
+    while (b - a > stop) {
         int32_t mid = (int32_t)(a + (b - a) / 2);
         int c = 0;
         for (int i = 0; i < nc; i++)
