@@ -815,7 +815,7 @@ START_TEST(topn_vs_sort)
     uint8_t *dead = malloc(N_MAX);
     int32_t *out = malloc(N_MAX * sizeof(int32_t)), *ref = malloc(N_MAX * sizeof(int32_t));
     struct pair *p = malloc(N_MAX * sizeof *p);
-    const int ns[] = {1, 2, 7, 64, 256, 400, 699, 700, 5000};
+    const int ns[] = {1, 2, 7, 64, 256, 400, 699, 700, 2100, 5000}; /* 2100: > 2048 candidates */
     for (int trial = 0; trial < 96; trial++) {
         const int N = trial < 60 ? 700 : N_MAX;
         int levels = trial % 3 == 0 ? 5 : (trial % 3 == 1 ? 50 : 0); /* many ties */

@@ -13,7 +13,7 @@
  *     threshold t0 of a conservative rank among SAMPLE evenly spaced keys; one branch-free
  *     pass collects the atoms with key >= t0 (a few more than n, ascending); the exact n-th
  *     largest key among them comes from a bisection of their range with vectorised counts
- *     (a radix select, bits 30..20, 19..9, 8..0, when there are very many), ties go
+ *     (of all keys when there are very many candidates), ties go
  *     to the smaller index. When fewer than n atoms reach t0, every live atom is a
  *     candidate (same result, slower).
  * The pool comes out in ascending index order without sorting; only an ordered pool
@@ -36,7 +36,6 @@
 #define SAMPLE 256    /* keys sampled for the threshold estimate */
 #define SAMPLE_RES (1 << 16) /* its search's resolution in key units (|a| within 2^-7
                               * relative), finer when the sample keys span less */
-#define CAND_SORT 64  /* candidates up to this: resolved by insertion sort */
 
 
 /* Screening key of a live atom: order of keys = order of |a| (NaN lowest); always >= 1. */
@@ -156,73 +155,6 @@ static int topn_small(const float *a, const uint8_t *dead, int n_atoms, int n, i
     if (!sort)
         sort_ascending(out, cnt);
     return cnt;
-}
-
-/* The bin holding the r-th largest (1-based) of hist[0 .. top]; *above = count above it. */
-static int find_bin(const uint32_t *hist, int top, int r, int *above)
-{
-    int cum = 0;
-    for (int b = top; b > 0; b--) {
-        if (cum + (int)hist[b] >= r) {
-            *above = cum;
-            return b;
-        }
-        cum += (int)hist[b];
-    }
-    *above = cum;
-    return 0;
-}
-
-/* Descending insertion of k into kbuf[0 .. n). */
-static void insert_desc(int32_t *kbuf, int n, int32_t k)
-{
-    int p = n;
-    for (; p > 0 && kbuf[p - 1] < k; p--)
-        kbuf[p] = kbuf[p - 1];
-    kbuf[p] = k;
-}
-
-/* Radix select levels: key bits 30..20, 19..9, 8..0. */
-static const int lev_shift[3] = {20, 9, 0};
-static const int lev_bins[3] = {2048, 2048, 512};
-
-/* The r-th largest (1-based, 1 <= r <= nc) of the keys key[idx[i]], i < nc (idx NULL:
- * key[i]); radix select, insertion sort once few remain. Reads only; for large nc with
- * heavy ties at the threshold. */
-static int32_t kth_key_masked(const int32_t *key, const int32_t *idx, int nc, int r)
-{
-    uint32_t hist[2048];
-    int32_t kbuf[CAND_SORT];
-    int32_t prefix = 0, pmask = 0; /* keys still in play: (k & pmask) == prefix */
-    int cnt = nc;
-    for (int lev = 0; lev < 3; lev++) {
-        if (cnt <= CAND_SORT) {
-            int c = 0;
-            for (int i = 0; i < nc; i++) {
-                int32_t k = idx ? key[idx[i]] : key[i];
-                if ((k & pmask) == prefix)
-                    insert_desc(kbuf, c++, k);
-            }
-            return kbuf[r - 1];
-        }
-        int sh = lev_shift[lev], bm = lev_bins[lev] - 1, top = 0;
-        memset(hist, 0, sizeof(uint32_t) * (size_t)lev_bins[lev]);
-        for (int i = 0; i < nc; i++) {
-            int32_t k = idx ? key[idx[i]] : key[i];
-            if ((k & pmask) == prefix) {
-                int b = (k >> sh) & bm;
-                hist[b]++;
-                top = b > top ? b : top;
-            }
-        }
-        int above;
-        int b = find_bin(hist, top, r, &above);
-        r -= above;
-        cnt = (int)hist[b];
-        prefix |= (int32_t)b << sh;
-        pmask |= (int32_t)bm << sh;
-    }
-    return prefix;
 }
 
 /* The r-th largest (1-based, 1 <= r <= nc) of the keys kb[0 .. nc), all >= 0: the largest
@@ -351,6 +283,8 @@ static int topn_large(const float *a, const uint8_t *dead, int n_atoms, int n, i
         memcpy(out, cand, sizeof(int32_t) * (size_t)n_eff);
         return n_eff;
     }
+    /* the n_eff-th largest key among the candidates, which is the n_eff-th largest of all
+     * keys (every key outside them is below t0); searched on a copy of theirs when few */
     int32_t thr;
     if (nc <= KTH_STACK) {
         int32_t kb[KTH_STACK];
@@ -358,7 +292,7 @@ static int topn_large(const float *a, const uint8_t *dead, int n_atoms, int n, i
             kb[i] = key[cand[i]];
         thr = kth_key_count(kb, nc, n_eff, 1);
     } else {
-        thr = kth_key_masked(key, cand, nc, n_eff);
+        thr = kth_key_count(key, n_atoms, n_eff, 1);
     }
     int gt = 0;
     for (int i = 0; i < nc; i++)
