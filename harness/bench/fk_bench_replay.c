@@ -253,11 +253,10 @@ static int bench_cells(struct bench *b, const struct fk_bench_replay_hooks *h,
     return rc;
 }
 
-/* The codec of the comparison and the rounds, with its options: cfg->ref_codec, else the
- * codec of the config's first cell that is static and uses a dictionary (the full-OMP
- * codec), else the first such registered codec; the options of its last cell in the
- * config, or its defaults. *opts is malloc'd. */
-static int pick_reference(const struct bench *b, const struct fk_codec_ops **ops, void **opts)
+/* The codec of the comparison and the rounds, and the one whose coding CPU the cells are
+ * compared with: cfg->ref_codec, else the codec of the config's first cell that is static
+ * and uses a dictionary (the full-OMP codec), else the first such registered codec. */
+static int reference_codec(const struct bench *b, const struct fk_codec_ops **ops)
 {
     const struct fk_sweep *s = b->s;
     const unsigned want = FK_CAP_STATIC | FK_CAP_DICT;
@@ -273,6 +272,17 @@ static int pick_reference(const struct bench *b, const struct fk_codec_ops **ops
             o = fk_codecs[i];
     if (!o)
         return fk_err(FK_ENOTSUP, "no static dictionary codec to compare with its reference");
+    *ops = o;
+    return FK_OK;
+}
+
+/* The reference codec with the options of its last cell in the config, or its defaults.
+ * *opts is malloc'd. */
+static int pick_reference(const struct bench *b, const struct fk_codec_ops **ops, void **opts)
+{
+    const struct fk_sweep *s = b->s;
+    const struct fk_codec_ops *o;
+    FK_TRY(reference_codec(b, &o));
     if (!(*opts = calloc(1, o->opts_size)))
         return fk_err(FK_ENOMEM, "out of memory");
     fk_opts_defaults(o, *opts);
@@ -404,6 +414,9 @@ int fk_bench_replay_run(const struct fk_bench_replay_cfg *cfg,
             .prompt_len = b.ti->prompt_len, .n_atoms = b.dict ? b.dict->n_atoms : 0,
             .jobs = b.s->jobs, .attention = b.s->attention, .attn_stride = b.s->attn_stride,
             .kernels = openblas_get_corename()};
+        const struct fk_codec_ops *ref;
+        rc = reference_codec(&b, &ref);
+        in.ref_codec = rc == FK_OK ? ref->name : NULL;
         hooks->info(hooks->ctx, &in);
     }
     if (rc == FK_OK)

@@ -49,6 +49,8 @@ struct fk_bench_replay_info {
     int n_atoms;                 /* N of the dataset's dictionary (0: none) */
     int jobs, attention, attn_stride;
     const char *kernels;         /* OpenBLAS kernel set */
+    const char *ref_codec;       /* the reference codec (--ref-codec, else the config's first
+                                  * static dictionary codec): coding CPU is compared with it */
 };
 
 /* One cell of the config, after it ran (and, with overhead, after its run without

@@ -38,7 +38,7 @@ int fk_cli_conformance(int argc, char **argv);
  * their own. MODE: best (OPENBLAS_CORETYPE unset in the child: the kernels OpenBLAS picks
  * for this CPU; skipped when this run has them already), a core name (OPENBLAS_CORETYPE=NAME,
  * e.g. Haswell), same (the child keeps this environment: the mechanism alone), none. */
-#define FK_CLI_FIGS_MAX 64
+#define FK_CLI_FIGS_MAX 96
 struct fk_cli_figs {
     int n;
     char name[FK_CLI_FIGS_MAX][48];

@@ -17,7 +17,8 @@ static void usage(FILE *f)
                "       [--only CODEC] [--ref-codec CODEC] [--rounds R]\n"
                "       [--kernels best|NAME|same|none] [--tsv]\n"
                "Runs every cell of FILE (default configs/bench-3b.toml) and prints vectors/s,\n"
-               "a time breakdown and peak memory; then the reference codec (--ref-codec, by\n"
+               "a time breakdown, peak memory and each coding cell's CPU per vector against\n"
+               "the reference codec's; then the reference codec (--ref-codec, by\n"
                "default the config's first static dictionary codec: lexico) optimised vs\n"
                "reference mode on the first K layers (default 2); then R interleaved rounds\n"
                "(default 3, at most 15) of it at 1 and 2 threads on the first K layers\n"
@@ -83,6 +84,8 @@ static int parse(int argc, char **argv, struct fk_bench_replay_cfg *c, const cha
     return 0;
 }
 
+#define MAX_CODING 48 /* cells whose coding CPU is listed */
+
 /* Per-cell overhead lines, printed after the table. */
 struct printer {
     const char *config;
@@ -92,6 +95,12 @@ struct printer {
     char ov_lines[4096];
     size_t ov_len;
     int tsv;                     /* print nothing but the figures at the end */
+    const char *ref_codec;       /* the codec whose coding CPU the cells are compared with */
+    int n_cells;                 /* cells reported so far */
+    int n_coding;                /* cells that coded (coding CPU > 0), up to MAX_CODING */
+    int coding_cell[MAX_CODING]; /* their ordinals in the config */
+    char coding_name[MAX_CODING][40];
+    double coding_us[MAX_CODING]; /* their coding CPU per vector, us */
     struct fk_cli_figs figs;     /* this run's headline figures */
 };
 
@@ -108,6 +117,7 @@ static void on_info(void *ctx, const struct fk_bench_replay_info *in)
 {
     struct printer *p = ctx;
     p->stride = in->attn_stride;
+    p->ref_codec = in->ref_codec;
     if (p->figs.n < FK_CLI_FIGS_MAX) {
         snprintf(p->figs.name[p->figs.n], sizeof p->figs.name[0], "kernels");
         snprintf(p->figs.value[p->figs.n++], sizeof p->figs.value[0], "%s", in->kernels);
@@ -132,8 +142,15 @@ static void on_cell(void *ctx, const struct fk_bench_cell_row *r)
     if (p->first_wall <= 0)
         p->first_wall = t->wall;
     char name[48];
-    snprintf(name, sizeof name, "cell %d %s vec/s", p->figs.n, r->codec);
+    snprintf(name, sizeof name, "cell %d %s vec/s", p->n_cells, r->codec);
     add_fig(&p->figs, name, "%.9g", t->vectors / t->wall);
+    double coding = t->gram + t->corr + t->code + t->adapt;
+    if (coding > 0 && t->vectors > 0 && p->n_coding < MAX_CODING) {
+        snprintf(p->coding_name[p->n_coding], sizeof p->coding_name[0], "%s", r->codec);
+        p->coding_cell[p->n_coding] = p->n_cells;
+        p->coding_us[p->n_coding++] = 1e6 * coding / (double)t->vectors;
+    }
+    p->n_cells++;
     if (p->tsv)
         return;
     printf("%-16s %8.1f %7.2f %9ld %7.0f | %6.1f %6.1f %6.1f %6.1f %6.1f %6.1f %6.1f %6.1f "
@@ -146,6 +163,43 @@ static void on_cell(void *ctx, const struct fk_bench_cell_row *r)
                                       "  %-11s %6.1f s with, %6.1f s without: %+5.1f%%\n",
                                       r->codec, r->with_s, r->without_s,
                                       100.0 * (r->with_s - r->without_s) / r->without_s);
+}
+
+/* The coding CPU per vector of every cell that coded, against the reference codec's first
+ * cell (the figures of the closer-to-the-floor comparison, from this one run). */
+static void coding_figs(struct printer *p)
+{
+    int ref = -1;
+    for (int i = 0; i < p->n_coding && ref < 0 && p->ref_codec; i++)
+        if (!strcmp(p->coding_name[i], p->ref_codec))
+            ref = i;
+    if (p->n_coding == 0)
+        return;
+    if (!p->tsv) {
+        printf("coding CPU per vector (gram + corr + code + adapt, summed over threads)");
+        if (ref >= 0)
+            printf(", against %s's:\n", p->ref_codec);
+        else
+            printf(" (no cell of %s to compare with):\n", p->ref_codec ? p->ref_codec : "?");
+    }
+    for (int i = 0; i < p->n_coding; i++) {
+        char name[64];
+        snprintf(name, sizeof name, "cell %d %s coding us/vec", p->coding_cell[i],
+                 p->coding_name[i]);
+        add_fig(&p->figs, name, "%.9g", p->coding_us[i]);
+        double x = ref >= 0 ? p->coding_us[i] / p->coding_us[ref] : 0;
+        if (ref >= 0) {
+            snprintf(name, sizeof name, "cell %d %s coding x ref", p->coding_cell[i],
+                     p->coding_name[i]);
+            add_fig(&p->figs, name, "%.9g", x);
+        }
+        if (p->tsv)
+            continue;
+        printf("  %-16s %8.2f us", p->coding_name[i], p->coding_us[i]);
+        if (ref >= 0)
+            printf(" %7.3f", x);
+        printf("\n");
+    }
 }
 
 static void print_list(const double *v, int n, const char *fmt)
@@ -246,6 +300,8 @@ int fk_cli_bench_replay(int argc, char **argv)
     if (rc == FK_OK)
         end_figs(&cfg, r, &p->figs);
     if (rc == FK_OK && tsv) {
+        if (r->cells_rss_kib)
+            coding_figs(p);
         for (int i = 0; i < p->figs.n; i++)
             printf("%s\t%s\n", p->figs.name[i], p->figs.value[i]);
         free(p);
@@ -260,6 +316,8 @@ int fk_cli_bench_replay(int argc, char **argv)
     if (r->cells_rss_kib)
         printf("whole config: %.1f s wall; peak resident memory %.0f MiB\n", r->total_wall,
                r->cells_rss_kib / 1024.0);
+    if (r->cells_rss_kib)
+        coding_figs(p);
     if (r->ref_done)
         print_reference(&cfg, r);
     if (r->rounds && rc == FK_OK)

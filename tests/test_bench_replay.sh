@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
+# `bench replay`'s coding figures: for every cell that codes, the coding CPU per vector is
+# (t_gram + t_corr + t_code + t_adapt) / vectors as the cell's own files in the results
+# directory record them (the store's meta, written by another path), and "x ref" divides it
+# by the reference codec's cell (--ref-codec, else the config's first static dictionary
+# codec); a cell that codes nothing (full) has no figure; a bad --ref-codec is an error
+# before any cell runs. usage: test_bench_replay.sh FADKV_BENCH  (FK_SRCDIR: the source tree)
+set -euo pipefail
+bin=$(realpath "$1")
+src=${FK_SRCDIR:?FK_SRCDIR: the source tree}
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+for run in a b; do
+    cat >"$tmp/$run.toml" <<TOML
+[sweep]
+name = "replay-figures"
+output = "$tmp/res-$run"
+jobs = 2
+attention = false
+[[dataset]]
+name = "fortune"
+traces = ["$src/datasets/embedded/fortune-byte-4L-00.h5"]
+dictionary = "$src/datasets/dicts/fortune-byte-4L.h5"
+defaults = { s = 8, n = 32, n_b = 16 }
+[[codec]]
+name = "full"
+[[codec]]
+name = "pl"
+[[codec]]
+name = "lexico"
+[[codec]]
+name = "gm"
+TOML
+done
+replay() { "$bin" bench replay --config "$tmp/$1.toml" --no-kernel --ref-layers 0 \
+           --kernels none "${@:2}"; }
+replay a --tsv >"$tmp/a.tsv"
+replay b --tsv --ref-codec gm >"$tmp/b.tsv"
+# (rel_tol 1e-5: the meta records t_gram to 6 significant digits)
+python3 - "$tmp" <<'PY'
+import glob, math, os, sys
+tmp = sys.argv[1]
+order = ["full", "pl", "lexico", "gm"]
+def kv(path):
+    return dict(l.rstrip("\n").split("\t", 1) for l in open(path) if "\t" in l)
+def check(run, ref):
+    f = kv(os.path.join(tmp, run + ".tsv"))
+    want = {}
+    for p in glob.glob(os.path.join(tmp, "res-" + run, "cells", "*.meta")):
+        m = kv(p)
+        cpu = sum(float(m[k]) for k in ("t_gram", "t_corr", "t_code", "t_adapt"))
+        want[m["codec"]] = 1e6 * cpu / float(m["vectors"])
+    assert sorted(want) == sorted(order), sorted(want)
+    for i, c in enumerate(order):
+        us, x = f"cell {i} {c} coding us/vec", f"cell {i} {c} coding x ref"
+        if c == "full":
+            assert us not in f and x not in f, f"{run}: the full cell has coding figures"
+            continue
+        assert want[c] > 0 and math.isclose(float(f[us]), want[c], rel_tol=1e-5), \
+            (run, c, f[us], want[c])
+        assert math.isclose(float(f[x]), want[c] / want[ref], rel_tol=1e-5), \
+            (run, c, f[x], want[c] / want[ref])
+    assert float(f[f"cell {order.index(ref)} {ref} coding x ref"]) == 1.0
+check("a", "lexico")
+check("b", "gm")
+PY
+if replay a --ref-codec nosuch >"$tmp/out" 2>"$tmp/err"; then
+    echo "FAIL: --ref-codec nosuch succeeded"; exit 1
+fi
+grep -q "ref-codec nosuch: no such codec" "$tmp/err" || { echo "FAIL: $(cat "$tmp/err")"; exit 1; }
+! grep -q "^lexico " "$tmp/out" || { echo "FAIL: cells ran before the bad --ref-codec was refused"; exit 1; }
+echo "ok: bench replay's coding figures match the cells' own files"
