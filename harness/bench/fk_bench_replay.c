@@ -406,6 +406,9 @@ int fk_bench_replay_run(const struct fk_bench_replay_cfg *cfg,
     *out = (struct fk_bench_replay_result){0};
     struct bench b = {.cfg = cfg};
     int rc = open_data(&b);
+    const struct fk_codec_ops *ref = NULL; /* a bad --ref-codec is refused before any cell */
+    if (rc == FK_OK)
+        rc = reference_codec(&b, &ref);
     if (rc == FK_OK && hooks && hooks->info) {
         struct fk_bench_replay_info in = {
             .n_traces = b.ds->n_traces, .n_layers = b.ti->n_layers,
@@ -413,10 +416,7 @@ int fk_bench_replay_run(const struct fk_bench_replay_cfg *cfg,
             .head_dim = b.ti->head_dim, .n_tokens = b.ti->n_tokens,
             .prompt_len = b.ti->prompt_len, .n_atoms = b.dict ? b.dict->n_atoms : 0,
             .jobs = b.s->jobs, .attention = b.s->attention, .attn_stride = b.s->attn_stride,
-            .kernels = openblas_get_corename()};
-        const struct fk_codec_ops *ref;
-        rc = reference_codec(&b, &ref);
-        in.ref_codec = rc == FK_OK ? ref->name : NULL;
+            .kernels = openblas_get_corename(), .ref_codec = ref->name};
         hooks->info(hooks->ctx, &in);
     }
     if (rc == FK_OK)
