@@ -471,13 +471,18 @@ static int check_event(struct dc *d, const struct fk_event *ev)
  * (fk_correlate_chain). Every value is then the one the event's own SGEMM over all atoms
  * gives, provided OpenBLAS computes each element of both products as one such chain: its
  * packed kernels do (m within one block of k), its small-matrix kernels, which it picks for
- * small products, do not. So the first block of each row count gets its own SGEMM as well
- * and the two are compared bit for bit: the window serves later blocks of that count only
- * if they were equal (a block's product only grows with the atoms appended later, and
- * OpenBLAS picks its small kernels by size). The chains are compared the same way on the
- * first served block that needs them (chain_ok): OpenBLAS splits k into blocks when m is
- * large (here from m = 384), and its sums are then not one chain. Where they differ, those
- * blocks keep their own SGEMM, as without env.ahead. */
+ * small products, do not; nor do its Haswell kernels, whose bits for an element depend on
+ * the shape of the call and on the element's place in it, so that one block can equal the
+ * window and the next not (docs/PERFORMANCE.md, "The pinned Haswell kernels"). Hence three
+ * checks, each bit for bit. The stream's first window is compared with the chains at every
+ * element: where it differs, the stream keeps its per-event SGEMMs (later windows differ
+ * from it only by the atoms appended since; OpenBLAS also fails it where it sums k in
+ * blocks, here from m = 384). The first block of each row count gets its
+ * own SGEMM as well: the window serves later blocks of that count only if the two were
+ * equal (a block's product only grows with the atoms appended later, and OpenBLAS picks
+ * its small kernels by size). The chains are compared the same way on the first served
+ * block that needs them (chain_ok); where they differ, those blocks keep their own SGEMM,
+ * as without env.ahead. */
 
 void dc_slot_rewritten(struct dc *d, int j)
 {
@@ -487,8 +492,23 @@ void dc_slot_rewritten(struct dc *d, int j)
     d->stale_ids[d->n_stale++] = j;
 }
 
+/* 1 when the window's correlations (rows x nt, from the SGEMM) are the FMA chains at every
+ * element; 0 when one differs or there is no memory to tell. */
+static int window_is_chains(const struct dc *d, size_t rows, int nt)
+{
+    size_t n = rows * (size_t)nt;
+    float *c = malloc(sizeof(float) * n);
+    if (!c)
+        return 0;
+    fk_correlate_chain(d->arows, (int)rows, d->m, dc_atoms(d), NULL, nt, c, (size_t)nt);
+    int eq = !memcmp(c, d->acorr, sizeof(float) * n);
+    free(c);
+    return eq;
+}
+
 /* The window of tokens t0 .. t0 + ah_tok - 1 (within the trace) of every head, against
- * the current atoms; 0 when out of memory (the lookahead is then off). */
+ * the current atoms; 0 when out of memory or when the first window is not the chains (the
+ * lookahead is then off). */
 static int ahead_fill(struct dc *d, int t0)
 {
     int H = d->env.n_heads, T = d->env.n_tokens, m = d->m, Nt = d->Nt;
@@ -509,6 +529,11 @@ static int ahead_fill(struct dc *d, int t0)
                sizeof(float) * (size_t)n * m);
     struct fk_dict_view v = {.m = m, .n_atoms = Nt, .atoms = dc_atoms(d)};
     fk_correlate(&v, d->arows, (int)rows, d->acorr);
+    if (!d->ah_filled && !window_is_chains(d, rows, Nt)) {
+        d->ahead = NULL;
+        return 0;
+    }
+    d->ah_filled = 1;
     for (int i = 0; i < d->n_stale; i++)
         d->stale[d->stale_ids[i]] = 0;
     d->n_stale = 0;
@@ -528,7 +553,7 @@ static int ahead_fetch(struct dc *d, const float *x, const int32_t *tok, const i
 {
     int T = d->env.n_tokens, m = d->m, Nt = d->Nt;
     int t_lo = tok[0], t_hi = tok[nc - 1];
-    if (t_hi - t_lo >= d->ah_tok)
+    if (!d->ahead || t_hi - t_lo >= d->ah_tok)
         return 0;
     if ((t_lo < d->ah_t0 || t_hi >= d->ah_t0 + d->ah_n) && !ahead_fill(d, t_lo))
         return 0;
