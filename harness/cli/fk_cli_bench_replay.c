@@ -313,11 +313,11 @@ int fk_cli_bench_replay(int argc, char **argv)
                "after:\n%s  all cells  %6.1f s with, %6.1f s without: %+5.1f%%\n", p->stride,
                p->ov_lines, r->ov_with, r->ov_without,
                100.0 * (r->ov_with - r->ov_without) / r->ov_without);
-    if (r->cells_rss_kib)
+    if (r->cells_rss_kib) {
         printf("whole config: %.1f s wall; peak resident memory %.0f MiB\n", r->total_wall,
                r->cells_rss_kib / 1024.0);
-    if (r->cells_rss_kib)
         coding_figs(p);
+    }
     if (r->ref_done)
         print_reference(&cfg, r);
     if (r->rounds && rc == FK_OK)
