@@ -475,9 +475,10 @@ static int check_event(struct dc *d, const struct fk_event *ev)
  * the shape of the call and on the element's place in it, so that one block can equal the
  * window and the next not (docs/PERFORMANCE.md, "The pinned Haswell kernels"). Hence three
  * checks, each bit for bit. The stream's first window is compared with the chains at every
- * element: where it differs, the stream keeps its per-event SGEMMs (later windows differ
- * from it only by the atoms appended since; OpenBLAS also fails it where it sums k in
- * blocks, here from m = 384). The first block of each row count gets its
+ * element, and a later window with more atoms at the columns added since and the
+ * CHECK_EDGE columns before them (where the previous product's edge tiles were): where one
+ * differs, the stream keeps its per-event SGEMMs from then on (OpenBLAS also fails the
+ * first where it sums k in blocks, here from m = 384). The first block of each row count gets its
  * own SGEMM as well: the window serves later blocks of that count only if the two were
  * equal (a block's product only grows with the atoms appended later, and OpenBLAS picks
  * its small kernels by size). The chains are compared the same way on the first served
@@ -492,16 +493,21 @@ void dc_slot_rewritten(struct dc *d, int j)
     d->stale_ids[d->n_stale++] = j;
 }
 
+#define CHECK_EDGE 64 /* columns before the appended ones that a later window checks */
+
 /* 1 when the window's correlations (rows x nt, from the SGEMM) are the FMA chains at every
- * element; 0 when one differs or there is no memory to tell. */
-static int window_is_chains(const struct dc *d, size_t rows, int nt)
+ * row of columns c0 .. nt - 1; 0 when one differs or there is no memory to tell. */
+static int window_is_chains(const struct dc *d, size_t rows, int c0, int nt)
 {
-    size_t n = rows * (size_t)nt;
-    float *c = malloc(sizeof(float) * n);
+    size_t w = (size_t)(nt - c0);
+    float *c = malloc(sizeof(float) * rows * w);
     if (!c)
         return 0;
-    fk_correlate_chain(d->arows, (int)rows, d->m, dc_atoms(d), NULL, nt, c, (size_t)nt);
-    int eq = !memcmp(c, d->acorr, sizeof(float) * n);
+    fk_correlate_chain(d->arows, (int)rows, d->m, dc_atoms(d) + (size_t)c0 * d->m, NULL,
+                       nt - c0, c, w);
+    int eq = 1;
+    for (size_t r = 0; r < rows && eq; r++)
+        eq = !memcmp(c + r * w, d->acorr + r * (size_t)nt + c0, sizeof(float) * w);
     free(c);
     return eq;
 }
@@ -529,11 +535,14 @@ static int ahead_fill(struct dc *d, int t0)
                sizeof(float) * (size_t)n * m);
     struct fk_dict_view v = {.m = m, .n_atoms = Nt, .atoms = dc_atoms(d)};
     fk_correlate(&v, d->arows, (int)rows, d->acorr);
-    if (!d->ah_filled && !window_is_chains(d, rows, Nt)) {
-        d->ahead = NULL;
-        return 0;
+    if (Nt != d->ah_checked_nt) { /* the first window, or atoms appended since the last */
+        int c0 = d->ah_checked_nt > CHECK_EDGE ? d->ah_checked_nt - CHECK_EDGE : 0;
+        if (!window_is_chains(d, rows, c0, Nt)) {
+            d->ahead = NULL;
+            return 0;
+        }
+        d->ah_checked_nt = Nt;
     }
-    d->ah_filled = 1;
     for (int i = 0; i < d->n_stale; i++)
         d->stale[d->stale_ids[i]] = 0;
     d->n_stale = 0;
@@ -579,6 +588,14 @@ static int ahead_fetch(struct dc *d, const float *x, const int32_t *tok, const i
     return 1;
 }
 
+static int all_zero(const float *x, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (x[i] != 0.0f)
+            return 0;
+    return 1;
+}
+
 /* The correlations of a block of nc event rows x with the atoms of view v into d->corr:
  * from the window when it serves blocks of nc rows (and, for columns from chains, when the
  * chains were found equal too), else by their own SGEMM. The first block of each row count
@@ -596,6 +613,8 @@ static void block_correlate(struct dc *d, const struct fk_dict_view *v, const fl
     if (st != AH_UNKNOWN && !check_chain)
         return;
     size_t n = (size_t)nc * (size_t)d->Nt;
+    if (all_zero(x, (size_t)nc * (size_t)d->m))
+        return; /* every product is 0 whatever the kernel: a later block decides */
     float *alt = malloc(sizeof(float) * n);
     if (alt && ahead_fetch(d, x, tok, head, nc, alt, 1, &chained) &&
         (!check_chain || chained)) {

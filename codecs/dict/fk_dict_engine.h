@@ -145,7 +145,7 @@ struct dc {
     int ah_nt, ah_cols;          /* atoms when the window was computed; acorr's row room */
     uint8_t ah_ok[DC_BLK];       /* per row count: the window serves it (AH_*) */
     uint8_t chain_ok;            /* the chains give the SGEMM's bits (AH_*) */
-    uint8_t ah_filled;           /* a window was computed (the first one was checked) */
+    int ah_checked_nt;           /* atoms of the last window compared with the chains */
     uint8_t *stale;              /* [N] base slot rewritten since the window was computed */
     int32_t *stale_ids;          /* [N] those slots, n_stale of them */
     int n_stale;
