@@ -478,12 +478,12 @@ static int check_event(struct dc *d, const struct fk_event *ev)
  * element, and a later window with more atoms at the columns added since and the
  * CHECK_EDGE columns before them (where the previous product's edge tiles were): where one
  * differs, the stream keeps its per-event SGEMMs from then on (OpenBLAS also fails the
- * first where it sums k in blocks, here from m = 384). The first block of each row count gets its
- * own SGEMM as well: the window serves later blocks of that count only if the two were
- * equal (a block's product only grows with the atoms appended later, and OpenBLAS picks
- * its small kernels by size). The chains are compared the same way on the first served
- * block that needs them (chain_ok); where they differ, those blocks keep their own SGEMM,
- * as without env.ahead. */
+ * first where it sums k in blocks, here from m = 384). The first block of each row count
+ * gets its own SGEMM as well: the window serves later blocks of that count only if the two
+ * were equal (a block's product only grows with the atoms appended later, and OpenBLAS
+ * picks its small kernels by size). The chains are compared the same way on the first
+ * served block that needs them (chain_ok); where they differ, those blocks keep their own
+ * SGEMM, as without env.ahead. */
 
 void dc_slot_rewritten(struct dc *d, int j)
 {
@@ -513,7 +513,7 @@ static int window_is_chains(const struct dc *d, size_t rows, int c0, int nt)
 }
 
 /* The window of tokens t0 .. t0 + ah_tok - 1 (within the trace) of every head, against
- * the current atoms; 0 when out of memory or when the first window is not the chains (the
+ * the current atoms; 0 when out of memory or when it is not the chains where checked (the
  * lookahead is then off). */
 static int ahead_fill(struct dc *d, int t0)
 {
