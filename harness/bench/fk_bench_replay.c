@@ -34,6 +34,7 @@ struct bench {
     struct fk_basis_file *basis; /* the dataset's basis, when it names one */
     struct fk_replay_pool *pool; /* Gram buffers from run to run, as in a sweep */
     const struct fk_trace_info *ti;
+    const struct fk_codec_ops *ref; /* the reference codec (reference_codec) */
 };
 
 double fk_bench_median(const double *v, int n)
@@ -276,13 +277,12 @@ static int reference_codec(const struct bench *b, const struct fk_codec_ops **op
     return FK_OK;
 }
 
-/* The reference codec with the options of its last cell in the config, or its defaults.
- * *opts is malloc'd. */
+/* The reference codec b->ref with the options of its last cell in the config, or its
+ * defaults. *opts is malloc'd. */
 static int pick_reference(const struct bench *b, const struct fk_codec_ops **ops, void **opts)
 {
     const struct fk_sweep *s = b->s;
-    const struct fk_codec_ops *o;
-    FK_TRY(reference_codec(b, &o));
+    const struct fk_codec_ops *o = b->ref;
     if (!(*opts = calloc(1, o->opts_size)))
         return fk_err(FK_ENOMEM, "out of memory");
     fk_opts_defaults(o, *opts);
@@ -406,9 +406,8 @@ int fk_bench_replay_run(const struct fk_bench_replay_cfg *cfg,
     *out = (struct fk_bench_replay_result){0};
     struct bench b = {.cfg = cfg};
     int rc = open_data(&b);
-    const struct fk_codec_ops *ref = NULL; /* a bad --ref-codec is refused before any cell */
-    if (rc == FK_OK)
-        rc = reference_codec(&b, &ref);
+    if (rc == FK_OK) /* a bad --ref-codec is refused before any cell */
+        rc = reference_codec(&b, &b.ref);
     if (rc == FK_OK && hooks && hooks->info) {
         struct fk_bench_replay_info in = {
             .n_traces = b.ds->n_traces, .n_layers = b.ti->n_layers,
@@ -416,7 +415,7 @@ int fk_bench_replay_run(const struct fk_bench_replay_cfg *cfg,
             .head_dim = b.ti->head_dim, .n_tokens = b.ti->n_tokens,
             .prompt_len = b.ti->prompt_len, .n_atoms = b.dict ? b.dict->n_atoms : 0,
             .jobs = b.s->jobs, .attention = b.s->attention, .attn_stride = b.s->attn_stride,
-            .kernels = openblas_get_corename(), .ref_codec = ref->name};
+            .kernels = openblas_get_corename(), .ref_codec = b.ref->name};
         hooks->info(hooks->ctx, &in);
     }
     if (rc == FK_OK)
