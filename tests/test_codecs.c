@@ -12,13 +12,14 @@
  * past rows, byte and MAC formulas of the spec.
  * This file includes GSL and never <cblas.h>.
  */
-#include "fk_check_main.h"
+#include "common/fk_err.h"
 #include "conformance/fk_conformance.h"
 #include "core/fk_codec.h"
 #include "dict/fk_dict_engine.h"
 #include "engine/fk_schedule.h"
+#include "fk_check_main.h"
 #include "formats/fk_dict.h"
-#include "common/fk_err.h"
+#include "kernels/fk_blas.h"
 #include "kernels/fk_sparse.h"
 
 #include <check.h>

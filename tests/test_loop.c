@@ -6,7 +6,6 @@
  * running on the same inputs. The independent NumPy closed loop is tests/loop_numpy_oracle.py.
  * Tests that need $FK_SHARED/data/models pass with a note when it is absent.
  */
-#include <cblas.h>
 #include <check.h>
 #include <math.h>
 #include <stdio.h>
@@ -14,12 +13,13 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "fk_check_main.h"
 #include "common/fk_err.h"
 #include "core/fk_codec.h"
 #include "core/fk_evict.h"
+#include "fk_check_main.h"
 #include "formats/fk_dict.h"
 #include "gen/fk_llama2c.h"
+#include "kernels/fk_blas.h"
 #include "loop/fk_loop.h"
 
 static char models_dir[4096];
@@ -49,7 +49,7 @@ struct fixture {
 static void setup(struct fixture *f, const char *name, const char *prompt, int steps)
 {
     memset(f, 0, sizeof *f);
-    openblas_set_num_threads(1);
+    fk_blas_threads_set(1);
     char mp[4200], tp[4200];
     snprintf(mp, sizeof mp, "%s/%s/model.bin", models_dir, name);
     snprintf(tp, sizeof tp, "%s/%s/tokenizer.bin", models_dir, name);

@@ -14,6 +14,7 @@
 #include "kernels/fk_sparse.h"
 
 #include "common/fk_err.h"
+#include "kernels/fk_blas.h"
 #include "kernels/fk_dot.h"
 #include "kernels/fk_simd.h"
 
@@ -110,8 +111,7 @@ int fk_gram_compute(const float *atoms, int n_atoms, int m, float *gram)
     size_t n = (size_t)n_atoms;
     /* OpenBLAS's threaded SSYRK partitions differently per thread count and the bits change;
      * one BLAS thread keeps G identical whatever the caller's setting. */
-    int saved = openblas_get_num_threads();
-    openblas_set_num_threads(1);
+    int saved = fk_blas_single();
     cblas_ssyrk(CblasRowMajor, CblasUpper, CblasNoTrans, n_atoms, m, 1.0f, atoms, m, 0.0f,
                 gram, n_atoms);
     /* mirror the upper triangle in 64 x 64 tiles, each copied row by row into a local buffer
@@ -129,18 +129,8 @@ int fk_gram_compute(const float *atoms, int n_atoms, int m, float *gram)
                 for (size_t j = j0; j < j1 && j < i; j++)
                     gram[i * n + j] = tile[(j - j0) * BP + (i - i0)];
         }
-    openblas_set_num_threads(saved);
+    fk_blas_restore(saved);
     return FK_OK;
-}
-
-void fk_blas_threads_set(int n)
-{
-    openblas_set_num_threads(n < 1 ? 1 : n);
-}
-
-int fk_blas_threads_get(void)
-{
-    return openblas_get_num_threads();
 }
 
 static int clamp_s(int s, int m)

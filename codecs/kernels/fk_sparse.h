@@ -75,10 +75,6 @@ float *fk_gram_alloc(size_t n_floats);
  * setting) so that the bits do not depend on the thread count. Returns FK_OK or FK_EINVAL. */
 int fk_gram_compute(const float *atoms, int n_atoms, int m, float *gram);
 
-/* OpenBLAS thread count (process-wide). Callers that run their own worker threads set 1. */
-void fk_blas_threads_set(int n);
-int fk_blas_threads_get(void);
-
 /* Scratch size in floats for fk_omp_gram and fk_omp_naive (either mode; any alignment):
  * about (s + 2) * n_atoms + 2 * s^2 floats. Callers allocate once per thread. */
 size_t fk_omp_work_floats(int n_atoms, int m, int s);

@@ -9,6 +9,7 @@
 #include "bench/fk_bench.h"
 
 #include "common/fk_err.h"
+#include "kernels/fk_blas.h"
 #include "kernels/fk_dot.h"
 
 #include <gsl/gsl_randist.h>

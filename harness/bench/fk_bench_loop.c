@@ -3,7 +3,6 @@
  */
 #include "bench/fk_bench_loop.h"
 
-#include <cblas.h>
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -14,6 +13,7 @@
 #include "common/fk_clock.h"
 #include "common/fk_err.h"
 #include "core/fk_codec.h"
+#include "kernels/fk_blas.h"
 #include "loop/fk_loop.h"
 
 static uint64_t next(uint64_t *s)
@@ -159,8 +159,7 @@ int fk_bench_loop_run(const struct fk_bench_loop_cfg *cfg, struct fk_bench_loop_
     size_t d = (size_t)c->dim, L = (size_t)c->n_layers, kv = (size_t)c->kv_dim;
     out->weight_bytes = 4.0 * (double)(L * (2 * d * d + 2 * kv * d + 3 * d * (size_t)c->hidden_dim)
                                        + (size_t)c->vocab_size * d);
-    int blas = openblas_get_num_threads();
-    openblas_set_num_threads(1);
+    int blas = fk_blas_single();
     /* the bandwidth over the weights themselves (they are what a token reads) */
     volatile double sink = 0; /* keeps the passes from being optimised away */
     size_t nw = 0;
@@ -228,7 +227,7 @@ int fk_bench_loop_run(const struct fk_bench_loop_cfg *cfg, struct fk_bench_loop_
         }
         fk_loop_ref_free(&ref);
     }
-    openblas_set_num_threads(blas);
+    fk_blas_restore(blas);
     if (rc == FK_OK) {
         out->exact_s = median(ex, n_ex);
         out->floor_ratio = out->floor_s / out->exact_s;

@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: MIT
  * The replay benchmark (fk_bench_replay.h).
  */
-#include <cblas.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
@@ -15,6 +15,7 @@
 #include "formats/fk_basis.h"
 #include "formats/fk_dict.h"
 #include "formats/fk_trace.h"
+#include "kernels/fk_blas.h"
 #include "store/fk_results.h"
 
 void fk_bench_replay_defaults(struct fk_bench_replay_cfg *cfg)
@@ -415,7 +416,7 @@ int fk_bench_replay_run(const struct fk_bench_replay_cfg *cfg,
             .head_dim = b.ti->head_dim, .n_tokens = b.ti->n_tokens,
             .prompt_len = b.ti->prompt_len, .n_atoms = b.dict ? b.dict->n_atoms : 0,
             .jobs = b.s->jobs, .attention = b.s->attention, .attn_stride = b.s->attn_stride,
-            .kernels = openblas_get_corename(), .ref_codec = b.ref->name};
+            .kernels = fk_blas_kernels(), .ref_codec = b.ref->name};
         hooks->info(hooks->ctx, &in);
     }
     if (rc == FK_OK)

@@ -2,11 +2,11 @@
  * `fadkv-bench bench omp`: the OMP kernel benchmark's command line (CLI layer: parses its
  * own options, prints a table). argv[0] is "omp".
  */
-#include "cli/fk_cli.h"
 #include "bench/fk_bench.h"
+#include "cli/fk_cli.h"
 #include "common/fk_err.h"
+#include "kernels/fk_blas.h"
 
-#include <cblas.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
@@ -223,7 +223,7 @@ static void own_figs(const struct fk_bench_omp_result *res, const struct fk_benc
                         sr ? sr->pl_vps : -1, sr ? sr->pl_rel : -1};
     memset(f, 0, sizeof *f);
     snprintf(f->name[f->n], sizeof f->name[0], "kernels");
-    snprintf(f->value[f->n++], sizeof f->value[0], "%s", openblas_get_corename());
+    snprintf(f->value[f->n++], sizeof f->value[0], "%s", fk_blas_kernels());
     for (int i = 0; figs[i].name; i++) {
         if (v[i] < 0)
             continue;
@@ -288,7 +288,7 @@ int fk_cli_bench_omp(int argc, char **argv)
     if (rc == FK_OK && !a.tsv && fk_cli_kernels_wanted(a.kernels)) {
         fk_cli_kernels_compare(a.kernels, argc, argv, &own, figs);
     } else if (rc == FK_OK && !a.tsv) {
-        printf("OpenBLAS kernel set: %s (%s)%s\n", openblas_get_corename(),
+        printf("OpenBLAS kernel set: %s (%s)%s\n", fk_blas_kernels(),
                fk_cli_kernels_origin(),
                !strcmp(a.kernels, "best") ? ": the CPU's best that this OpenBLAS has" : "");
     }

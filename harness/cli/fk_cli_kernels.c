@@ -7,7 +7,6 @@
  * (the CPU's best kernels that this OpenBLAS has), set to a name, or left as it is (same:
  * the mechanism without changing the kernels). Only that child's environment changes.
  */
-#include <cblas.h>
 #include <errno.h>
 #include <math.h>
 #include <spawn.h>
@@ -18,6 +17,7 @@
 #include <unistd.h>
 
 #include "cli/fk_cli.h"
+#include "kernels/fk_blas.h"
 
 extern char **environ;
 
@@ -209,7 +209,7 @@ static void kernels_header(const char *mode, const struct fk_cli_figs *child)
     printf("OpenBLAS kernel sets: this run %s (%s); other %s (%s). Both columns after this run "
            "come from child processes run in turn (other, then this run's kernels again): "
            "other/this divides by the mean of the two runs with this run's kernels\n",
-           openblas_get_corename(), fk_cli_kernels_origin(), k ? k : "?", how);
+           fk_blas_kernels(), fk_cli_kernels_origin(), k ? k : "?", how);
 }
 
 /* One row: the figure in the three runs, and other / mean(this, again). */
@@ -260,7 +260,7 @@ void fk_cli_kernels_compare(const char *mode, int argc, char **argv,
     fflush(stdout);
     if (fk_cli_kernels_child(mode, argc, argv, &other, err, sizeof err) != 0) {
         printf("OpenBLAS kernel sets: this run %s; the other column failed: %s\n",
-               openblas_get_corename(), err);
+               fk_blas_kernels(), err);
         return;
     }
     if (fk_cli_kernels_child("same", argc, argv, &again, err, sizeof err) != 0)

@@ -5,7 +5,6 @@
  */
 #include "cli/fk_cli.h"
 
-#include <cblas.h>
 #include <errno.h>
 #include <math.h>
 #include <stddef.h>
@@ -19,6 +18,7 @@
 #include "formats/fk_basis.h"
 #include "formats/fk_dict.h"
 #include "gen/fk_llama2c.h"
+#include "kernels/fk_blas.h"
 #include "loop/fk_loop.h"
 
 #define SETS_CAP 64
@@ -332,7 +332,7 @@ int fk_cli_loop(int argc, char **argv)
                 o.codec);
         return 2;
     }
-    openblas_set_num_threads(1); /* bit-identical numbers (fk_llama2c_forward) */
+    fk_blas_threads_set(1); /* bit-identical numbers (fk_llama2c_forward) */
     struct loop_data d;
     memset(&d, 0, sizeof d);
     int rc = load(&o, ops, &d);

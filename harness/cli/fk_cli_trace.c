@@ -4,7 +4,6 @@
  */
 #include "cli/fk_cli.h"
 
-#include <cblas.h>
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -12,9 +11,10 @@
 #include <sys/stat.h>
 
 #include "common/fk_err.h"
-#include "gen/fk_llama2c.h"
 #include "common/fk_sha256.h"
 #include "formats/fk_trace.h"
+#include "gen/fk_llama2c.h"
+#include "kernels/fk_blas.h"
 
 #ifndef FK_VERSION_STRING
 #define FK_VERSION_STRING "0.1.0"
@@ -342,7 +342,7 @@ int fk_cli_trace(int argc, char **argv)
     /* OpenBLAS's threaded sgemv splits some shapes (e.g. 172 x 64, 258 x 256) differently
      * per thread count; these models are tiny, so one thread keeps traces bit-identical
      * whatever OPENBLAS_NUM_THREADS says. */
-    openblas_set_num_threads(1);
+    fk_blas_threads_set(1);
     rc = run(&o);
     if (rc < 0) {
         fprintf(stderr, "fadkv-bench trace: %s: %s\n", fk_strerror(rc), fk_errmsg());

@@ -16,6 +16,7 @@
 #include "common/fk_err.h"
 #include "conformance/fk_conformance.h"
 #include "conformance/fk_test_basis.h"
+#include "kernels/fk_blas.h"
 #include "kernels/fk_sparse.h"
 
 const struct fk_conf_rule fk_conf_rules[] = {

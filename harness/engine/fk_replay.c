@@ -4,7 +4,6 @@
 #include "common/fk_clock.h"
 #include "engine/fk_replay.h"
 
-#include <cblas.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -13,6 +12,7 @@
 
 #include "common/fk_err.h"
 #include "engine/fk_drive.h"
+#include "kernels/fk_blas.h"
 #include "kernels/fk_sparse.h"
 
 static pthread_mutex_t h5_lock = PTHREAD_MUTEX_INITIALIZER; /* HDF5 calls are serialised */
@@ -702,8 +702,7 @@ static void worker_end(struct worker *w, int j, struct fk_cell_result *out)
  * whatever --jobs is, so results are identical at any thread count. */
 static void run_workers(struct worker *ws, pthread_t *th, int jobs)
 {
-    int blas_threads = openblas_get_num_threads();
-    openblas_set_num_threads(1);
+    int blas_threads = fk_blas_single();
     int started = 0;
     if (jobs > 1)
         for (; started < jobs; started++)
@@ -713,7 +712,7 @@ static void run_workers(struct worker *ws, pthread_t *th, int jobs)
         worker_main(&ws[0]);
     for (int j = 0; j < started; j++)
         pthread_join(th[j], NULL);
-    openblas_set_num_threads(blas_threads);
+    fk_blas_restore(blas_threads);
 }
 
 int fk_replay_cell(const struct fk_cell_input *in, const struct fk_replay_opts *ro,

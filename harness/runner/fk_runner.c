@@ -1,7 +1,6 @@
 /* SPDX-License-Identifier: MIT
  * The sweep runner (fk_runner.h).
  */
-#include <cblas.h>
 #include <hdf5.h>
 #include <math.h>
 #include <pthread.h>
@@ -16,6 +15,8 @@
 #include "engine/fk_replay.h"
 #include "formats/fk_dict.h"
 #include "formats/fk_trace.h"
+#include "kernels/fk_blas.h"
+#include "kernels/fk_simd.h"
 #include "runner/fk_runner.h"
 #include "runner/fk_runner_loop.h"
 #include "store/fk_claim.h"
@@ -174,8 +175,9 @@ static int write_provenance(const struct fk_sweep *s)
     struct fk_provenance p = {
         .harness = harness, .git = FK_GIT_VERSION, .config = s->path,
         .config_hash = s->config_hash, .sweep = s->name, .cells = s->n_cells, .jobs = s->jobs,
-        .hdf5 = hdf5, .gsl = gsl_version, .openblas = openblas_get_config(),
-        .openblas_kernels = openblas_get_corename(), .blas_threads_per_worker = 1,
+        .hdf5 = hdf5, .gsl = gsl_version, .blas = fk_blas_library(),
+        .blas_config = fk_blas_config(), .blas_kernels = fk_blas_kernels(),
+        .simd = fk_simd_build(), .compiler = fk_compiler(), .blas_threads_per_worker = 1,
         .cpu = cpu_model(cpu, sizeof cpu), .online_cpus = sysconf(_SC_NPROCESSORS_ONLN),
         .precision = "float32 data, float32 BLAS dot products, double triangular solves and "
                      "energies",
@@ -689,9 +691,9 @@ static void run_lanes(struct run *r)
         if (fk_replay_pool_new(&lanes[i].pool) < 0)
             lanes[i].pool = NULL;
     }
-    int blas_threads = openblas_get_num_threads(), started = 0;
+    int blas_threads = fk_blas_threads_get(), started = 0;
     if (n > 1) {
-        openblas_set_num_threads(1);
+        fk_blas_threads_set(1);
         for (; started < n; started++)
             if (pthread_create(&th[started], NULL, lane_main, &lanes[started]) != 0)
                 break;
@@ -701,7 +703,7 @@ static void run_lanes(struct run *r)
     for (int i = 0; i < started; i++)
         pthread_join(th[i], NULL);
     if (n > 1)
-        openblas_set_num_threads(blas_threads);
+        fk_blas_restore(blas_threads);
     for (int i = 0; i < n; i++)
         fk_replay_pool_free(&lanes[i].pool);
     if (lanes == &one)

@@ -3,12 +3,13 @@
  */
 #include "runner/fk_runner_loop.h"
 
-#include <cblas.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "common/fk_err.h"
+#include "kernels/fk_blas.h"
 
 int fk_runner_model_dataset(const struct fk_dataset *ds, struct fk_loop_set **out)
 {
@@ -19,8 +20,7 @@ int fk_runner_model_dataset(const struct fk_dataset *ds, struct fk_loop_set **ou
     for (int i = 0; i < ds->n_prompts; i++)
         p[i] = (struct fk_loop_prompt){.text = ds->prompt_text[i], .ids = ds->prompt_ids[i],
                                        .n_ids = ds->prompt_n[i]};
-    int blas = openblas_get_num_threads();
-    openblas_set_num_threads(1);
+    int blas = fk_blas_single();
     int rc = fk_loop_set_open(ds->model, ds->tokenizer, p, ds->n_prompts, ds->steps, out);
     free(p);
     char dir[4096];
@@ -31,7 +31,7 @@ int fk_runner_model_dataset(const struct fk_dataset *ds, struct fk_loop_set **ou
         rc = fk_store_mkdir_p(dir);
     for (int i = 0; rc == FK_OK && i < ds->n_traces; i++)
         rc = fk_loop_set_write_trace(*out, i, ds->traces[i], ds->name);
-    openblas_set_num_threads(blas);
+    fk_blas_restore(blas);
     if (rc < 0) {
         fk_loop_set_free(out);
         return fk_err_context(rc, "model dataset '%s' (model %s)", ds->name, ds->model);
@@ -101,11 +101,11 @@ int fk_runner_loop_cell(const struct fk_loop_set *set, const struct fk_cell_inpu
     struct fk_loop_codec lc = {.ops = in->ops, .opts = in->opts, .dict = in->dict,
                                .basis = in->basis, .evict = in->evict,
                                .evict_opts = in->evict_opts};
-    /* One BLAS thread (the runner keeps OpenBLAS at one for a whole run, where cells may
+    /* One BLAS thread (the runner keeps the BLAS at one for a whole run, where cells may
      * run side by side: then nothing is set, since setting is process-wide). */
-    int blas = openblas_get_num_threads();
+    int blas = fk_blas_threads_get();
     if (blas != 1)
-        openblas_set_num_threads(1);
+        fk_blas_threads_set(1);
     int rc = FK_OK;
     for (int p = 0; rc == FK_OK && p < set->n; p++) {
         struct fk_loop_result tf, fr;
@@ -121,7 +121,7 @@ int fk_runner_loop_cell(const struct fk_loop_set *set, const struct fk_cell_inpu
             rc = fk_err_context(rc, "closed loop, prompt %d", p);
     }
     if (blas != 1)
-        openblas_set_num_threads(blas);
+        fk_blas_restore(blas);
     if (rc < 0)
         fk_runner_loop_free(out);
     return rc;

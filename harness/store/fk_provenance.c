@@ -23,7 +23,8 @@ struct pkey {
 #define PN(f) {#f, 1, offsetof(struct fk_provenance, f)}
 static const struct pkey pkeys[] = {
     PS(harness), PS(git), PS(config), PS(config_hash), PS(sweep), PN(cells), PN(jobs),
-    PS(hdf5), PS(gsl), PS(openblas), PS(openblas_kernels), PN(blas_threads_per_worker),
+    PS(hdf5), PS(gsl), PS(blas), PS(blas_config), PS(blas_kernels), PS(simd), PS(compiler),
+    PN(blas_threads_per_worker),
     PS(cpu), PN(online_cpus), PS(precision), PS(cost_baseline), {NULL, 0, 0},
 };
 #undef PS

@@ -182,7 +182,12 @@ struct fk_provenance {
     const char *config_hash;     /* sha256 of the resolved sweep */
     const char *sweep;           /* [sweep] name */
     long cells, jobs;            /* cells of the sweep, worker threads */
-    const char *hdf5, *gsl, *openblas, *openblas_kernels; /* library versions */
+    const char *hdf5, *gsl;      /* library versions */
+    const char *blas;            /* "openblas" or "blis" (meson option blas) */
+    const char *blas_config;     /* the BLAS's own description (version, build) */
+    const char *blas_kernels;    /* the kernel set it runs here ("Haswell", "zen3", ...) */
+    const char *simd;            /* the build's own SIMD kernels (meson option simd) */
+    const char *compiler;        /* the compiler that built fadkv-bench */
     long blas_threads_per_worker;
     const char *cpu;             /* /proc/cpuinfo model name */
     long online_cpus;

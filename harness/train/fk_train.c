@@ -12,8 +12,9 @@
 #include <string.h>
 #include <time.h>
 
-#include "formats/fk_dict.h"
 #include "common/fk_err.h"
+#include "formats/fk_dict.h"
+#include "kernels/fk_blas.h"
 #include "kernels/fk_sparse.h"
 
 int fk_train_rng_pick(uint64_t seed, long n, long k, long *out);
@@ -417,8 +418,7 @@ int fk_train_run(const struct fk_train_opts *o, const struct fk_train_data *data
                      .cb = cb, .cb_ctx = cb_ctx, .lock = &lock, .next = &next,
                      .failed = &failed, .errmsg = errmsg};
     int jobs = o->jobs < 1 ? 1 : o->jobs;
-    int blas = openblas_get_num_threads();
-    openblas_set_num_threads(1);
+    int blas = fk_blas_single();
     pthread_t th[64];
     int started = 0;
     if (jobs > 1)
@@ -429,7 +429,7 @@ int fk_train_run(const struct fk_train_opts *o, const struct fk_train_data *data
         train_main(&jb);
     for (int i = 0; i < started; i++)
         pthread_join(th[i], NULL);
-    openblas_set_num_threads(blas);
+    fk_blas_restore(blas);
     if (failed)
         return fk_err(failed, "%s", errmsg);
     return FK_OK;

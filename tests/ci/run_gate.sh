@@ -14,8 +14,8 @@ cd "$(dirname "$0")/../.."
 out=$(mktemp -d /tmp/fk-gate-XXXXXX)
 trap 'rm -rf "$out"' EXIT
 "$bin" --config tests/ci/ci-regression.toml --quiet --set "sweep.output=\"$out\""
-kernels=$(sed -n 's/^ *"openblas_kernels": *"\([A-Za-z0-9_]*\)".*/\1/p' "$out/provenance.json")
-[ -n "$kernels" ] || { echo "run_gate: $out/provenance.json names no openblas_kernels" >&2; exit 1; }
+kernels=$(sed -n 's/^ *"blas_kernels": *"\([A-Za-z0-9_]*\)".*/\1/p' "$out/provenance.json")
+[ -n "$kernels" ] || { echo "run_gate: $out/provenance.json names no blas_kernels" >&2; exit 1; }
 baseline=tests/ci/baseline-$kernels.csv
 if [ "${2:-}" = --update ]; then
     "$bin" check --baseline "$baseline" --results "$out" --update

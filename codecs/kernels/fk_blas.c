@@ -1,0 +1,83 @@
+/* SPDX-License-Identifier: MIT
+ * The BLAS behind the large products (kernels/fk_blas.h).
+ */
+#include "kernels/fk_blas.h"
+
+#include <stdio.h>
+
+#if defined(FK_BLAS_BLIS)
+#include <blis.h>
+#else
+#include <cblas.h>
+#endif
+
+#if defined(FK_BLAS_BLIS)
+
+void fk_blas_threads_set(int n)
+{
+    bli_thread_set_num_threads(n < 1 ? 1 : n);
+}
+
+int fk_blas_threads_get(void)
+{
+    dim_t n = bli_thread_get_num_threads(); /* -1 until set: BLIS then runs one thread */
+    return n < 1 ? 1 : (int)n;
+}
+
+const char *fk_blas_library(void)
+{
+    return "blis";
+}
+
+const char *fk_blas_config(void)
+{
+    static char s[64];
+    snprintf(s, sizeof s, "BLIS %s", bli_info_get_version_str());
+    return s;
+}
+
+const char *fk_blas_kernels(void)
+{
+    return bli_arch_string(bli_arch_query_id());
+}
+
+#else
+
+void fk_blas_threads_set(int n)
+{
+    openblas_set_num_threads(n < 1 ? 1 : n);
+}
+
+int fk_blas_threads_get(void)
+{
+    return openblas_get_num_threads();
+}
+
+const char *fk_blas_library(void)
+{
+    return "openblas";
+}
+
+const char *fk_blas_config(void)
+{
+    return openblas_get_config();
+}
+
+const char *fk_blas_kernels(void)
+{
+    return openblas_get_corename();
+}
+
+#endif
+
+int fk_blas_single(void)
+{
+    int saved = fk_blas_threads_get();
+    fk_blas_threads_set(1);
+    return saved;
+}
+
+void fk_blas_restore(int saved)
+{
+    fk_blas_threads_set(saved);
+}

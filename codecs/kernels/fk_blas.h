@@ -1,0 +1,34 @@
+/* SPDX-License-Identifier: MIT
+ * The BLAS behind the large products: OpenBLAS (the default) or BLIS (meson option
+ * -Dblas=blis). Both give the CBLAS interface (<cblas.h>); this is the one place that names
+ * either library: its thread count, and what it is and which kernels it runs (provenance).
+ *
+ * Code that runs its own worker threads, or whose bits must not depend on the BLAS's thread
+ * count, runs the BLAS on one thread for a while:
+ *
+ *     int saved = fk_blas_single();
+ *     ... cblas_* calls ...
+ *     fk_blas_restore(saved);
+ */
+#ifndef FK_BLAS_H
+#define FK_BLAS_H
+
+/* The BLAS's thread count (process-wide; n < 1 counts as 1). */
+void fk_blas_threads_set(int n);
+int fk_blas_threads_get(void);
+
+/* One BLAS thread from now on; returns the count to give fk_blas_restore. */
+int fk_blas_single(void);
+void fk_blas_restore(int saved);
+
+/* "openblas" or "blis". */
+const char *fk_blas_library(void);
+/* The library's own description: OpenBLAS's config string ("OpenBLAS 0.3.21 DYNAMIC_ARCH
+ * ... Haswell MAX_THREADS=64"), "BLIS 0.9.0". */
+const char *fk_blas_config(void);
+/* The kernel set the library chose for this CPU (or was told to use: OPENBLAS_CORETYPE,
+ * BLIS_ARCH_TYPE): "Haswell", "Zen", "SkylakeX", ... for OpenBLAS, "zen3", "skx",
+ * "generic", ... for BLIS. */
+const char *fk_blas_kernels(void);
+
+#endif
