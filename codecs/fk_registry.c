@@ -13,6 +13,7 @@
 #include "common/fk_sha256.h"
 #include "core/fk_codec.h"
 #include "core/fk_evict.h"
+#include "core/fk_registry.h"
 #include "fk_registry_list.h"
 
 #define FK_PLUGIN_MAX 16
@@ -78,6 +79,29 @@ const char *fk_codec_family(const struct fk_codec_ops *ops)
             return fk_codec_families[i];
     const struct plugin *p = plugin_of(ops);
     return p ? p->family : "";
+}
+
+const struct fk_codec_ext *fk_codec_ext(const struct fk_codec_ops *ops)
+{
+    for (int i = 0; fk_codecs[i]; i++)
+        if (fk_codecs[i] == ops)
+            return fk_codec_exts[i];
+    return NULL;
+}
+
+int fk_codec_takes_ahead(const struct fk_codec_ops *ops)
+{
+    const struct fk_codec_ext *x = fk_codec_ext(ops);
+    return x && x->open_ahead;
+}
+
+int fk_codec_open(const struct fk_codec_ops *ops, const void *opts,
+                  const struct fk_stream_env *env, const float *ahead, void **state)
+{
+    const struct fk_codec_ext *x = ahead ? fk_codec_ext(ops) : NULL;
+    if (x && x->open_ahead)
+        return x->open_ahead(opts, env, ahead, state);
+    return ops->open(opts, env, state);
 }
 
 const char *fk_codec_plugin(const struct fk_codec_ops *ops)

@@ -9,6 +9,7 @@
 #include "conformance/fk_test_basis.h"
 #include "engine/fk_attn.h"
 #include "core/fk_codec.h"
+#include "core/fk_registry.h"
 #include "formats/fk_dict.h"
 #include "common/fk_err.h"
 

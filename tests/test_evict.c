@@ -8,10 +8,11 @@
  * after the current token poisoned with NaN change nothing); option checks and name
  * collisions with codecs.
  */
-#include "fk_check_main.h"
-#include "core/fk_evict.h"
-#include "evict/fk_evict_attn.h"
 #include "common/fk_err.h"
+#include "core/fk_evict.h"
+#include "core/fk_registry.h"
+#include "evict/fk_evict_attn.h"
+#include "fk_check_main.h"
 
 #include <check.h>
 #include <math.h>

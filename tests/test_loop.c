@@ -15,6 +15,7 @@
 
 #include "common/fk_err.h"
 #include "core/fk_codec.h"
+#include "core/fk_registry.h"
 #include "core/fk_evict.h"
 #include "fk_check_main.h"
 #include "formats/fk_dict.h"

@@ -20,6 +20,7 @@
 #include "fk_check_main.h"
 #include "common/fk_err.h"
 #include "core/fk_codec.h"
+#include "core/fk_registry.h"
 #include "engine/fk_sweep.h"
 #include "runner/fk_runner.h"
 #include "formats/fk_basis.h"

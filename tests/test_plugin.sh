@@ -96,14 +96,14 @@ expect 1 "FAIL +errors +row \(head [0-9]+, token [0-9]+\): encode\(\) reported e
     "$bin" conformance "${broken[0]}"
 expect 1 "copy32: [0-9] of 8 rules kept" "$bin" conformance "${broken[0]}"
 expect 1 "FAIL +determinism .*first run.*second" "$bin" conformance "${broken[1]}"
-expect 1 "plugin ${broken[2]} was built for plugin ABI version 99, this fadkv-bench has ABI version 3" \
+expect 1 "plugin ${broken[2]} was built for plugin ABI version 99, this fadkv-bench has ABI version 4" \
     "$bin" conformance "${broken[2]}"
 expect 1 "plugin ${broken[2]} was built for plugin ABI version 99" "$bin" --plugin "${broken[2]}" codecs
 expect 1 "plugin ${broken[3]} is no fadkv-bench plugin: it exports no fk_plugin_abi\(\)" \
     "$bin" --plugin "${broken[3]}" codecs
 expect 1 "plugin ${broken[4]}: its codec 'full' clashes with the built-in codec full" \
     "$bin" --plugin "${broken[4]}" codecs
-expect 1 "plugin ${broken[5]} says ABI version 3, but its struct fk_codec_ops is [0-9]+ bytes and this fadkv-bench's [0-9]+: it was built against another core/fk_codec.h" \
+expect 1 "plugin ${broken[5]} says ABI version 4, but its struct fk_codec_ops is [0-9]+ bytes and this fadkv-bench's [0-9]+: it was built against another core/fk_codec.h" \
     "$bin" --plugin "${broken[5]}" codecs
 expect 1 "plugin $tmp/nothing.so: no such file" "$bin" --plugin "$tmp/nothing.so" codecs
 expect 1 "codec 'absmax8' clashes with the codec of plugin $plugin" \

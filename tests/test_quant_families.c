@@ -25,6 +25,7 @@
 #include "fk_check_main.h"
 #include "common/fk_err.h"
 #include "core/fk_codec.h"
+#include "core/fk_registry.h"
 #include "engine/fk_schedule.h"
 
 #define REQUIRE(cond, ...)                                                                 \

@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "core/fk_codec.h"
+#include "core/fk_registry.h"
 #include "formats/fk_dict.h"
 #include "common/fk_err.h"
 #include "engine/fk_observe.h"

@@ -731,11 +731,11 @@ START_TEST(correlate_and_gram)
 }
 END_TEST
 
-/* fk_correlate_chain against the chains written out here: every output bit, for row counts
- * around its 8 lanes, atom counts around its groups of 4, a list of atom ids and the atoms
- * in order, a head_dim that is not a multiple of 8, and nothing written outside the listed
- * columns of the given rows. */
-START_TEST(correlate_chain_bits)
+/* fk_correlate_to against dot products in double written here: every element within the
+ * float rounding of a sum of m products (4 m ulp of the sum of |products|), for row counts
+ * around the BLAS's micro-kernel shapes, a head_dim that is not a multiple of 8, an output
+ * wider than the atoms (lda > n), and nothing written outside its n columns of nx rows. */
+START_TEST(correlate_to_within_rounding)
 {
     gsl_rng *r = gsl_rng_alloc(gsl_rng_mt19937);
     gsl_rng_set(r, 7);
@@ -750,34 +750,32 @@ START_TEST(correlate_chain_bits)
             atoms[i] = (float)gsl_ran_gaussian(r, 1.0);
         for (int i = 0; i < MAXX * m; i++)
             x[i] = (float)gsl_ran_gaussian(r, 1.0);
-        int32_t ids[NA];
-        for (int p = 0; p < NA; p++)
-            ids[p] = (p * 17 + 3) % NA; /* a permutation */
         for (int nx = 1; nx <= MAXX; nx++)
-            for (int ni = 1; ni <= 9; ni++)
-                for (int list = 0; list < 2; list++) {
-                    float a[MAXX * LDA];
-                    for (int i = 0; i < MAXX * LDA; i++)
-                        a[i] = -7.0f;
-                    fk_correlate_chain(x, nx, m, atoms, list ? ids : NULL, ni, a, LDA);
-                    for (int i = 0; i < MAXX; i++)
-                        for (int c = 0; c < LDA; c++) {
-                            int p = -1;
-                            for (int q = 0; q < ni; q++)
-                                if ((list ? ids[q] : q) == c)
-                                    p = q;
-                            float want = -7.0f;
-                            if (i < nx && p >= 0) {
-                                want = 0.0f;
-                                for (int k = 0; k < m; k++)
-                                    want = fmaf(x[i * m + k], atoms[(size_t)c * m + k], want);
-                            }
-                            ck_assert_msg(!memcmp(&a[i * LDA + c], &want, sizeof want),
-                                          "m %d, %d rows, %d atoms (%s): a[%d][%d] = %.9g, "
-                                          "chain %.9g", m, nx, ni, list ? "listed" : "in order",
-                                          i, c, a[i * LDA + c], want);
+            for (int n = 1; n <= NA; n += 3) {
+                float a[(MAXX + 1) * LDA];
+                for (int i = 0; i < (MAXX + 1) * LDA; i++)
+                    a[i] = -7.0f;
+                fk_correlate_to(atoms, n, m, x, nx, a, LDA);
+                for (int i = 0; i <= MAXX; i++)
+                    for (int c = 0; c < LDA; c++) {
+                        float got = a[i * LDA + c];
+                        if (i >= nx || c >= n) {
+                            ck_assert_msg(got == -7.0f, "m %d, %d rows, %d atoms: a[%d][%d] "
+                                          "= %g written outside the product", m, nx, n, i, c,
+                                          got);
+                            continue;
                         }
-                }
+                        double want = 0, mag = 0;
+                        for (int k = 0; k < m; k++) {
+                            double p = (double)x[i * m + k] * atoms[(size_t)c * m + k];
+                            want += p;
+                            mag += fabs(p);
+                        }
+                        ck_assert_msg(fabs(got - want) <= 4.0 * m * FLT_EPSILON * mag,
+                                      "m %d, %d rows, %d atoms: a[%d][%d] = %.9g, the dot "
+                                      "product is %.9g", m, nx, n, i, c, got, want);
+                    }
+            }
         free(atoms);
         free(x);
     }
@@ -952,7 +950,7 @@ static Suite *sparse_suite(void)
     tcase_add_test(tc, omp_batch_equals_single);
     tcase_add_test(tc, omp_naive_pool);
     tcase_add_test(tc, correlate_and_gram);
-    tcase_add_test(tc, correlate_chain_bits);
+    tcase_add_test(tc, correlate_to_within_rounding);
     tcase_add_test(tc, topn_vs_sort);
     tcase_add_test(tc, refine_vs_gsl);
     suite_add_tcase(s, tc);

@@ -11,6 +11,10 @@
  *
  * Adding a codec = one .c file in a family folder with one exported
  * `const struct fk_codec_ops` + one line in codec_list of codecs/meson.build.
+ *
+ * This header is the plugin interface, installed for plugins (meson install): what a codec
+ * is given and gives, and the few functions of the executable a codec may call. The
+ * registry and what built-in codecs get beyond it are in core/fk_registry.h.
  */
 #ifndef FK_CODEC_H
 #define FK_CODEC_H
@@ -103,7 +107,6 @@ enum fk_cap {
                                * FK_CAP_STATIC, whose rows are coded ahead of the policy).
                                * Without it every row is coded, dropped or not, and a codec
                                * that grows or adapts cannot be composed with a policy */
-    FK_CAP_AHEAD = 1u << 11,  /* reads env->ahead (the rows of later events, when known) */
 };
 
 /* What a codec needs from the data under given options, beyond its capability flags
@@ -165,12 +168,6 @@ struct fk_stream_env {
     int reference;               /* 1: the straightforward algorithms (naive OMP recomputing
                                   * D^T r, no Gram, one vector at a time): the benchmark's
                                   * reference mode; same supports in exact arithmetic */
-    const float *ahead;          /* [n_heads][n_tokens][head_dim] float32: the rows encode()
-                                  * will be given, when the harness knows them in advance (a
-                                  * trace replay) and the codec declares FK_CAP_AHEAD; NULL
-                                  * otherwise (the model in the loop, reference mode). Only
-                                  * an aid to batch work: a codec codes each event's rows as
-                                  * given, and uses ahead only where it checked they are equal */
 };
 
 /* One eviction event: all vectors evicted together, ordered by (token, head). */
@@ -278,8 +275,9 @@ struct fk_codec_ops {
  * sizes (another fk_codec.h), and a codec whose name is taken. The functions this header
  * declares (fk_opts_*, fk_codec_option, fk_coef_names, fk_err) are the executable's: a
  * plugin links against nothing of fadkv-bench. FK_PLUGIN_ABI_VERSION changes with any
- * change of the structs of this header. */
-#define FK_PLUGIN_ABI_VERSION 3
+ * change of the structs of this header (4, 7 December 2026: struct fk_stream_env lost the
+ * rows ahead, now internal to the built-in codecs, core/fk_registry.h). */
+#define FK_PLUGIN_ABI_VERSION 4
 #define FK_PLUGIN_ENTRY "fk_plugin_abi"
 struct fk_plugin {
     int abi_version;             /* FK_PLUGIN_ABI_VERSION the plugin was built with */
@@ -293,32 +291,8 @@ struct fk_plugin {
      (unsigned)sizeof(struct fk_vec_out), (unsigned)sizeof(struct fk_stream_stats)}
 const struct fk_plugin *fk_plugin_abi(void); /* what a plugin defines */
 
-/* Loads a plugin and registers its codecs (a file already loaded is not loaded again).
- * Errors name the file and what is wrong (cannot be opened, no fk_plugin_abi, ABI version
- * or struct sizes differ, a codec name taken by a built-in codec or another plugin). */
-int fk_plugin_load(const char *path);
-/* Every codec: the built-in ones (fk_codecs), then the plugins' in loading order. */
-int fk_codec_count(void);
-const struct fk_codec_ops *fk_codec_at(int i);
-/* The plugin file of a codec (as loaded, made absolute) and its sha256, or NULL for a
- * built-in codec. */
-const char *fk_codec_plugin(const struct fk_codec_ops *ops);
-const char *fk_codec_plugin_sha256(const struct fk_codec_ops *ops);
-
-/* Registry (codecs/fk_registry.c, generated from the list in codecs/meson.build). */
-extern const struct fk_codec_ops *const fk_codecs[]; /* NULL-terminated: built-in codecs */
-/* The codec whose cost the relative cost columns divide by, unless a sweep says otherwise
- * ([sweep] cost_baseline): set next to the list in codecs/meson.build. */
-extern const char *const fk_default_cost_baseline;
-const struct fk_codec_ops *fk_codec_find(const char *name);
-/* The family of a registered codec: the folder of its source ("dict", "quant", ...), a
- * plugin's declared family ("plugin" unless it names one), "" if ops is not registered.
- * fk_codec_find looks through the plugins' codecs too. */
-const char *fk_codec_family(const struct fk_codec_ops *ops);
+/* The option of a codec named `name`, or NULL. */
 const struct fk_option *fk_codec_option(const struct fk_codec_ops *ops, const char *name);
-/* The buffer rule of stream `kind`: ops->buffer, or SLIDE with the common n_b and a_len. */
-void fk_codec_buffer(const struct fk_codec_ops *ops, const void *opts, int kind,
-                     struct fk_buffer *b);
 
 /* Option values: defaults, set (range-checked, message names the option and the range),
  * get as double, and canonical text ("8", "0.5", "fp8"). */

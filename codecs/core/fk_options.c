@@ -8,6 +8,7 @@
 
 #include "common/fk_err.h"
 #include "core/fk_codec.h"
+#include "core/fk_registry.h"
 
 const char *const fk_coef_names[] = {"fp32", "fp16", "fp8", NULL};
 

@@ -318,6 +318,7 @@ void dc_close(void *state)
     free(d->arows);
     free(d->stale);
     free(d->stale_ids);
+    free(d->ah_scratch);
     free(d);
 }
 
@@ -397,23 +398,31 @@ int dc_open(const struct dc_coder *coder, const struct dc_adapt *adapt, const vo
     }
     if (env->base->dead)
         memcpy(d->dead, env->base->dead, (size_t)d->N);
-    if (env->ahead && !env->reference && d->m <= FK_CHAIN_MAXDIM && env->n_heads > 0 &&
-        env->n_tokens > 0) {
-        int H = env->n_heads;
-        d->ah_tok = DC_BLK / H > 1 ? DC_BLK / H : 1;
-        size_t rows = (size_t)H * (size_t)d->ah_tok;
-        d->ah_cols = d->N;
-        d->acorr = malloc(sizeof(float) * rows * (size_t)d->N);
-        d->arows = calloc(rows * (size_t)d->m, sizeof(float));
-        d->stale = calloc((size_t)d->N, 1);
-        d->stale_ids = malloc(sizeof(int32_t) * (size_t)d->N);
-        if (!d->acorr || !d->arows || !d->stale || !d->stale_ids) {
-            dc_close(d);
-            return fk_err(FK_ENOMEM, "out of memory (correlations ahead)");
-        }
-        d->ahead = env->ahead;
-    }
     *state = d;
+    return FK_OK;
+}
+
+int dc_open_ahead(const struct dc_coder *coder, const struct dc_adapt *adapt, const void *opts,
+                  const struct fk_stream_env *env, const float *ahead, void **state)
+{
+    FK_TRY(dc_open(coder, adapt, opts, env, state));
+    struct dc *d = *state;
+    if (!ahead || env->reference || env->n_heads <= 0 || env->n_tokens <= 0)
+        return FK_OK;
+    int H = env->n_heads;
+    d->ah_tok = DC_BLK / H > 1 ? DC_BLK / H : 1;
+    size_t rows = (size_t)H * (size_t)d->ah_tok;
+    d->ah_cols = d->N;
+    d->acorr = malloc(sizeof(float) * rows * (size_t)d->N);
+    d->arows = calloc(rows * (size_t)d->m, sizeof(float));
+    d->stale = calloc((size_t)d->N, 1);
+    d->stale_ids = malloc(sizeof(int32_t) * (size_t)d->N);
+    if (!d->acorr || !d->arows || !d->stale || !d->stale_ids) {
+        dc_close(d);
+        *state = NULL;
+        return fk_err(FK_ENOMEM, "out of memory (correlations ahead)");
+    }
+    d->ahead = ahead;
     return FK_OK;
 }
 
@@ -461,60 +470,34 @@ static int check_event(struct dc *d, const struct fk_event *ev)
 
 /* ---- correlations ahead -----------------------------------------------------------------
  * In a decode, an adaptive codec's events hold one token of every head (a_len = 1): one
- * correlation SGEMM per event packs the whole dictionary again for a handful of rows (at
- * N = 4096 that made gm's correlations cost twice lexico's, whose codes are computed ahead
- * in large blocks). When the rows are known in advance (env.ahead), the correlations of the
- * rows of the next ah_tok tokens (DC_BLK rows, the window) with every atom the stream has
- * then come from one SGEMM, and an event copies its rows' from there once it has checked
- * that its rows are those rows. The atoms that changed since (appended atoms, fadkv's
- * rewritten slots) get their columns for the event's rows as chains of fused multiply-adds
- * (fk_correlate_chain). Every value is then the one the event's own SGEMM over all atoms
- * gives, provided OpenBLAS computes each element of both products as one such chain: its
- * packed kernels do (m within one block of k), its small-matrix kernels, which it picks for
- * small products, do not; nor do its Haswell kernels, whose bits for an element depend on
- * the shape of the call and on the element's place in it, so that one block can equal the
- * window and the next not (docs/PERFORMANCE.md, "The pinned Haswell kernels"). Hence three
- * checks, each bit for bit. The stream's first window is compared with the chains at every
- * element, and a later window with more atoms at the columns added since and the
- * CHECK_EDGE columns before them (where the previous product's edge tiles were): where one
- * differs, the stream keeps its per-event SGEMMs from then on (OpenBLAS also fails the
- * first where it sums k in blocks, here from m = 384). The first block of each row count
- * gets its own SGEMM as well: the window serves later blocks of that count only if the two
- * were equal (a block's product only grows with the atoms appended later, and OpenBLAS
- * picks its small kernels by size). The chains are compared the same way on the first
- * served block that needs them (chain_ok); where they differ, those blocks keep their own
- * SGEMM, as without env.ahead. */
+ * correlation SGEMM per event would pack the whole dictionary again for a handful of rows
+ * (at N = 4096 that made gm's correlations cost twice lexico's, whose codes are computed
+ * ahead in large blocks). When the rows of later events are known (a trace replay opens the
+ * codec with them, dc_open_ahead), the correlations of the rows of the next ah_tok tokens
+ * of every head (DC_BLK rows, the window) with every atom the stream has then come from one
+ * SGEMM, and an event whose rows are those rows (compared bit for bit) copies its
+ * correlations from there. The atoms that changed since (appended atoms, fadkv's rewritten
+ * slots) get their columns from a product of the event's rows with those atoms alone.
+ * Which product a correlation comes from is fixed by the stream's events: the numbers are
+ * the same at any thread count, job count and shard split, and they agree with one SGEMM
+ * per event up to the BLAS's rounding (docs/PORTABILITY.md). */
 
 void dc_slot_rewritten(struct dc *d, int j)
 {
-    if (!d->ahead || j >= d->N || j >= d->ah_nt || d->stale[j])
+    if (!d->ahead || j >= d->ah_nt)
+        return;
+    if (j >= d->N) { /* not tracked: the window is computed again when next needed */
+        d->ah_n = 0;
+        return;
+    }
+    if (d->stale[j])
         return;
     d->stale[j] = 1;
     d->stale_ids[d->n_stale++] = j;
 }
 
-#define CHECK_EDGE 64 /* columns before the appended ones that a later window checks */
-
-/* 1 when the window's correlations (rows x nt, from the SGEMM) are the FMA chains at every
- * row of columns c0 .. nt - 1; 0 when one differs or there is no memory to tell. */
-static int window_is_chains(const struct dc *d, size_t rows, int c0, int nt)
-{
-    size_t w = (size_t)(nt - c0);
-    float *c = malloc(sizeof(float) * rows * w);
-    if (!c)
-        return 0;
-    fk_correlate_chain(d->arows, (int)rows, d->m, dc_atoms(d) + (size_t)c0 * d->m, NULL,
-                       nt - c0, c, w);
-    int eq = 1;
-    for (size_t r = 0; r < rows && eq; r++)
-        eq = !memcmp(c + r * w, d->acorr + r * (size_t)nt + c0, sizeof(float) * w);
-    free(c);
-    return eq;
-}
-
 /* The window of tokens t0 .. t0 + ah_tok - 1 (within the trace) of every head, against
- * the current atoms; 0 when out of memory or when it is not the chains where checked (the
- * lookahead is then off). */
+ * the current atoms; 0 when out of memory (the lookahead is then off). */
 static int ahead_fill(struct dc *d, int t0)
 {
     int H = d->env.n_heads, T = d->env.n_tokens, m = d->m, Nt = d->Nt;
@@ -533,16 +516,7 @@ static int ahead_fill(struct dc *d, int t0)
     for (int h = 0; h < H; h++)
         memcpy(d->arows + (size_t)h * d->ah_tok * m, d->ahead + ((size_t)h * T + t0) * m,
                sizeof(float) * (size_t)n * m);
-    struct fk_dict_view v = {.m = m, .n_atoms = Nt, .atoms = dc_atoms(d)};
-    fk_correlate(&v, d->arows, (int)rows, d->acorr);
-    if (Nt != d->ah_checked_nt) { /* the first window, or atoms appended since the last */
-        int c0 = d->ah_checked_nt > CHECK_EDGE ? d->ah_checked_nt - CHECK_EDGE : 0;
-        if (!window_is_chains(d, rows, c0, Nt)) {
-            d->ahead = NULL;
-            return 0;
-        }
-        d->ah_checked_nt = Nt;
-    }
+    fk_correlate_to(dc_atoms(d), Nt, m, d->arows, (int)rows, d->acorr, (size_t)Nt);
     for (int i = 0; i < d->n_stale; i++)
         d->stale[d->stale_ids[i]] = 0;
     d->n_stale = 0;
@@ -552,79 +526,72 @@ static int ahead_fill(struct dc *d, int t0)
     return 1;
 }
 
+/* The columns of the rewritten slots (stale_ids) for nc rows x into a [nc][lda]: the slots'
+ * atoms gathered, one product, scattered. 0 when out of memory. */
+static int stale_columns(struct dc *d, const float *x, int nc, float *a, size_t lda)
+{
+    int ns = d->n_stale, m = d->m;
+    size_t need = (size_t)ns * (size_t)m + (size_t)nc * (size_t)ns;
+    if (need > d->ah_scratch_n) {
+        float *g = realloc(d->ah_scratch, sizeof(float) * need);
+        if (!g)
+            return 0;
+        d->ah_scratch = g;
+        d->ah_scratch_n = need;
+    }
+    float *atoms = d->ah_scratch, *c = d->ah_scratch + (size_t)ns * m;
+    const float *A = dc_atoms(d);
+    for (int i = 0; i < ns; i++)
+        memcpy(atoms + (size_t)i * m, A + (size_t)d->stale_ids[i] * m, sizeof(float) * (size_t)m);
+    fk_correlate_to(atoms, ns, m, x, nc, c, (size_t)ns);
+    for (int r = 0; r < nc; r++)
+        for (int i = 0; i < ns; i++)
+            a[(size_t)r * lda + (size_t)d->stale_ids[i]] = c[(size_t)r * ns + i];
+    return 1;
+}
+
 /* The correlations of nc event rows x (tokens tok, heads head, in token order) with every
- * current atom into a [nc][Nt] from the window; *chained: some columns came from chains
- * (atoms changed since the window). 0 when it cannot (a row is not the row ahead or not in
- * the window, the rows span more tokens than a window, or chains are needed and not
- * allowed); a is then partly written. */
+ * current atom into a [nc][Nt] from the window. 0 when it cannot (a row is not the row
+ * ahead, or the rows span more tokens than a window, or no memory); a is then partly
+ * written. */
 static int ahead_fetch(struct dc *d, const float *x, const int32_t *tok, const int32_t *head,
-                       int nc, float *a, int allow_chain, int *chained)
+                       int nc, float *a)
 {
     int T = d->env.n_tokens, m = d->m, Nt = d->Nt;
     int t_lo = tok[0], t_hi = tok[nc - 1];
-    if (!d->ahead || t_hi - t_lo >= d->ah_tok)
+    if (t_hi - t_lo >= d->ah_tok)
         return 0;
     if ((t_lo < d->ah_t0 || t_hi >= d->ah_t0 + d->ah_n) && !ahead_fill(d, t_lo))
         return 0;
     int nw = d->ah_nt;
-    *chained = d->n_stale > 0 || Nt > nw;
-    if (*chained && !allow_chain)
-        return 0;
     for (int i = 0; i < nc; i++) {
         int t = tok[i], h = head[i];
-        const float *xi = x + (size_t)i * m;
         if (t < d->ah_t0 || t >= d->ah_t0 + d->ah_n ||
-            memcmp(xi, d->ahead + ((size_t)h * T + t) * m, sizeof(float) * (size_t)m))
+            memcmp(x + (size_t)i * m, d->ahead + ((size_t)h * T + t) * m,
+                   sizeof(float) * (size_t)m))
             return 0;
         memcpy(a + (size_t)i * Nt,
                d->acorr + ((size_t)h * d->ah_tok + (size_t)(t - d->ah_t0)) * (size_t)nw,
                sizeof(float) * (size_t)nw);
     }
-    if (d->n_stale > 0)
-        fk_correlate_chain(x, nc, m, d->atoms, d->stale_ids, d->n_stale, a, (size_t)Nt);
+    if (d->n_stale > 0 && !stale_columns(d, x, nc, a, (size_t)Nt))
+        return 0;
     if (Nt > nw)
-        fk_correlate_chain(x, nc, m, d->atoms + (size_t)nw * m, NULL, Nt - nw, a + nw,
-                           (size_t)Nt);
-    return 1;
-}
-
-static int all_zero(const float *x, size_t n)
-{
-    for (size_t i = 0; i < n; i++)
-        if (x[i] != 0.0f)
-            return 0;
+        fk_correlate_to(dc_atoms(d) + (size_t)nw * m, Nt - nw, m, x, nc, a + nw, (size_t)Nt);
     return 1;
 }
 
 /* The correlations of a block of nc event rows x with the atoms of view v into d->corr:
- * from the window when it serves blocks of nc rows (and, for columns from chains, when the
- * chains were found equal too), else by their own SGEMM. The first block of each row count
- * and the first served block that needs chains are compared with their own SGEMM. */
+ * from the window when its rows are these (a full block of DC_BLK rows gets its own
+ * SGEMM), else by their own SGEMM. */
 static void block_correlate(struct dc *d, const struct fk_dict_view *v, const float *x,
                             const int32_t *tok, const int32_t *head, int nc)
 {
-    int st = d->ahead && nc < DC_BLK ? d->ah_ok[nc] : AH_OFF; /* a full block: one SGEMM */
-    int chained = 0;
-    if (st == AH_OK &&
-        ahead_fetch(d, x, tok, head, nc, d->corr, d->chain_ok == AH_OK, &chained))
+    if (d->ahead && nc < DC_BLK && ahead_fetch(d, x, tok, head, nc, d->corr)) {
+        d->ah_served++;
         return;
-    fk_correlate(v, x, nc, d->corr);
-    int check_chain = st == AH_OK && d->chain_ok == AH_UNKNOWN;
-    if (st != AH_UNKNOWN && !check_chain)
-        return;
-    size_t n = (size_t)nc * (size_t)d->Nt;
-    if (all_zero(x, (size_t)nc * (size_t)d->m))
-        return; /* every product is 0 whatever the kernel: a later block decides */
-    float *alt = malloc(sizeof(float) * n);
-    if (alt && ahead_fetch(d, x, tok, head, nc, alt, 1, &chained) &&
-        (!check_chain || chained)) {
-        int eq = !memcmp(alt, d->corr, sizeof(float) * n);
-        if (st == AH_UNKNOWN) /* a difference with chains sets both off */
-            d->ah_ok[nc] = eq ? AH_OK : AH_OFF;
-        if (chained)
-            d->chain_ok = eq ? AH_OK : AH_OFF;
     }
-    free(alt);
+    fk_correlate(v, x, nc, d->corr);
 }
 
 /* Phase A of nb vectors x [nb][m] (tokens tok, heads head): codes into d->codes, d->needs

@@ -16,6 +16,7 @@
 #include <stdint.h>
 
 #include "core/fk_codec.h"
+#include "core/fk_registry.h"
 #include "kernels/fk_sparse.h"
 
 #define DC_BLK 128          /* vectors per correlation SGEMM */
@@ -27,7 +28,6 @@ enum { VICTIM_REFCOUNT, VICTIM_EMA };
 enum { COLL_REENCODE, COLL_DROP };
 enum { OMP_GRAM, OMP_NAIVE };
 enum { MEM_PAPER, MEM_STRICT };
-enum { AH_UNKNOWN, AH_OK, AH_OFF }; /* struct dc ah_ok: the window serves a row count */
 
 /* Options of the coders. */
 struct dc_code_opts {
@@ -138,17 +138,18 @@ struct dc {
     int replaced_slots;          /* base slots replaced at least once (fadkv) */
     struct dc_rows *heads;       /* [n_heads] */
     /* correlations ahead (fk_dict_engine.c, "Correlations ahead") */
-    const float *ahead;          /* env.ahead while the lookahead is on, else NULL */
+    const float *ahead;          /* the rows of later events [n_heads][n_tokens][m] while the
+                                  * lookahead is on, else NULL */
     float *acorr;                /* [n_heads * ah_tok][ah_nt] the window's correlations */
     float *arows;                /* [n_heads * ah_tok][m] the window's rows, head-major */
     int ah_tok, ah_t0, ah_n;     /* tokens per window; first token held; tokens held */
     int ah_nt, ah_cols;          /* atoms when the window was computed; acorr's row room */
-    uint8_t ah_ok[DC_BLK];       /* per row count: the window serves it (AH_*) */
-    uint8_t chain_ok;            /* the chains give the SGEMM's bits (AH_*) */
-    int ah_checked_nt;           /* atoms of the last window compared with the chains */
     uint8_t *stale;              /* [N] base slot rewritten since the window was computed */
     int32_t *stale_ids;          /* [N] those slots, n_stale of them */
     int n_stale;
+    float *ah_scratch;           /* the rewritten slots' atoms and products */
+    size_t ah_scratch_n;
+    long ah_served;              /* blocks whose correlations came from a window */
     /* scratch */
     float *corr;                 /* [DC_BLK][acap] correlations */
     float *work;                 /* OMP/topn work */
@@ -190,6 +191,10 @@ int dc_check(const struct dc_adapt *adapt, int screened, const void *opts, int h
              int n_atoms);
 int dc_open(const struct dc_coder *coder, const struct dc_adapt *adapt, const void *opts,
             const struct fk_stream_env *env, void **state);
+/* dc_open with the rows the events will hold, ahead [n_heads][n_tokens][m] (NULL: none):
+ * their correlations are then computed in windows of DC_BLK rows ("Correlations ahead"). */
+int dc_open_ahead(const struct dc_coder *coder, const struct dc_adapt *adapt, const void *opts,
+                  const struct fk_stream_env *env, const float *ahead, void **state);
 int dc_encode(void *state, const struct fk_event *ev, struct fk_vec_out *out);
 int dc_reconstruct(const void *state, int head, int token, float *out);
 int dc_sparse_row(const void *state, int head, int token, int *nnz, const int32_t **idx,
@@ -213,6 +218,17 @@ void dc_close(void *state);
     {                                                                                     \
         return (CODER)->estimate(&((const struct dc_opts *)opts)->code, m, n_atoms);      \
     }
+
+/* The built-in extension (core/fk_registry.h) of an adaptive codec NAME composed of CODER
+ * and ADAPT: its open with the rows ahead. Defines fk_codec_ext_NAME, which codecs/meson.build
+ * lists beside the codec. */
+#define DC_EXT(NAME, CODER, ADAPT)                                                        \
+    static int NAME##_open_ahead(const void *opts, const struct fk_stream_env *env,      \
+                                 const float *ahead, void **state)                        \
+    {                                                                                     \
+        return dc_open_ahead(CODER, ADAPT, opts, env, ahead, state);                      \
+    }                                                                                     \
+    const struct fk_codec_ext fk_codec_ext_##NAME = {.open_ahead = NAME##_open_ahead}
 
 /* The fk_codec_ops fields of codec NAME beyond name, summary, options and caps: its
  * NAME_check and NAME_open, and the engine's callbacks. */

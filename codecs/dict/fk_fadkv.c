@@ -51,6 +51,14 @@ static int fadkv_open(const void *opts, const struct fk_stream_env *env, void **
     return dc_open(fadkv_coder(opts), &dc_adapt_replace, opts, env, state);
 }
 
+static int fadkv_open_ahead(const void *opts, const struct fk_stream_env *env,
+                            const float *ahead, void **state)
+{
+    return dc_open_ahead(fadkv_coder(opts), &dc_adapt_replace, opts, env, ahead, state);
+}
+
+const struct fk_codec_ext fk_codec_ext_fadkv = {.open_ahead = fadkv_open_ahead};
+
 static double fadkv_estimate(const void *opts, int m, int n_atoms)
 {
     const struct dc_opts *o = opts;
@@ -62,6 +70,6 @@ const struct fk_codec_ops fk_codec_fadkv = {
     .summary = "screening coder (gm|pl) plus replacement of inactive atoms: fixed-size "
                "dictionary",
     .options = fadkv_options,
-    .caps = FK_CAP_DICT | FK_CAP_SPARSE | FK_CAP_ADAPTS | FK_CAP_SKIPS | FK_CAP_AHEAD,
+    .caps = FK_CAP_DICT | FK_CAP_SPARSE | FK_CAP_ADAPTS | FK_CAP_SKIPS,
     DC_OPS(fadkv),
 };

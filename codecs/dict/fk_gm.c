@@ -12,12 +12,12 @@ static const struct fk_option gm_options[] = {
 };
 
 DC_COMPOSE(gm, &dc_coder_gm, &dc_adapt_append, 1)
+DC_EXT(gm, &dc_coder_gm, &dc_adapt_append);
 
 const struct fk_codec_ops fk_codec_gm = {
     .name = "gm",
     .summary = "Top-n screening, greedy OMP in the pool, ridge refinement; append-growth",
     .options = gm_options,
-    .caps = FK_CAP_DICT | FK_CAP_SPARSE | FK_CAP_GROWS | FK_CAP_ADAPTS | FK_CAP_SKIPS |
-            FK_CAP_AHEAD,
+    .caps = FK_CAP_DICT | FK_CAP_SPARSE | FK_CAP_GROWS | FK_CAP_ADAPTS | FK_CAP_SKIPS,
     DC_OPS(gm),
 };

@@ -12,12 +12,13 @@ static const struct fk_option adp_options[] = {
 };
 
 DC_COMPOSE(adp, &dc_coder_omp, &dc_adapt_append, 0)
+DC_EXT(lexico_adp, &dc_coder_omp, &dc_adapt_append);
 
 const struct fk_codec_ops fk_codec_lexico_adp = {
     .name = "lexico-adp",
     .summary = "lexico plus append-growth: a badly coded vector becomes a new atom",
     .options = adp_options,
     .caps = FK_CAP_DICT | FK_CAP_SPARSE | FK_CAP_GRAM | FK_CAP_GROWS | FK_CAP_ADAPTS |
-            FK_CAP_SKIPS | FK_CAP_AHEAD,
+            FK_CAP_SKIPS,
     DC_OPS(adp),
 };

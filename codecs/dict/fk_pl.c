@@ -13,12 +13,12 @@ static const struct fk_option pl_options[] = {
 };
 
 DC_COMPOSE(pl, &dc_coder_pl, &dc_adapt_append, 0)
+DC_EXT(pl, &dc_coder_pl, &dc_adapt_append);
 
 const struct fk_codec_ops fk_codec_pl = {
     .name = "pl",
     .summary = "one-shot top-s of |D^T x| with ridge refinement; append-growth",
     .options = pl_options,
-    .caps = FK_CAP_DICT | FK_CAP_SPARSE | FK_CAP_GROWS | FK_CAP_ADAPTS | FK_CAP_SKIPS |
-            FK_CAP_AHEAD,
+    .caps = FK_CAP_DICT | FK_CAP_SPARSE | FK_CAP_GROWS | FK_CAP_ADAPTS | FK_CAP_SKIPS,
     DC_OPS(pl),
 };

@@ -30,65 +30,16 @@
 
 void fk_correlate(const struct fk_dict_view *d, const float *x, int nx, float *a)
 {
-    if (nx <= 0 || d->n_atoms <= 0)
+    fk_correlate_to(d->atoms, d->n_atoms, d->m, x, nx, a, (size_t)d->n_atoms);
+}
+
+void fk_correlate_to(const float *atoms, int n_atoms, int m, const float *x, int nx, float *a,
+                     size_t lda)
+{
+    if (nx <= 0 || n_atoms <= 0)
         return;
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nx, d->n_atoms, d->m, 1.0f, x, d->m,
-                d->atoms, d->m, 0.0f, a, d->n_atoms);
-}
-
-/* Eight vectors' coordinates interleaved: xt[k * 8 + l] = x[(i0 + l) * m + k] (rows past nx
- * zero). */
-static void interleave8(const float *x, int nx, int m, int i0, float *restrict xt)
-{
-    for (int k = 0; k < m; k++)
-        for (int l = 0; l < 8; l++)
-            xt[k * 8 + l] = i0 + l < nx ? x[(size_t)(i0 + l) * m + k] : 0.0f;
-}
-
-/* Four atoms against eight interleaved vectors: out[q * 8 + l] = the chain of (x_l, d_q). */
-FK_FMA_CLONES static void chain8x4(const float *restrict xt, const float *restrict d0,
-                                   const float *restrict d1, const float *restrict d2,
-                                   const float *restrict d3, int m, float *restrict out)
-{
-    float a0[8] = {0}, a1[8] = {0}, a2[8] = {0}, a3[8] = {0};
-    for (int k = 0; k < m; k++) {
-        const float *restrict v = xt + (size_t)k * 8;
-        float b0 = d0[k], b1 = d1[k], b2 = d2[k], b3 = d3[k];
-        for (int l = 0; l < 8; l++) {
-            a0[l] = fmaf(v[l], b0, a0[l]);
-            a1[l] = fmaf(v[l], b1, a1[l]);
-            a2[l] = fmaf(v[l], b2, a2[l]);
-            a3[l] = fmaf(v[l], b3, a3[l]);
-        }
-    }
-    memcpy(out, a0, sizeof a0);
-    memcpy(out + 8, a1, sizeof a1);
-    memcpy(out + 16, a2, sizeof a2);
-    memcpy(out + 24, a3, sizeof a3);
-}
-
-void fk_correlate_chain(const float *x, int nx, int m, const float *atoms, const int32_t *ids,
-                        int n_ids, float *a, size_t lda)
-{
-    float xt[8 * FK_CHAIN_MAXDIM], blk[32];
-    for (int i0 = 0; i0 < nx; i0 += 8) {
-        interleave8(x, nx, m, i0, xt);
-        int nl = nx - i0 < 8 ? nx - i0 : 8;
-        for (int p0 = 0; p0 < n_ids; p0 += 4) {
-            const float *d[4];
-            int np = n_ids - p0 < 4 ? n_ids - p0 : 4;
-            for (int q = 0; q < 4; q++) { /* a short group repeats its last atom */
-                int p = p0 + (q < np ? q : np - 1);
-                d[q] = atoms + (size_t)(ids ? ids[p] : p) * (size_t)m;
-            }
-            chain8x4(xt, d[0], d[1], d[2], d[3], m, blk);
-            for (int q = 0; q < np; q++) {
-                size_t col = ids ? (size_t)ids[p0 + q] : (size_t)(p0 + q);
-                for (int l = 0; l < nl; l++)
-                    a[(size_t)(i0 + l) * lda + col] = blk[q * 8 + l];
-            }
-        }
-    }
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nx, n_atoms, m, 1.0f, x, m, atoms, m,
+                0.0f, a, (int)lda);
 }
 
 float *fk_gram_alloc(size_t n_floats)

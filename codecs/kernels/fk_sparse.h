@@ -50,19 +50,14 @@ struct fk_dict_view {
 };
 
 /* A = X D^T: correlations of nx vectors X [nx][m] with every atom -> A [nx][n_atoms].
- * One SGEMM (OpenBLAS). For bit-identical results at any thread count, call it with the same
- * block partition and OpenBLAS at one thread (fk_blas_threads_set(1)) in worker threads. */
+ * One SGEMM (kernels/fk_blas.h). For bit-identical results at any thread count, call it with
+ * the same block partition and the BLAS at one thread (fk_blas_single) in worker threads. */
 void fk_correlate(const struct fk_dict_view *d, const float *x, int nx, float *a);
 
-/* The same correlations as chains of fused multiply-adds: a[i * lda + col] = the float
- * accumulation acc = fmaf(x_i[k], d[k], acc), k = 0 .. m-1 from acc = 0, for the atoms
- * d = atoms + ids[p] * m and col = ids[p] (ids NULL: atoms p = 0 .. n_ids-1 in order, col =
- * p). This is what OpenBLAS's packed SGEMM kernels compute for each element when m fits one
- * block of k; whether they do on this CPU is for the caller to check (the dictionary
- * engine compares both on its first block, dict/fk_dict_engine.c). m <= FK_CHAIN_MAXDIM. */
-#define FK_CHAIN_MAXDIM 1024
-void fk_correlate_chain(const float *x, int nx, int m, const float *atoms, const int32_t *ids,
-                        int n_ids, float *a, size_t lda);
+/* The same product for atoms [n_atoms][m] into a [nx][lda] (lda >= n_atoms): a[i * lda + j]
+ * = x_i . atom_j. */
+void fk_correlate_to(const float *atoms, int n_atoms, int m, const float *x, int nx, float *a,
+                     size_t lda);
 
 /* A buffer of n_floats floats for a Gram matrix (free() it): 2 MiB-aligned and advised
  * for transparent huge pages. The page faults of a fresh buffer in 4 KiB pages can cost

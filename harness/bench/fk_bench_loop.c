@@ -13,6 +13,7 @@
 #include "common/fk_clock.h"
 #include "common/fk_err.h"
 #include "core/fk_codec.h"
+#include "core/fk_registry.h"
 #include "kernels/fk_blas.h"
 #include "loop/fk_loop.h"
 

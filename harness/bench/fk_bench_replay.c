@@ -10,6 +10,7 @@
 #include "common/fk_clock.h"
 #include "common/fk_err.h"
 #include "core/fk_codec.h"
+#include "core/fk_registry.h"
 #include "engine/fk_replay.h"
 #include "engine/fk_sweep.h"
 #include "formats/fk_basis.h"

@@ -18,6 +18,7 @@
 #include "common/fk_clock.h"
 #include "common/fk_err.h"
 #include "core/fk_codec.h"
+#include "core/fk_registry.h"
 #include "core/fk_evict.h"
 #include "engine/fk_sweep.h"
 #include "formats/fk_basis.h"

@@ -13,6 +13,7 @@
 #include "common/fk_err.h"
 #include "conformance/fk_conformance.h"
 #include "core/fk_codec.h"
+#include "core/fk_registry.h"
 
 static void report(void *ctx, const struct fk_codec_ops *ops, const struct fk_conf_rule *rule,
                    int passed, const char *message)

@@ -14,6 +14,7 @@
 
 #include "common/fk_err.h"
 #include "core/fk_codec.h"
+#include "core/fk_registry.h"
 #include "core/fk_evict.h"
 #include "formats/fk_basis.h"
 #include "formats/fk_dict.h"

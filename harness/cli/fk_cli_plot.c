@@ -18,6 +18,7 @@
 #include "common/fk_clock.h"
 #include "common/fk_err.h"
 #include "core/fk_codec.h"
+#include "core/fk_registry.h"
 #include "report/fk_plotdata.h"
 #include "report/fk_plotgen.h"
 #include "store/fk_results.h"

@@ -12,6 +12,7 @@
 #include "common/fk_err.h"
 #include "conformance/fk_conformance.h"
 #include "conformance/fk_test_basis.h"
+#include "core/fk_registry.h"
 #include "formats/fk_dict.h"
 #include "kernels/fk_sparse.h"
 
@@ -212,9 +213,9 @@ int fk_conf_run_open(struct fk_conf_run *r, const struct fk_codec_ops *ops, cons
     return run_open(r, ops, opts, d, src, H, T, kind, NULL);
 }
 
-/* env.ahead from the rows of a ([T][H][m]) in the env's layout [H][T][m]. */
-static int env_ahead(struct fk_conf_run *r, const struct fk_conf_stream *a,
-                     struct fk_stream_env *env)
+/* The rows ahead (r->ahead) from the rows of a ([T][H][m]) in the layout [H][T][m]. */
+static int rows_ahead(struct fk_conf_run *r, const struct fk_conf_stream *a,
+                      const struct fk_stream_env *env)
 {
     int m = env->head_dim, H = env->n_heads, T = env->n_tokens;
     if (a->m != m || a->H != H || a->T != T)
@@ -226,7 +227,6 @@ static int env_ahead(struct fk_conf_run *r, const struct fk_conf_stream *a,
         for (int h = 0; h < H; h++)
             memcpy(r->ahead + ((size_t)h * T + t) * m, a->x + ((size_t)t * H + h) * m,
                    sizeof(float) * (size_t)m);
-    env->ahead = r->ahead;
     return FK_OK;
 }
 
@@ -246,14 +246,14 @@ static int run_open(struct fk_conf_run *r, const struct fk_codec_ops *ops, const
     struct fk_stream_env env = {.layer = 0, .kind = kind, .head_dim = d->m, .n_heads = H,
                                 .n_tokens = T, .base = base};
     FK_TRY(fk_conf_env(r, ops, src, &env));
-    if (ahead && (ops->caps & FK_CAP_AHEAD))
-        FK_TRY(env_ahead(r, ahead, &env));
+    if (ahead && fk_codec_takes_ahead(ops))
+        FK_TRY(rows_ahead(r, ahead, &env));
     r->out = calloc((size_t)T * H, sizeof *r->out);
     r->err_commit = calloc((size_t)T * H, sizeof *r->err_commit);
     if (!r->out || !r->err_commit)
         return fk_err(FK_ENOMEM, "conformance: out of memory for %d x %d outcomes", T, H);
     fk_err_clear();
-    if (ops->open(opts, &env, &r->st) != FK_OK)
+    if (fk_codec_open(ops, opts, &env, r->ahead, &r->st) != FK_OK)
         return fk_err_context(FK_EINVAL, "%s: open() failed", ops->name);
     struct fk_buffer b;
     fk_codec_buffer(ops, opts, kind, &b);

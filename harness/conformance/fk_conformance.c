@@ -16,6 +16,7 @@
 #include "common/fk_err.h"
 #include "conformance/fk_conformance.h"
 #include "conformance/fk_test_basis.h"
+#include "core/fk_registry.h"
 #include "kernels/fk_blas.h"
 #include "kernels/fk_sparse.h"
 
@@ -32,9 +33,10 @@ const struct fk_conf_rule fk_conf_rules[] = {
                "reported err equals the relative error of what reconstruct() returns for its "
                "row, zero vectors are flagged and cost no atoms, rows are finite, exact codecs "
                "store every row bit-exactly, sparse codes rebuild the reconstruction"},
-    {"determinism", "two runs over the same stream (at 2 and at 1 BLAS threads; the second "
-                    "with the rows ahead in env.ahead when the codec declares FK_CAP_AHEAD) "
-                    "give the same outcomes, the same rows bit for bit and the same counters"},
+    {"determinism", "two runs over the same stream (at 2 and at 1 BLAS threads, both as a "
+                    "trace replay opens the codec: with the rows ahead for a built-in codec "
+                    "that takes them) give the same outcomes, the same rows bit for bit and "
+                    "the same counters"},
     {"accounting", "with each coefficient storage the codec offers, bytes_codes is zero before "
                    "any row, positive after, never drops without adaptation, and follows a "
                    "fixed cost per row (dense) or per row and per coefficient (sparse, at least "
@@ -247,7 +249,7 @@ static void rule_interface(struct cx *cx, const struct fk_codec_ops *ops)
             "FK_CAP_SPARSE declared, but sparse_row or atoms is NULL");
     unsigned known = FK_CAP_DICT | FK_CAP_GRAM | FK_CAP_SPARSE | FK_CAP_GROWS |
                      FK_CAP_ADAPTS | FK_CAP_STATIC | FK_CAP_EXACT | FK_CAP_GRID | FK_CAP_BASIS |
-                     FK_CAP_EXTERNAL | FK_CAP_SKIPS | FK_CAP_AHEAD;
+                     FK_CAP_EXTERNAL | FK_CAP_SKIPS;
     REQUIRE(!(caps & ~known), "unknown capability bits 0x%x", caps & ~known);
     REQUIRE(!(caps & FK_CAP_GRAM) || (caps & FK_CAP_DICT), "FK_CAP_GRAM (the base "
             "dictionary's Gram) without FK_CAP_DICT");
@@ -619,12 +621,13 @@ static void rule_determinism(struct cx *cx, const struct fk_codec_ops *ops)
     stream_a(cx, &d, &s, 96, 0);
     for (int kind = 0; kind < 2; kind++) {
         void *o = opts_small(cx, ops);
+        struct fk_conf_run *a = cx_run(cx), *b = cx_run(cx);
         fk_blas_threads_set(2);
-        struct fk_conf_run *a = run_stream(cx, ops, o, d, s, kind, NULL, NULL);
+        REQ_OK(fk_conf_run_stream_ahead(a, ops, o, d, s, s, kind, NULL, NULL),
+               "the %s stream at 2 BLAS threads", kind ? "value" : "key");
         fk_blas_threads_set(1);
-        struct fk_conf_run *b = cx_run(cx); /* with the rows ahead (FK_CAP_AHEAD) */
         REQ_OK(fk_conf_run_stream_ahead(b, ops, o, d, s, s, kind, NULL, NULL),
-               "the %s stream with env.ahead", kind ? "value" : "key");
+               "the %s stream at 1 BLAS thread", kind ? "value" : "key");
         const char *kn = kind ? "value" : "key";
         REQUIRE(a->n_tok == b->n_tok, "%s stream: %d then %d tokens stored", kn, a->n_tok,
                 b->n_tok);

@@ -66,7 +66,7 @@ struct fk_conf_run {
     int events;                  /* encode calls */
     float *ext;                  /* FK_CAP_EXTERNAL: the rows its env names (owned) */
     struct fk_test_basis *tb;    /* FK_CAP_BASIS: the basis its env names (owned) */
-    float *ahead;                /* FK_CAP_AHEAD: the rows its env.ahead names (owned), or NULL */
+    float *ahead;                /* the rows ahead it was opened with (owned), or NULL */
 };
 
 /* Called before (after = 0) and after (after = 1) every event. */
@@ -106,8 +106,9 @@ struct fk_sched fk_conf_sched(const struct fk_codec_ops *ops, const void *opts, 
 int fk_conf_run_stream(struct fk_conf_run *r, const struct fk_codec_ops *ops, const void *opts,
                        const struct fk_conf_dict *d, const struct fk_conf_stream *s, int kind,
                        fk_conf_hook hook, void *ctx);
-/* fk_conf_run_stream with env.ahead (FK_CAP_AHEAD) naming the rows of `ahead` (the
- * stream's shape; normally s itself, or a copy with rows that differ), or NULL: none. */
+/* fk_conf_run_stream with the codec opened with the rows of `ahead` known in advance, when
+ * it takes them (core/fk_registry.h, fk_codec_takes_ahead; the stream's shape; normally s
+ * itself, or a copy with rows that differ), or NULL: none. */
 int fk_conf_run_stream_ahead(struct fk_conf_run *r, const struct fk_codec_ops *ops,
                              const void *opts, const struct fk_conf_dict *d,
                              const struct fk_conf_stream *s, const struct fk_conf_stream *ahead,

@@ -9,6 +9,7 @@
 
 #include "common/fk_clock.h"
 #include "common/fk_err.h"
+#include "core/fk_registry.h"
 #include "engine/fk_schedule.h"
 
 int fk_drive_init(struct fk_drive *d)
@@ -276,9 +277,9 @@ static int open_states(struct fk_unit *u)
                                     .basis = u->basis[k], .external = u->ext[k],
                                     .positions = u->positions,
                                     .rope = u->rope, .reference = u->ro->reference};
-        if ((u->ops->caps & FK_CAP_AHEAD) && !u->ro->reference)
-            env.ahead = u->kvf[k]; /* the rows encode_event hands over, when known */
-        int rc = u->ops->open(u->opts, &env, &u->st[k]);
+        /* the rows encode_event hands over, known in advance (none in reference mode) */
+        const float *ahead = u->ro->reference ? NULL : u->kvf[k];
+        int rc = fk_codec_open(u->ops, u->opts, &env, ahead, &u->st[k]);
         if (rc < 0)
             return fk_err_context(rc, "%s: layer %d %s: opening codec %s", u->path, u->layer,
                                   k ? "V" : "K", u->ops->name);

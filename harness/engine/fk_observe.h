@@ -18,6 +18,7 @@
 #include <stdint.h>
 
 #include "core/fk_codec.h"
+#include "core/fk_registry.h"
 #include "engine/fk_replay.h"
 #include "formats/fk_trace.h"
 

@@ -11,6 +11,7 @@
 #include <time.h>
 
 #include "common/fk_err.h"
+#include "core/fk_registry.h"
 #include "engine/fk_drive.h"
 #include "kernels/fk_blas.h"
 #include "kernels/fk_sparse.h"
@@ -435,8 +436,8 @@ static int replay_layer(struct worker *w, int ti, int layer, const struct fk_bas
     }
     if (w->in->evict)
         FK_TRY(read_policy_inputs(w, tr, layer, &u));
-    else if ((w->in->ops->caps & FK_CAP_AHEAD) && !ro->reference)
-        FK_TRY(kv_float(w, info, &u)); /* the codec's env.ahead */
+    else if (fk_codec_takes_ahead(w->in->ops) && !ro->reference)
+        FK_TRY(kv_float(w, info, &u)); /* the codec's rows ahead */
     w->times.t_io += fk_clock_s(CLOCK_MONOTONIC) - t0;
     for (int k = 0; k < 2; k++) {
         u.kv[k] = w->kv[k];

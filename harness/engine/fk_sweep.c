@@ -11,12 +11,13 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "formats/fk_dict.h"
 #include "common/fk_err.h"
 #include "common/fk_sha256.h"
 #include "common/fk_toml.h"
-#include "formats/fk_trace.h"
+#include "core/fk_registry.h"
 #include "engine/fk_schedule.h"
+#include "formats/fk_dict.h"
+#include "formats/fk_trace.h"
 
 #define FK_HARNESS_VERSION "fadkv-bench-0.1"
 

@@ -21,6 +21,7 @@
 #include <stdint.h>
 
 #include "core/fk_codec.h"
+#include "core/fk_registry.h"
 #include "core/fk_evict.h"
 
 struct fk_toml_value;

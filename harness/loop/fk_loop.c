@@ -10,6 +10,7 @@
 
 #include "common/fk_clock.h"
 #include "common/fk_err.h"
+#include "core/fk_registry.h"
 #include "engine/fk_schedule.h"
 #include "kernels/fk_rope.h"
 #include "kernels/fk_sparse.h"

@@ -11,6 +11,7 @@
 #include "common/fk_err.h"
 #include "common/fk_str.h"
 #include "core/fk_codec.h"
+#include "core/fk_registry.h"
 #include "store/fk_results.h"
 
 const char *const fk_check_metrics[FK_CHECK_N_METRICS] = {"rel_err_mean", "attn_kl"};

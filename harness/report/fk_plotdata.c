@@ -38,6 +38,7 @@
 #include <sys/stat.h>
 
 #include "core/fk_codec.h"
+#include "core/fk_registry.h"
 #include "core/fk_evict.h"
 #include "common/fk_err.h"
 #include "formats/fk_h5.h"

@@ -15,10 +15,11 @@
 #include <unistd.h>
 
 #include "common/fk_err.h"
-#include "store/fk_claim.h"
-#include "formats/fk_h5.h"
 #include "common/fk_sha256.h"
 #include "common/fk_str.h"
+#include "core/fk_registry.h"
+#include "formats/fk_h5.h"
+#include "store/fk_claim.h"
 #include "store/fk_results_loop.h"
 
 /* ---- text helpers ------------------------------------------------------------------ */
