@@ -193,8 +193,10 @@ static int run_check(int update, double rtol, double atol, struct fk_check_resul
     char base[512], res[512];
     snprintf(base, sizeof base, "%s/baseline.csv", g_dir);
     snprintf(res, sizeof res, "%s/res", g_dir);
-    struct fk_check_opts o = {.baseline = base, .results = res, .rtol = rtol, .atol = atol,
-                              .update = update};
+    static const char *const metrics[] = {"rel_err_mean", "attn_kl"};
+    struct fk_check_opts o = {.baseline = base, .results = res, .tol = FK_CHECK_CUSTOM,
+                              .rtol = rtol, .atol = atol, .update = update,
+                              .metrics = metrics, .n_metrics = 2};
     if (fk_check_run(&o, r) < 0)
         return 2;
     return r->fail ? 1 : 0;
@@ -226,14 +228,27 @@ START_TEST(check_gate)
     seal_cell("res", "aaaaaaaaaaaaaaa2");
     seal_cell("res", "bbbbbbbbbbbbbbb1");
     summary(0.1, "aaaaaaaaaaaaaaa1", 0, 0);
-    /* update writes the baseline (16 rows, the failed cell has none) */
+    /* update writes the baseline (16 rows and 4 aggregates, the failed cell has none) */
     ck_assert_int_eq(run_check(1, RTOL, ATOL, &r), 0);
-    ck_assert_int_eq(r.written, 16);
+    ck_assert_int_eq(r.written, 20);
     fk_check_result_free(&r);
     snprintf(p, sizeof p, "%s/baseline.csv", g_dir);
     struct fk_csv b;
     ck_assert_int_eq(fk_csv_load(p, &b), FK_OK);
-    ck_assert_int_eq(b.n_rows, 16);
+    ck_assert_int_eq(b.n_rows, 20);
+    /* the aggregate of lexico's K rows: the mean of its four rows (0.1 for the first) */
+    int tr = fk_csv_col(&b, "trace"), kd = fk_csv_col(&b, "kind"),
+        re = fk_csv_col(&b, "rel_err_mean");
+    int found = 0;
+    for (int i = 0; i < b.n_rows; i++)
+        if (!strcmp(b.rows[i][0], "lexico") && !strcmp(b.rows[i][tr], "*") &&
+            !strcmp(b.rows[i][kd], "K")) {
+            double want = (0.1 + 0.101 + 0.11 + 0.111) / 4;
+            ck_assert_msg(fabs(fk_csv_num(&b, i, re) - want) < 1e-12, "aggregate %s",
+                          b.rows[i][re]);
+            found = 1;
+        }
+    ck_assert(found);
     int opt = fk_csv_col(&b, "options");
     int has_default = 0, has_s4 = 0;
     for (int i = 0; i < b.n_rows; i++) {
@@ -244,7 +259,8 @@ START_TEST(check_gate)
     fk_csv_free(&b);
     /* identical: pass */
     ck_assert_int_eq(run_check(0, RTOL, ATOL, &r), 0);
-    ck_assert_int_eq(r.matched, 16);
+    ck_assert_int_eq(r.matched, 20);
+    ck_assert_int_eq(r.matched_agg, 4);
     ck_assert_int_eq(r.n_diffs, 0);
     fk_check_result_free(&r);
     /* within rtol: pass; beyond: fail, naming the metric and the row */
@@ -253,8 +269,9 @@ START_TEST(check_gate)
     fk_check_result_free(&r);
     summary(0.1 * (1 + 5e-3), "aaaaaaaaaaaaaaa1", 0, 0);
     ck_assert_int_eq(run_check(0, RTOL, ATOL, &r), 1);
-    ck_assert_int_eq(r.drift, 1);
+    ck_assert_int_eq(r.drift, 2); /* the row and its cell's K aggregate */
     ck_assert(has_diff(&r, FK_CHECK_DRIFT, "lexico,ds,default,0,t0.h5,0,K", 0));
+    ck_assert(has_diff(&r, FK_CHECK_DRIFT, "lexico,ds,default,0,*,*,K", 0));
     ck_assert_str_eq(fk_check_metrics[0], "rel_err_mean");
     fk_check_result_free(&r);
     ck_assert_int_eq(run_check(0, 1e-2, ATOL, &r), 0);
@@ -274,9 +291,10 @@ START_TEST(check_gate)
     ck_assert_int_eq(run_check(0, RTOL, ATOL, &r), 1);
     ck_assert_int_eq(r.missing, 1);
     ck_assert(has_diff(&r, FK_CHECK_MISSING, "gm,ds,s=4,0,t1.h5,1,V", 0));
+    ck_assert(has_diff(&r, FK_CHECK_DRIFT, "gm,ds,s=4,0,*,*,V", 0)); /* its mean moved */
     fk_check_result_free(&r);
     summary(0.1, "bbbbbbbbbbbbbbb1", 0, 1);
-    ck_assert_int_eq(run_check(0, RTOL, ATOL, &r), 0);
+    ck_assert_int_eq(run_check(0, RTOL, ATOL, &r), 0); /* not in the K mean either */
     ck_assert_int_eq(r.extra, 1);
     ck_assert(has_diff(&r, FK_CHECK_EXTRA, "gm,ds,s=4,0,t2.h5,0,K", 0));
     fk_check_result_free(&r);
@@ -289,6 +307,7 @@ START_TEST(check_gate)
     struct fk_check_opts bad = {.results = "x"};
     ck_assert_int_eq(fk_check_run(&bad, &r), FK_EINVAL);
     bad.baseline = "y";
+    bad.tol = FK_CHECK_CUSTOM;
     bad.rtol = -1;
     ck_assert_int_eq(fk_check_run(&bad, &r), FK_EINVAL);
     rm_dir();
@@ -442,11 +461,12 @@ START_TEST(check_metrics_worse_only)
     snprintf(base, sizeof base, "%s/baseline.csv", g_dir);
     snprintf(res, sizeof res, "%s/res", g_dir);
     const char *pick[] = {"attn_cos", "bytes"};
-    struct fk_check_opts o = {.baseline = base, .results = res, .rtol = RTOL, .atol = ATOL,
-                              .update = 1, .metrics = pick, .n_metrics = 2};
+    struct fk_check_opts o = {.baseline = base, .results = res, .tol = FK_CHECK_CUSTOM,
+                              .rtol = RTOL, .atol = ATOL, .update = 1, .metrics = pick,
+                              .n_metrics = 2};
     struct fk_check_result r;
     ck_assert_int_eq(fk_check_run(&o, &r), FK_OK);
-    ck_assert_int_eq(r.written, 4);
+    ck_assert_int_eq(r.written, 6); /* 4 rows, the K and V aggregates */
     fk_check_result_free(&r);
     struct fk_csv b;
     ck_assert_int_eq(fk_csv_load(base, &b), FK_OK);
@@ -458,23 +478,24 @@ START_TEST(check_metrics_worse_only)
     o.metrics = NULL; /* gate what the baseline holds */
     o.n_metrics = 0;
     ck_assert_int_eq(fk_check_run(&o, &r), FK_OK);
-    ck_assert(!r.fail && r.matched == 4 && r.n_metrics == 2);
+    ck_assert(!r.fail && r.matched == 6 && r.n_metrics == 2);
     fk_check_result_free(&r);
-    /* better on both: a regression two-sided, a pass with --worse-only */
+    /* better on both (row 0 and the K aggregate): a regression two-sided, a pass with
+     * --worse-only */
     summary_cos_bytes(0.95, 90);
     ck_assert_int_eq(fk_check_run(&o, &r), FK_OK);
-    ck_assert(r.fail && r.drift == 2);
+    ck_assert(r.fail && r.drift == 4);
     fk_check_result_free(&r);
     o.worse_only = 1;
     ck_assert_int_eq(fk_check_run(&o, &r), FK_OK);
-    ck_assert(!r.fail && r.drift == 0 && r.improved == 2);
+    ck_assert(!r.fail && r.drift == 0 && r.improved == 4);
     ck_assert(has_diff(&r, FK_CHECK_IMPROVED, "lexico,ds,default,0,t0.h5,0,K", 0));
     ck_assert_str_eq(r.metric[0], "attn_cos");
     fk_check_result_free(&r);
     /* worse cosine, better bytes: fails on the cosine only */
     summary_cos_bytes(0.8, 90);
     ck_assert_int_eq(fk_check_run(&o, &r), FK_OK);
-    ck_assert(r.fail && r.drift == 1 && r.improved == 1);
+    ck_assert(r.fail && r.drift == 2 && r.improved == 2);
     ck_assert(has_diff(&r, FK_CHECK_DRIFT, "lexico,ds,default,0,t0.h5,0,K", 0));
     fk_check_result_free(&r);
     /* asked metric absent from the baseline; not a gateable metric */
@@ -485,7 +506,7 @@ START_TEST(check_metrics_worse_only)
     ck_assert_ptr_nonnull(strstr(fk_errmsg(), "the baseline has no column attn_kl"));
     o.metrics = bogus;
     ck_assert_int_eq(fk_check_run(&o, &r), FK_EINVAL);
-    ck_assert_ptr_nonnull(strstr(fk_errmsg(), "cpu_s is not a gateable metric"));
+    ck_assert_ptr_nonnull(strstr(fk_errmsg(), "'cpu_s' is not a gateable metric"));
     rm_dir();
 }
 END_TEST

@@ -38,6 +38,7 @@ const char *fk_blas_config(void)
 
 const char *fk_blas_kernels(void)
 {
+    bli_init(); /* the query reads BLIS's kernel structure: it must be set up first */
     return bli_arch_string(bli_arch_query_id());
 }
 

@@ -14,20 +14,51 @@
 #include "core/fk_registry.h"
 #include "store/fk_results.h"
 
-const char *const fk_check_metrics[FK_CHECK_N_METRICS] = {"rel_err_mean", "attn_kl"};
+const char *const fk_check_metrics[FK_CHECK_N_METRICS] = {"rel_err_mean", "attn_kl", "bytes"};
 
-/* The numeric per-row columns of summary.csv (store/fk_results.c), cpu_s aside. */
+/* The numeric per-row columns of summary.csv (store/fk_results.c), cpu_s aside, with their
+ * cross-machine bands {rtol, atol} for a cell's mean over its rows of one kind and for one
+ * row: two to three times the largest difference measured across 7 OpenBLAS kernel sets, 4
+ * BLIS kernel sets, a -Dsimd=generic build and a clang build on tests/ci/ci-regression.toml
+ * (tools/measure_spread.sh, 7 December 2026), at least 1e-6 relative where none was seen;
+ * counts (appends, ...) one unit. docs/PORTABILITY.md has the measured table. */
+#define BAND(r, a) {r, a}
 const struct fk_check_metric fk_check_gateable[] = {
-    {"rel_err_mean", -1}, {"rel_err_enc_mean", -1}, {"rel_err_final_mean", -1},
-    {"energy_ratio", -1}, {"nnz_mean", 0}, {"attn_cos", 1}, {"attn_kl", -1},
-    {"top1_overlap", 1}, {"top8_overlap", 1}, {"top32_overlap", 1}, {"attn_relerr", -1},
-    {"attn_mass", 0}, {"dict_size_norm_final", 0}, {"inactive_after_prefill", 0},
-    {"gini", 0}, {"adapted_share", 0}, {"pool_recall_256", 1}, {"support_agree", 1},
-    {"err_ratio", -1}, {"bytes", -1}, {"bytes_full", 0}, {"appends", 0},
-    {"replacements", 0}, {"adapt_failed", -1}, {"macs", -1},
-    {"loop_attn_cos", 1}, {"loop_attn_kl", -1}, {"e2e_kl", -1}, {"e2e_top1", 1},
-    {"e2e_nll_diff", -1}, {NULL, 0},
+    {"rel_err_mean", -1, BAND(5e-3, 1e-7), BAND(1.5e-1, 1e-6)},
+    {"rel_err_enc_mean", -1, BAND(8e-3, 1e-7), BAND(1e-1, 1e-6)},
+    {"rel_err_final_mean", -1, BAND(5e-3, 1e-7), BAND(1.5e-1, 1e-6)},
+    {"energy_ratio", -1, BAND(2e-3, 1e-8), BAND(5e-2, 1e-7)},
+    {"nnz_mean", 0, BAND(2e-3, 1e-6), BAND(1.5e-2, 1e-6)},
+    {"attn_cos", 1, BAND(5e-5, 1e-7), BAND(5e-4, 1e-6)},
+    {"attn_kl", -1, BAND(1e-6, 1e-10), BAND(1e-5, 1e-9)},
+    {"top1_overlap", 1, BAND(1e-6, 1e-9), BAND(1e-6, 1e-9)},
+    {"top8_overlap", 1, BAND(1e-6, 1e-9), BAND(1e-6, 1e-9)},
+    {"top32_overlap", 1, BAND(1e-6, 1e-9), BAND(1e-6, 1e-9)},
+    {"attn_relerr", -1, BAND(5e-4, 1e-8), BAND(1e-2, 1e-7)},
+    {"attn_mass", 0, BAND(1e-6, 1e-9), BAND(1e-6, 1e-9)},
+    {"dict_size_norm_final", 0, BAND(1e-6, 1e-9), BAND(1e-6, 1e-9)},
+    {"inactive_after_prefill", 0, BAND(4e-2, 1e-6), BAND(1.5e-1, 1e-6)},
+    {"gini", 0, BAND(3e-2, 1e-6), BAND(8e-2, 1e-6)},
+    {"adapted_share", 0, BAND(1.5e-1, 1e-4), BAND(5e-1, 1e-3)},
+    {"pool_recall_256", 1, BAND(1e-6, 1e-9), BAND(1e-6, 1e-9)},
+    {"support_agree", 1, BAND(1e-6, 1e-9), BAND(1e-6, 1e-9)},
+    {"err_ratio", -1, BAND(1.0, 1e-6), BAND(1.0, 1e-6)},
+    {"bytes", -1, BAND(1e-3, 1e-6), BAND(6e-3, 1e-6)},
+    {"bytes_full", 0, BAND(1e-9, 0), BAND(1e-9, 0)},
+    {"appends", 0, BAND(1e-6, 1), BAND(1e-6, 1)},
+    {"replacements", 0, BAND(1e-6, 1), BAND(1e-6, 1)},
+    {"adapt_failed", -1, BAND(1e-6, 1), BAND(1e-6, 1)},
+    {"macs", -1, BAND(5e-2, 1), BAND(4e-1, 1)},
+    /* the closed loop's metrics (no model dataset in the measured sweep): the bands of their
+     * open-loop counterparts */
+    {"loop_attn_cos", 1, BAND(5e-5, 1e-7), BAND(5e-4, 1e-6)},
+    {"loop_attn_kl", -1, BAND(1e-6, 1e-10), BAND(1e-5, 1e-9)},
+    {"e2e_kl", -1, BAND(1e-6, 1e-10), BAND(1e-5, 1e-9)},
+    {"e2e_top1", 1, BAND(1e-6, 1e-9), BAND(1e-6, 1e-9)},
+    {"e2e_nll_diff", -1, BAND(1e-4, 1e-9), BAND(1e-3, 1e-8)},
+    {NULL, 0, BAND(0, 0), BAND(0, 0)},
 };
+#undef BAND
 
 static const struct fk_check_metric *gateable(const char *name)
 {
@@ -35,6 +66,12 @@ static const struct fk_check_metric *gateable(const char *name)
         if (!strcmp(fk_check_gateable[i].name, name))
             return &fk_check_gateable[i];
     return NULL;
+}
+
+const struct fk_check_band *fk_check_band_of(const char *metric, int aggregate)
+{
+    const struct fk_check_metric *g = gateable(metric);
+    return g ? (aggregate ? &g->agg : &g->row) : NULL;
 }
 
 /* The metrics of a run (names point into the options, the baseline or the defaults). */
@@ -45,6 +82,9 @@ struct mset {
 
 struct crow {
     char *key;                   /* codec,dataset,options,occurrence,trace,layer,kind (CSV) */
+    int plen;                    /* length of its codec,dataset,options,occurrence part */
+    int agg;                     /* an aggregate row (trace and layer "*") */
+    int alone;                   /* a result row the baseline lacks: in no aggregate */
     double v[FK_CHECK_MAX_METRICS]; /* the mset's metrics, in its order */
 };
 
@@ -67,7 +107,7 @@ static void ctab_free(struct ctab *t)
     memset(t, 0, sizeof *t);
 }
 
-static int ctab_add(struct ctab *t, const char *key, const double *v)
+static int ctab_add(struct ctab *t, const char *key, int plen, int agg, const double *v)
 {
     if (t->n == t->cap) {
         int nc = t->cap ? t->cap * 2 : 256;
@@ -80,6 +120,9 @@ static int ctab_add(struct ctab *t, const char *key, const double *v)
     t->r[t->n].key = strdup(key);
     if (!t->r[t->n].key)
         return fk_err(FK_ENOMEM, "out of memory");
+    t->r[t->n].plen = plen;
+    t->r[t->n].agg = agg;
+    t->r[t->n].alone = 0;
     memcpy(t->r[t->n].v, v, sizeof t->r[t->n].v);
     t->n++;
     return FK_OK;
@@ -88,6 +131,15 @@ static int ctab_add(struct ctab *t, const char *key, const double *v)
 static int cmp_row(const void *a, const void *b)
 {
     return strcmp(((const struct crow *)a)->key, ((const struct crow *)b)->key);
+}
+
+static int sort_unique(struct ctab *t, const char *path)
+{
+    qsort(t->r, (size_t)t->n, sizeof *t->r, cmp_row);
+    for (int i = 1; i < t->n; i++)
+        if (!strcmp(t->r[i].key, t->r[i - 1].key))
+            return fk_err(FK_ECORRUPT, "%s: two rows with key %s", path, t->r[i].key);
+    return FK_OK;
 }
 
 /* Appends a CSV field (quoted when needed) to b, after a comma unless first. */
@@ -171,8 +223,77 @@ static int cell_prefixes(const struct fk_store *st, char **prefix)
     return FK_OK;
 }
 
-/* Rows of a results directory, keyed (see fk_check.h), sorted. */
-static int load_results(const char *dir, const struct mset *ms, struct ctab *t)
+struct idpos {
+    const char *id;
+    int row;
+};
+
+static int cmp_idpos(const void *a, const void *b)
+{
+    return strcmp(((const struct idpos *)a)->id, ((const struct idpos *)b)->id);
+}
+
+/* The cells.csv row of a cell id, or -1 (ids sorted with their rows). */
+static int cell_row(const struct idpos *ids, int n, const char *id)
+{
+    struct idpos k = {id, 0};
+    const struct idpos *f = bsearch(&k, ids, (size_t)n, sizeof *ids, cmp_idpos);
+    return f ? f->row : -1;
+}
+
+/* The aggregate rows of the sorted per-row table t: per cell and kind, the mean of each
+ * metric over its rows (NaN left out; NaN when every row is NaN). */
+static int add_aggregates(struct ctab *t, int n_metrics)
+{
+    int n = t->n;
+    for (int i0 = 0; i0 < n;) {
+        int i1 = i0 + 1;
+        while (i1 < n && t->r[i1].plen == t->r[i0].plen &&
+               !strncmp(t->r[i1].key, t->r[i0].key, (size_t)t->r[i0].plen))
+            i1++;
+        for (int k = 0; k < 2; k++) {
+            double sum[FK_CHECK_MAX_METRICS] = {0}, v[FK_CHECK_MAX_METRICS];
+            long cnt[FK_CHECK_MAX_METRICS] = {0}, rows = 0;
+            for (int i = i0; i < i1; i++) {
+                const char *key = t->r[i].key;
+                size_t len = strlen(key);
+                if (key[len - 1] != "KV"[k] || t->r[i].alone)
+                    continue;
+                rows++;
+                for (int m = 0; m < n_metrics; m++)
+                    if (!isnan(t->r[i].v[m])) {
+                        sum[m] += t->r[i].v[m];
+                        cnt[m]++;
+                    }
+            }
+            if (!rows)
+                continue;
+            for (int m = 0; m < n_metrics; m++)
+                v[m] = cnt[m] ? sum[m] / cnt[m] : NAN;
+            struct fk_sb key = {0};
+            fk_sb_printf(&key, "%.*s,*,*,%c", t->r[i0].plen, t->r[i0].key, "KV"[k]);
+            int rc = key.oom ? fk_err(FK_ENOMEM, "out of memory")
+                             : ctab_add(t, key.s, t->r[i0].plen, 1, v);
+            fk_sb_free(&key);
+            FK_TRY(rc);
+        }
+        i0 = i1;
+    }
+    return FK_OK;
+}
+
+/* 1 when the sorted table t holds key. */
+static int has_key(const struct ctab *t, const char *key)
+{
+    struct crow k = {.key = (char *)key};
+    return bsearch(&k, t->r, (size_t)t->n, sizeof *t->r, cmp_row) != NULL;
+}
+
+/* Rows of a results directory, keyed (see fk_check.h), with their aggregates, sorted. Rows
+ * the baseline `base` (NULL: none) lacks stay out of the aggregates: a results directory
+ * with more cells, traces or layers than the baseline compares on the rows they share. */
+static int load_results(const char *dir, const struct mset *ms, const struct ctab *base,
+                        struct ctab *t)
 {
     struct fk_store *st;
     FK_TRY(fk_store_open(dir, &st));
@@ -184,16 +305,20 @@ static int load_results(const char *dir, const struct mset *ms, struct ctab *t)
         if ((sm[m] = fk_csv_col(sum, ms->name[m])) < 0)
             rc = fk_err(FK_ECORRUPT, "%s: summary.csv has no column %s (written by an older "
                         "fadkv-bench?)", dir, ms->name[m]);
-    char **prefix = rc == FK_OK ? calloc((size_t)st->cells.n_rows + 1, sizeof(char *)) : NULL;
-    if (rc == FK_OK && !prefix)
+    int nc = st->cells.n_rows;
+    char **prefix = rc == FK_OK ? calloc((size_t)nc + 1, sizeof(char *)) : NULL;
+    struct idpos *ids = rc == FK_OK ? malloc(sizeof *ids * ((size_t)nc + 1)) : NULL;
+    if (rc == FK_OK && (!prefix || !ids))
         rc = fk_err(FK_ENOMEM, "out of memory");
     if (rc == FK_OK)
         rc = cell_prefixes(st, prefix);
+    for (int i = 0; rc == FK_OK && i < nc; i++)
+        ids[i] = (struct idpos){st->cells.rows[i][st->c_id], i};
+    if (rc == FK_OK)
+        qsort(ids, (size_t)nc, sizeof *ids, cmp_idpos);
     for (int r = 0; rc == FK_OK && r < sum->n_rows; r++) {
-        int i = 0;
-        while (i < st->cells.n_rows && strcmp(st->cells.rows[i][st->c_id], sum->rows[r][st->s_id]))
-            i++;
-        if (i == st->cells.n_rows || !prefix[i])
+        int i = cell_row(ids, nc, sum->rows[r][st->s_id]);
+        if (i < 0 || !prefix[i])
             continue;
         struct fk_sb key = {0};
         fk_sb_printf(&key, "%s", prefix[i]);
@@ -203,18 +328,23 @@ static int load_results(const char *dir, const struct mset *ms, struct ctab *t)
         double v[FK_CHECK_MAX_METRICS] = {0};
         for (int m = 0; m < ms->n; m++)
             v[m] = fk_csv_num(sum, r, sm[m]);
-        rc = key.oom ? fk_err(FK_ENOMEM, "out of memory") : ctab_add(t, key.s, v);
+        rc = key.oom ? fk_err(FK_ENOMEM, "out of memory")
+                     : ctab_add(t, key.s, (int)strlen(prefix[i]), 0, v);
         fk_sb_free(&key);
     }
-    for (int i = 0; prefix && i < st->cells.n_rows; i++)
+    for (int i = 0; prefix && i < nc; i++)
         free(prefix[i]);
     free(prefix);
+    free(ids);
     fk_store_close(&st);
     if (rc == FK_OK)
-        qsort(t->r, (size_t)t->n, sizeof *t->r, cmp_row);
-    for (int i = 1; rc == FK_OK && i < t->n; i++)
-        if (!strcmp(t->r[i].key, t->r[i - 1].key))
-            rc = fk_err(FK_ECORRUPT, "%s: two rows with key %s", dir, t->r[i].key);
+        rc = sort_unique(t, dir);
+    for (int i = 0; rc == FK_OK && base && i < t->n; i++)
+        t->r[i].alone = !has_key(base, t->r[i].key);
+    if (rc == FK_OK)
+        rc = add_aggregates(t, ms->n);
+    if (rc == FK_OK)
+        rc = sort_unique(t, dir);
     return rc;
 }
 
@@ -258,7 +388,26 @@ static int baseline_metrics(const char *path, const struct fk_csv *b,
         ms->name[ms->n++] = h;
     }
     if (!ms->n)
-        return fk_err(FK_ECORRUPT, "%s:1: no metric column after %s", path, baseline_keys);
+        return fk_err(FK_CHECK_UNJUDGED, "%s:1: no metric column after %s: nothing to gate",
+                      path, baseline_keys);
+    return FK_OK;
+}
+
+/* A baseline value: a finite number, or "nan" (no value); else FK_CHECK_UNJUDGED naming the
+ * file, line and column. */
+static int baseline_value(const char *path, int line, const char *col, const char *text,
+                          double *v)
+{
+    char *end = NULL;
+    if (!strcmp(text, "nan")) {
+        *v = NAN;
+        return FK_OK;
+    }
+    *v = strtod(text, &end);
+    if (!*text || *end || !isfinite(*v))
+        return fk_err(FK_CHECK_UNJUDGED, "%s:%d: column %s: '%s' is not a finite number (a "
+                      "baseline value is a finite number, or nan where the metric has no "
+                      "value)", path, line, col, text);
     return FK_OK;
 }
 
@@ -281,19 +430,21 @@ static int load_baseline(const char *path, const struct fk_check_opts *o, struct
         im[m] = fk_csv_col(b, ms->name[m]);
     for (int r = 0; rc == FK_OK && r < b->n_rows; r++) {
         struct fk_sb key = {0};
-        for (int k = 0; cols[k]; k++)
+        for (int k = 0; k < 4; k++)
             csv_field(&key, b->rows[r][idx[k]], k == 0);
+        int plen = (int)key.n;
+        for (int k = 4; cols[k]; k++)
+            csv_field(&key, b->rows[r][idx[k]], 0);
+        int agg = !strcmp(b->rows[r][idx[4]], "*");
         double v[FK_CHECK_MAX_METRICS] = {0};
-        for (int m = 0; m < ms->n; m++)
-            v[m] = fk_csv_num(b, r, im[m]);
-        rc = key.oom ? fk_err(FK_ENOMEM, "out of memory") : ctab_add(t, key.s, v);
+        for (int m = 0; m < ms->n && rc == FK_OK; m++)
+            rc = baseline_value(path, r + 2, ms->name[m], b->rows[r][im[m]], &v[m]);
+        if (rc == FK_OK)
+            rc = key.oom ? fk_err(FK_ENOMEM, "out of memory") : ctab_add(t, key.s, plen, agg, v);
         fk_sb_free(&key);
     }
     if (rc == FK_OK)
-        qsort(t->r, (size_t)t->n, sizeof *t->r, cmp_row);
-    for (int i = 1; rc == FK_OK && i < t->n; i++)
-        if (!strcmp(t->r[i].key, t->r[i - 1].key))
-            rc = fk_err(FK_ECORRUPT, "%s: row key %s appears twice", path, t->r[i].key);
+        rc = sort_unique(t, path);
     return rc;
 }
 
@@ -309,8 +460,8 @@ static int write_baseline(const char *path, const struct mset *ms, const struct 
         for (int m = 0; m < ms->n; m++) {
             if (isnan(t->r[i].v[m]))
                 fk_sb_printf(&s, ",nan");
-            else
-                fk_sb_printf(&s, ",%.9g", t->r[i].v[m]);
+            else /* every digit: --tolerance exact compares bit for bit */
+                fk_sb_printf(&s, ",%.17g", t->r[i].v[m]);
         }
         fk_sb_printf(&s, "\n");
     }
@@ -333,44 +484,79 @@ static int add_diff(struct fk_check_result *r, int *cap, struct fk_check_diff d)
     return FK_OK;
 }
 
+/* 1 when x and y differ beyond band b (or exactly one is NaN). */
+static int beyond(const struct fk_check_band *b, double x, double y)
+{
+    return isnan(x) != isnan(y) || (!isnan(x) && fabs(y - x) > b->atol + b->rtol * fabs(x));
+}
+
+/* Records the largest drifts of metric m at a level. */
+static void note_extreme(struct fk_check_extreme *e, const struct fk_check_band *band, double x,
+                         double y)
+{
+    if (isnan(x) || isnan(y))
+        return;
+    double d = fabs(y - x), rel = d / (fabs(x) > 1e-300 ? fabs(x) : 1e-300);
+    double lim = band->atol + band->rtol * fabs(x);
+    double use = lim > 0 ? d / lim : (d > 0 ? INFINITY : 0);
+    if (rel > e->rel)
+        e->rel = rel;
+    if (use > e->band_use)
+        e->band_use = use;
+}
+
 /* Walks both sorted tables in key order, recording every finding. */
 static int compare(const struct ctab *b, const struct ctab *res, const struct mset *ms,
                    const struct fk_check_opts *o, struct fk_check_result *r)
 {
-    double rtol = o->rtol, atol = o->atol;
     int i = 0, j = 0, cap = 0, rc = FK_OK;
     while ((i < b->n || j < res->n) && rc == FK_OK) {
         int c = i >= b->n ? 1 : j >= res->n ? -1 : strcmp(b->r[i].key, res->r[j].key);
         if (c < 0) {
             r->missing++;
-            rc = add_diff(r, &cap, (struct fk_check_diff){FK_CHECK_MISSING, b->r[i++].key, 0,
-                                                          NAN, NAN});
+            rc = add_diff(r, &cap, (struct fk_check_diff){FK_CHECK_MISSING, b->r[i].key, 0,
+                                                          NAN, NAN, b->r[i].agg, 0});
+            i++;
             continue;
         }
         if (c > 0) {
             r->extra++;
-            rc = add_diff(r, &cap, (struct fk_check_diff){FK_CHECK_EXTRA, res->r[j++].key, 0,
-                                                          NAN, NAN});
+            rc = add_diff(r, &cap, (struct fk_check_diff){FK_CHECK_EXTRA, res->r[j].key, 0,
+                                                          NAN, NAN, res->r[j].agg, 0});
+            j++;
             continue;
         }
+        int agg = b->r[i].agg;
         r->matched++;
+        r->matched_agg += agg;
         for (int m = 0; m < ms->n && rc == FK_OK; m++) {
             double x = b->r[i].v[m], y = res->r[j].v[m];
-            int bad = isnan(x) != isnan(y) ||
-                      (!isnan(x) && fabs(y - x) > atol + rtol * fabs(x));
-            if (!bad)
+            const struct fk_check_band *band = fk_check_band_of(ms->name[m], agg);
+            struct fk_check_band tol = {0, 0};
+            if (o->tol == FK_CHECK_PORTABLE)
+                tol = *band;
+            else if (o->tol == FK_CHECK_CUSTOM)
+                tol = (struct fk_check_band){o->rtol, o->atol};
+            note_extreme(&r->extreme[m][agg ? 0 : 1], band, x, y);
+            if (!beyond(&tol, x, y))
                 continue;
             /* worse_only: a finite change in the metric's better direction passes */
             int better = gateable(ms->name[m])->better;
             int up = !isnan(x) && !isnan(y) && better && (y - x) * better > 0;
             enum fk_check_kind k = o->worse_only && up ? FK_CHECK_IMPROVED : FK_CHECK_DRIFT;
-            *(k == FK_CHECK_DRIFT ? &r->drift : &r->improved) += 1;
-            rc = add_diff(r, &cap, (struct fk_check_diff){k, b->r[i].key, m, x, y});
+            int out = beyond(band, x, y);
+            if (k == FK_CHECK_DRIFT) {
+                r->drift++;
+                r->beyond_band += out;
+            } else {
+                r->improved++;
+            }
+            rc = add_diff(r, &cap, (struct fk_check_diff){k, b->r[i].key, m, x, y, agg, out});
         }
         i++;
         j++;
     }
-    r->fail = r->drift > 0 || r->missing > 0;
+    r->fail = r->drift > 0 || r->missing > 0 || (o->strict && r->extra > 0);
     return rc;
 }
 
@@ -381,19 +567,29 @@ struct owned {
     struct fk_csv base_csv;
 };
 
+static int check_opts(const struct fk_check_opts *o)
+{
+    if (!o->baseline || !o->results)
+        return fk_err(FK_EINVAL, "check: a baseline and a results directory needed");
+    if (o->tol == FK_CHECK_CUSTOM && !(o->rtol >= 0 && o->atol >= 0 && isfinite(o->rtol) &&
+                                       isfinite(o->atol)))
+        return fk_err(FK_EINVAL, "check: tolerances must be finite numbers >= 0");
+    if (o->n_metrics > FK_CHECK_MAX_METRICS)
+        return fk_err(FK_EINVAL, "check: at most %d metrics", FK_CHECK_MAX_METRICS);
+    if (o->metrics && o->n_metrics == 0)
+        return fk_err(FK_CHECK_UNJUDGED, "check: the metric list is empty: nothing to gate");
+    for (int m = 0; o->metrics && m < o->n_metrics; m++)
+        if (!gateable(o->metrics[m]))
+            return fk_err(FK_EINVAL, "check: '%s' is not a gateable metric (the per-row "
+                          "columns of summary.csv but cpu_s: see fadkv-bench check --help)",
+                          o->metrics[m]);
+    return FK_OK;
+}
+
 int fk_check_run(const struct fk_check_opts *o, struct fk_check_result *r)
 {
     memset(r, 0, sizeof *r);
-    if (!o->baseline || !o->results || !(o->rtol >= 0) || !(o->atol >= 0))
-        return fk_err(FK_EINVAL, "check: a baseline, a results directory and tolerances >= 0 "
-                      "needed");
-    if (o->n_metrics > FK_CHECK_MAX_METRICS)
-        return fk_err(FK_EINVAL, "check: at most %d metrics", FK_CHECK_MAX_METRICS);
-    for (int m = 0; o->metrics && m < o->n_metrics; m++)
-        if (!gateable(o->metrics[m]))
-            return fk_err(FK_EINVAL, "check: %s is not a gateable metric (the per-row columns "
-                          "of summary.csv but cpu_s: see fadkv-bench check --help)",
-                          o->metrics[m]);
+    FK_TRY(check_opts(o));
     struct owned *w = calloc(1, sizeof *w);
     if (!w)
         return fk_err(FK_ENOMEM, "out of memory");
@@ -403,16 +599,23 @@ int fk_check_run(const struct fk_check_opts *o, struct fk_check_result *r)
     if (o->update) {
         for (int m = 0; m < (o->metrics ? o->n_metrics : FK_CHECK_N_METRICS); m++)
             ms.name[ms.n++] = o->metrics ? o->metrics[m] : fk_check_metrics[m];
-        rc = load_results(o->results, &ms, &w->t.res);
+        rc = load_results(o->results, &ms, NULL, &w->t.res);
+        if (rc == FK_OK && w->t.res.n == 0)
+            rc = fk_err(FK_CHECK_UNJUDGED, "check: %s has no finished cell: refusing to "
+                        "record an empty baseline", o->results);
         if (rc == FK_OK)
             rc = write_baseline(o->baseline, &ms, &w->t.res);
         r->written = rc == FK_OK ? w->t.res.n : 0;
     } else {
         rc = load_baseline(o->baseline, o, &w->base_csv, &ms, &w->t.base);
         if (rc == FK_OK)
-            rc = load_results(o->results, &ms, &w->t.res);
+            rc = load_results(o->results, &ms, &w->t.base, &w->t.res);
         if (rc == FK_OK)
             rc = compare(&w->t.base, &w->t.res, &ms, o, r);
+        if (rc == FK_OK && r->matched == 0)
+            rc = fk_err(FK_CHECK_UNJUDGED, "check: no row of %s matches a row of %s (%d "
+                        "baseline rows, %d result rows): nothing was compared", o->baseline,
+                        o->results, w->t.base.n, w->t.res.n);
     }
     for (int m = 0; m < ms.n; m++)
         r->metric[m] = ms.name[m];
