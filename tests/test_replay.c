@@ -1145,7 +1145,9 @@ START_TEST(test_codec_failures)
         }
         for (int n = 1; n <= 7; n += 3) {
             ck_assert_int_eq(run_flaky(tr, jobs, 0, n, 0), FK_EINVAL);
-            ck_assert_ptr_nonnull(strstr(fk_errmsg(), "flaky encode"));
+            /* the message names the trace, the layer, the kind and the codec */
+            ck_assert_msg(strstr(fk_errmsg(), "flaky.h5: layer ") &&
+                              strstr(fk_errmsg(), ": codec flaky, "), "%s", fk_errmsg());
         }
         for (int n = 1; n <= 200; n += 99) /* attention, then the final error */
             ck_assert_int_eq(run_flaky(tr, jobs, 0, 0, n), FK_ECORRUPT);

@@ -6,20 +6,28 @@
 # binary given (a BLIS build, a -Dsimd=generic build, a clang build, ...), each compared with
 # the reference by `fadkv-bench check --tolerance exact` on every gateable metric. Prints, per
 # metric, the largest relative difference of a cell's aggregate (mean over its rows of one
-# kind) and of a single (trace, layer, kind) row in each run, and their maximum: the table
-# the cross-machine bands of report/fk_check.c come from (docs/PORTABILITY.md).
+# kind) and of a single (trace, layer, kind) row in each run, their maximum, and the largest
+# difference as a multiple of the metric's cross-machine band (x band: below 1 everywhere,
+# or a band is too tight): the table the bands of report/fk_check.c come from
+# (docs/PORTABILITY.md).
 #
-# usage: tools/measure_spread.sh [--config SWEEP.toml] BIN [OTHER_BIN...]
+# usage: tools/measure_spread.sh [--config SWEEP.toml] [--cores "NAME..."] BIN [OTHER_BIN...]
+#   --cores: the OpenBLAS kernel sets to run (default: all that this CPU runs, listed below)
 #   OTHER_BIN may be NAME=VALUE,...:BIN to run it in an environment (e.g.
 #   BLIS_ARCH_TYPE=3:build-blis/fadkv-bench).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 config=tests/ci/ci-regression.toml
-if [ "${1:-}" = --config ]; then
-    config=$2
-    shift 2
-fi
-[ $# -ge 1 ] || { sed -n '2,16p' "$0" >&2; exit 2; }
+cores=(Haswell Zen Sandybridge Nehalem Prescott)
+grep -qw avx512f /proc/cpuinfo && cores+=(SkylakeX Cooperlake)
+while [ $# -gt 1 ]; do
+    case "$1" in
+        --config) config=$2; shift 2 ;;
+        --cores) read -r -a cores <<<"$2"; shift 2 ;;
+        *) break ;;
+    esac
+done
+[ $# -ge 1 ] || { sed -n '2,17p' "$0" >&2; exit 2; }
 abs() { case "$1" in /*) echo "$1" ;; *) echo "$PWD/$1" ;; esac; }
 bin=$(abs "$1")
 shift
@@ -44,8 +52,6 @@ ref_kernels=$(sed -n 's/^ *"blas_kernels": *"\([^"]*\)".*/\1/p' "$tmp/reference/
 labels=()
 envs=()
 bins=()
-cores=(Haswell Zen Sandybridge Nehalem Prescott)
-grep -qw avx512f /proc/cpuinfo && cores+=(SkylakeX Cooperlake)
 for c in "${cores[@]}"; do
     labels+=("")
     envs+=("OPENBLAS_CORETYPE=$c")
@@ -64,7 +70,7 @@ for spec in "$@"; do
     bins+=("$b")
 done
 
-declare -A agg row
+declare -A agg row use
 for i in "${!labels[@]}"; do
     dir="$tmp/run$i"
     run "run$i" "${envs[$i]}" "${bins[$i]}"
@@ -77,9 +83,10 @@ for i in "${!labels[@]}"; do
     line=$(printf '%s\n' "$out" | sed -n 's/^largest drift per metric[^:]*: //p')
     IFS=';' read -r -a parts <<<"$line"
     for part in "${parts[@]}"; do
-        read -r m _ a _ _ r _ <<<"$part"
+        read -r m _ a ua _ r ur <<<"$part"
         agg[$i,$m]=${a%,}
         row[$i,$m]=$r
+        use[$i,$m]=$(awk -v x="${ua//[(x),]/}" -v y="${ur//[(x),]/}" 'BEGIN { print (y + 0 > x + 0) ? y : x }')
     done
 done
 
@@ -90,18 +97,20 @@ for i in "${!labels[@]}"; do
 done
 printf '%-24s' "metric (aggregate / row)"
 for i in "${!labels[@]}"; do printf ' %17s' "[$i]"; done
-printf ' %17s\n' "max"
+printf ' %17s %8s\n' "max" "x band"
 IFS=, read -r -a ms <<<"$metrics"
 for m in "${ms[@]}"; do
     printf '%-24s' "$m"
     ma=0
     mr=0
+    mu=0
     for i in "${!labels[@]}"; do
         a=${agg[$i,$m]:-?}
         r=${row[$i,$m]:-?}
         printf ' %8s/%-8s' "$a" "$r"
         ma=$(awk -v x="$ma" -v y="$a" 'BEGIN { print (y + 0 > x + 0) ? y : x }')
         mr=$(awk -v x="$mr" -v y="$r" 'BEGIN { print (y + 0 > x + 0) ? y : x }')
+        mu=$(awk -v x="$mu" -v y="${use[$i,$m]:-0}" 'BEGIN { print (y + 0 > x + 0) ? y : x }')
     done
-    printf ' %8s/%-8s\n' "$ma" "$mr"
+    printf ' %8s/%-8s %8s\n' "$ma" "$mr" "$mu"
 done

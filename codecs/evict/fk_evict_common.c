@@ -12,7 +12,7 @@ int fk_evict_base_open(const struct fk_evict_env *env, size_t size, int acc, voi
 {
     *state = NULL;
     if (env->n_kv_heads < 1 || env->n_q_heads < env->n_kv_heads ||
-        env->n_q_heads % env->n_kv_heads || env->head_dim < 1 || env->prompt_len < 1 ||
+        env->n_q_heads % env->n_kv_heads || env->head_dim < 1 || env->prompt_len < 0 ||
         env->prompt_len > env->n_tokens || !env->keep)
         return fk_err(FK_EINVAL, "eviction policy: bad shapes (KV heads %d, query heads %d, "
                       "head_dim %d, prompt %d of %d tokens)", env->n_kv_heads, env->n_q_heads,

@@ -611,6 +611,12 @@ static void show_claimed(void *ctx, const struct fk_sweep_cell *c, const char *h
                         "to it\n", c->id, holder);
 }
 
+static void show_warning(void *ctx, const char *msg)
+{
+    (void)ctx; /* printed even with --quiet, like the sweep's own warnings */
+    fprintf(stderr, "fadkv-bench: warning: %s\n", msg);
+}
+
 static void show_cell_start(void *ctx, const struct fk_sweep *s, const struct fk_sweep_cell *c,
                             int index, int todo)
 {
@@ -718,7 +724,7 @@ static int run_sweep(const struct fk_sweep *s, const struct sweep_args *a)
         .force = a->force, .shard_i = a->shard_i, .shard_n = a->shard_n, .stop = &g_stop,
         .hooks = {.ctx = &d, .start = show_start, .cell_start = show_cell_start,
                   .progress = show_progress, .cell_end = show_cell_end,
-                  .damaged = show_damaged, .claimed = show_claimed}};
+                  .damaged = show_damaged, .claimed = show_claimed, .warn = show_warning}};
     struct fk_runner_summary sum;
     if (fk_runner_run(s, &ro, &sum) < 0) {
         fprintf(stderr, "fadkv-bench: %s\n", fk_errmsg());

@@ -3,6 +3,7 @@
  */
 #include "engine/fk_drive.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -25,6 +26,7 @@ void fk_drive_free(struct fk_drive *d)
     free(d->tok);
     free(d->head);
     free(d->out);
+    free(d->xr);
     free(d->evict_step);
     free(d->prev);
     free(d->dropped);
@@ -64,6 +66,33 @@ static struct fk_sched unit_sched(const struct fk_unit *u, int kind)
                              .n_b = b->n_b, .a_len = b->a_len, .mode = b->mode};
 }
 
+/* Nothing non-finite is recorded: every error a codec reported for the event's rows, and
+ * every coordinate of the rows as they reconstruct right after it, is a finite number; else
+ * FK_EINVAL naming the first offending row. */
+static int check_finite(struct fk_drive *d, const struct fk_unit *u, int kind,
+                        const struct fk_event *ev)
+{
+    int m = u->head_dim;
+    if ((size_t)m > d->cap_xr) {
+        FK_TRY(grow((void **)&d->xr, (size_t)m, sizeof(float)));
+        d->cap_xr = (size_t)m;
+    }
+    for (int i = 0; i < ev->n; i++) {
+        const struct fk_vec_out *o = &d->out[i];
+        if (!isfinite(o->err) || !isfinite(o->err_enc))
+            return fk_err(FK_EINVAL, "codec %s reported a non-finite error (err %g, err_enc %g) "
+                          "for the row of head %d, token %d", u->ops->name, o->err, o->err_enc,
+                          ev->head[i], ev->token[i]);
+        FK_TRY(u->ops->reconstruct(u->st[kind], ev->head[i], ev->token[i], d->xr));
+        for (int c = 0; c < m; c++)
+            if (!isfinite(d->xr[c]))
+                return fk_err(FK_EINVAL, "codec %s reconstructs the row of head %d, token %d "
+                              "with a non-finite value (%g at coordinate %d)", u->ops->name,
+                              ev->head[i], ev->token[i], d->xr[c], c);
+    }
+    return FK_OK;
+}
+
 /* Encodes tokens e->first .. e->end-1 of every head of stream `kind` as one event and
  * reports it to the observers; for a codec that accepts skipped tokens (FK_CAP_SKIPS), the
  * rows the policy has dropped already are left out. tok_step: see struct fk_commit. */
@@ -97,9 +126,12 @@ static int encode_event(struct fk_drive *d, struct fk_unit *u, int kind,
     int rc = u->ops->encode(u->st[kind], &ev, d->out);
     double c1 = fk_clock_s(CLOCK_THREAD_CPUTIME_ID);
     u->times->t_encode += c1 - c0;
+    if (rc == FK_OK)
+        rc = check_finite(d, u, kind, &ev);
     if (rc < 0)
-        return fk_err_context(rc, "%s encode (layer, kind %s, tokens %d..%d)", u->ops->name,
-                              kind ? "V" : "K", e->first, e->end - 1);
+        return fk_err_context(rc, "%s: layer %d %s: codec %s, %s event of tokens %d..%d",
+                              u->path, u->layer, kind ? "V" : "K", u->ops->name,
+                              e->phase ? "decode" : "prefill", e->first, e->end - 1);
     struct fk_commit c = {.kind = kind, .ev = &ev, .out = d->out, .tok_step = tok_step,
                           .cpu_s = c1 - c0};
     for (int j = 0; j < d->obs.n && rc == FK_OK; j++)

@@ -31,6 +31,8 @@ struct fk_drive {
     float *x;                    /* [cap_x] the vectors of one event, [n][m] */
     int32_t *tok, *head;         /* [cap_n] their tokens and heads */
     struct fk_vec_out *out;      /* [cap_n] what encode() reported */
+    float *xr;                   /* [cap_xr] one reconstructed row */
+    size_t cap_xr;
     int32_t *evict_step;         /* [cap_es] decode step evicting each token (static codecs) */
     size_t cap_x, cap_n, cap_es;
     /* a token-eviction policy (fk_unit.evict): its state, the mask as last notified and

@@ -1,14 +1,17 @@
 /* SPDX-License-Identifier: MIT
  * Sweep resolution (see fk_sweep.h).
  */
+#define _XOPEN_SOURCE 700 /* realpath */
 #include "engine/fk_sweep.h"
 
+#include <dirent.h>
 #include <glob.h>
 #include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "common/fk_err.h"
@@ -827,6 +830,49 @@ static int resolve_block(struct fk_sweep *s, struct cellvec *cv, const struct fk
 
 /* ---- the [sweep] table ------------------------------------------------------------------ */
 
+/* The results directory `path` that `output` (value v, text str) names must be safe to
+ * write into before anything is written: not empty, not the root of the file system, and
+ * when it exists, a directory that is empty or already a results directory (provenance.json
+ * or cells/): the store writes cells/, cells.csv, summary.csv, ... into it. */
+static int check_output(const struct fk_toml_value *v, const char *str, const char *path)
+{
+    if (!str[0])
+        return cfg_err(v, "[sweep] output is empty: expected the results directory to write, "
+                       "e.g. \"results/NAME\"%s%s", "", "");
+    char real[PATH_MAX];
+    const char *p = path;
+    if (realpath(path, real))
+        p = real;
+    size_t n = strlen(p);
+    while (n > 1 && p[n - 1] == '/')
+        n--;
+    if (n == 1 && p[0] == '/')
+        return cfg_err(v, "[sweep] output = \"%s\" is the root of the file system: expected "
+                       "a results directory of its own, e.g. \"results/NAME\"%s", str, "");
+    struct stat stt;
+    if (stat(path, &stt) != 0)
+        return FK_OK; /* made when the run starts */
+    if (!S_ISDIR(stt.st_mode))
+        return cfg_err(v, "[sweep] output = \"%s\" exists and is not a directory%s", str, "");
+    DIR *dir = opendir(path);
+    if (!dir)
+        return FK_OK; /* unreadable: the store reports what it cannot write */
+    int empty = 1, results = 0;
+    for (struct dirent *e; (e = readdir(dir));) {
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, ".."))
+            continue;
+        empty = 0;
+        results |= !strcmp(e->d_name, "provenance.json") || !strcmp(e->d_name, "cells");
+    }
+    closedir(dir);
+    if (!empty && !results)
+        return cfg_err(v, "[sweep] output = \"%s\" names a directory that holds other files "
+                       "and is no results directory (no provenance.json, no cells/): refusing "
+                       "to write cells.csv, summary.csv and cells/ into it; name a new or empty "
+                       "directory, e.g. \"%s/results\"", str, str);
+    return FK_OK;
+}
+
 static int load_sweep_table(struct fk_sweep *s, const struct fk_toml_value *tab)
 {
     for (size_t i = 0; i < fk_toml_table_len(tab); i++) {
@@ -844,6 +890,7 @@ static int load_sweep_table(struct fk_sweep *s, const struct fk_toml_value *tab)
             free(s->output);
             if (!(s->output = fk_sweep_path(e->value, str)))
                 return fk_err(FK_ENOMEM, "out of memory");
+            FK_TRY(check_output(e->value, str, s->output));
         } else if (!strcmp(k, "jobs")) {
             FK_TRY(get_int_range(e, 1, 256, &v));
             s->jobs = (int)v;

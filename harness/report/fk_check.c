@@ -18,27 +18,29 @@ const char *const fk_check_metrics[FK_CHECK_N_METRICS] = {"rel_err_mean", "attn_
 
 /* The numeric per-row columns of summary.csv (store/fk_results.c), cpu_s aside, with their
  * cross-machine bands {rtol, atol} for a cell's mean over its rows of one kind and for one
- * row: two to three times the largest difference measured across 7 OpenBLAS kernel sets, 4
- * BLIS kernel sets, a -Dsimd=generic build and a clang build on tests/ci/ci-regression.toml
- * (tools/measure_spread.sh, 7 December 2026), at least 1e-6 relative where none was seen;
- * counts (appends, ...) one unit. docs/PORTABILITY.md has the measured table. */
+ * row: about two to three times the largest difference measured across OpenBLAS kernel
+ * sets, BLIS kernel sets, a -Dsimd=generic build and a clang build on the gate's sweep,
+ * configs/default.toml and configs/families.toml (tools/measure_spread.sh, 7 December 2026),
+ * an absolute part where small values move by whole rounding steps (FP8 coefficients of
+ * near-exact codes, one atom of 128); counts (appends, ...) one unit. docs/PORTABILITY.md
+ * has the measured table. */
 #define BAND(r, a) {r, a}
 const struct fk_check_metric fk_check_gateable[] = {
-    {"rel_err_mean", -1, BAND(5e-3, 1e-7), BAND(1.5e-1, 1e-6)},
-    {"rel_err_enc_mean", -1, BAND(8e-3, 1e-7), BAND(1e-1, 1e-6)},
-    {"rel_err_final_mean", -1, BAND(5e-3, 1e-7), BAND(1.5e-1, 1e-6)},
-    {"energy_ratio", -1, BAND(2e-3, 1e-8), BAND(5e-2, 1e-7)},
+    {"rel_err_mean", -1, BAND(6e-3, 5e-4), BAND(1.5e-1, 5e-3)},
+    {"rel_err_enc_mean", -1, BAND(8e-3, 1e-5), BAND(1e-1, 5e-5)},
+    {"rel_err_final_mean", -1, BAND(6e-3, 5e-4), BAND(1.5e-1, 5e-3)},
+    {"energy_ratio", -1, BAND(2e-3, 1e-4), BAND(5e-2, 5e-4)},
     {"nnz_mean", 0, BAND(2e-3, 1e-6), BAND(1.5e-2, 1e-6)},
-    {"attn_cos", 1, BAND(5e-5, 1e-7), BAND(5e-4, 1e-6)},
-    {"attn_kl", -1, BAND(1e-6, 1e-10), BAND(1e-5, 1e-9)},
-    {"top1_overlap", 1, BAND(1e-6, 1e-9), BAND(1e-6, 1e-9)},
-    {"top8_overlap", 1, BAND(1e-6, 1e-9), BAND(1e-6, 1e-9)},
-    {"top32_overlap", 1, BAND(1e-6, 1e-9), BAND(1e-6, 1e-9)},
-    {"attn_relerr", -1, BAND(5e-4, 1e-8), BAND(1e-2, 1e-7)},
+    {"attn_cos", 1, BAND(1e-4, 1e-7), BAND(6e-4, 1e-6)},
+    {"attn_kl", -1, BAND(1e-4, 1e-6), BAND(1e-3, 2e-6)},
+    {"top1_overlap", 1, BAND(5e-5, 1e-7), BAND(5e-4, 1e-6)},
+    {"top8_overlap", 1, BAND(5e-5, 1e-7), BAND(5e-4, 1e-6)},
+    {"top32_overlap", 1, BAND(2e-4, 1e-7), BAND(1e-3, 1e-6)},
+    {"attn_relerr", -1, BAND(5e-3, 3e-4), BAND(2e-2, 1.5e-3)},
     {"attn_mass", 0, BAND(1e-6, 1e-9), BAND(1e-6, 1e-9)},
     {"dict_size_norm_final", 0, BAND(1e-6, 1e-9), BAND(1e-6, 1e-9)},
-    {"inactive_after_prefill", 0, BAND(4e-2, 1e-6), BAND(1.5e-1, 1e-6)},
-    {"gini", 0, BAND(3e-2, 1e-6), BAND(8e-2, 1e-6)},
+    {"inactive_after_prefill", 0, BAND(4e-2, 2e-3), BAND(1.5e-1, 2e-2)},
+    {"gini", 0, BAND(4e-2, 1e-6), BAND(1e-1, 1e-6)},
     {"adapted_share", 0, BAND(1.5e-1, 1e-4), BAND(5e-1, 1e-3)},
     {"pool_recall_256", 1, BAND(1e-6, 1e-9), BAND(1e-6, 1e-9)},
     {"support_agree", 1, BAND(1e-6, 1e-9), BAND(1e-6, 1e-9)},
@@ -49,13 +51,13 @@ const struct fk_check_metric fk_check_gateable[] = {
     {"replacements", 0, BAND(1e-6, 1), BAND(1e-6, 1)},
     {"adapt_failed", -1, BAND(1e-6, 1), BAND(1e-6, 1)},
     {"macs", -1, BAND(5e-2, 1), BAND(4e-1, 1)},
-    /* the closed loop's metrics (no model dataset in the measured sweep): the bands of their
-     * open-loop counterparts */
-    {"loop_attn_cos", 1, BAND(5e-5, 1e-7), BAND(5e-4, 1e-6)},
-    {"loop_attn_kl", -1, BAND(1e-6, 1e-10), BAND(1e-5, 1e-9)},
-    {"e2e_kl", -1, BAND(1e-6, 1e-10), BAND(1e-5, 1e-9)},
-    {"e2e_top1", 1, BAND(1e-6, 1e-9), BAND(1e-6, 1e-9)},
-    {"e2e_nll_diff", -1, BAND(1e-4, 1e-9), BAND(1e-3, 1e-8)},
+    /* the closed loop's metrics (no model dataset in the measured sweeps): the bands of
+     * their open-loop counterparts */
+    {"loop_attn_cos", 1, BAND(1e-4, 1e-7), BAND(6e-4, 1e-6)},
+    {"loop_attn_kl", -1, BAND(1e-4, 1e-6), BAND(1e-3, 2e-6)},
+    {"e2e_kl", -1, BAND(1e-4, 1e-6), BAND(1e-3, 2e-6)},
+    {"e2e_top1", 1, BAND(5e-5, 1e-7), BAND(5e-4, 1e-6)},
+    {"e2e_nll_diff", -1, BAND(1e-4, 1e-6), BAND(1e-3, 2e-6)},
     {NULL, 0, BAND(0, 0), BAND(0, 0)},
 };
 #undef BAND

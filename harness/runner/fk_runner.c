@@ -210,6 +210,30 @@ static int check_traces(const struct fk_sweep *s, const struct fk_dataset *ds,
     return FK_OK;
 }
 
+/* Warns once for every (layer, kind) of dictionary d whose atoms are all zero: its vectors
+ * can only be stored as empty codes. */
+static void warn_dead_layers(const struct run *r, const struct fk_dataset *ds,
+                             const struct fk_dict *d)
+{
+    const struct fk_runner_hooks *h = &r->o->hooks;
+    size_t N = (size_t)d->n_atoms;
+    for (int l = 0; h->warn && l < d->n_layers; l++)
+        for (int k = 0; k < 2; k++) {
+            const uint8_t *dead = d->dead + ((size_t)l * 2 + (size_t)k) * N;
+            size_t live = 0;
+            for (size_t j = 0; j < N; j++)
+                live += !dead[j];
+            if (live)
+                continue;
+            char msg[1200];
+            snprintf(msg, sizeof msg, "dataset '%s': dictionary %s, layer %d %s: every one of "
+                     "its %zu atoms is zero: the dictionary codecs store that layer's %s as "
+                     "empty codes (relative error 1)", ds->name, ds->dict, l, k ? "V" : "K", N,
+                     k ? "values" : "keys");
+            h->warn(h->ctx, msg);
+        }
+}
+
 static int load_dataset(struct run *r, const struct fk_sweep_cell *cell)
 {
     const struct fk_dataset *ds = &r->s->datasets[cell->dataset];
@@ -231,6 +255,8 @@ static int load_dataset(struct run *r, const struct fk_sweep_cell *cell)
         for (int i = 0; rc == FK_OK && i < ds->n_traces; i++)
             rc = fk_dict_check_trace(L->dict, fk_trace_get_info(L->traces[i]),
                                      fk_trace_path(L->traces[i]));
+        if (rc == FK_OK)
+            warn_dead_layers(r, ds, L->dict);
     }
     if (rc == FK_OK && !L->basis && ds->basis && (cell->ops->caps & FK_CAP_BASIS))
         rc = fk_basis_load(ds->basis, &L->basis);

@@ -56,6 +56,8 @@ struct fk_runner_hooks {
     void (*damaged)(void *ctx, const struct fk_sweep_cell *c, const char *why);
     /* a cell left alone because another live run holds its claim ("host pid N") */
     void (*claimed)(void *ctx, const struct fk_sweep_cell *c, const char *holder);
+    /* before the first cell: what loading the data noticed but accepts (once each) */
+    void (*warn)(void *ctx, const char *msg);
 };
 
 struct fk_runner_opts {
