@@ -964,13 +964,13 @@ else
     end
 fi
 
-begin "SIGTERM during a sweep: exit 130, rerun completes"
+begin "SIGTERM during a sweep: exit 143 (128 + SIGTERM), rerun completes"
 if [ "$ref_ok" != 0 ] || [ "$n_long" != 14 ]; then
     chk "uninterrupted reference run" - false
     end
 else
     interrupt TERM "$W/long-term"
-    chk "exit 130 (got $RC)" - test "$RC" = 130
+    chk "exit 143 (got $RC)" - test "$RC" = 143
     chk "message says interrupted" - has "interrupted:"
     OUTF=$W/term-rerun.out
     "$BIN" --config "$W/long.toml" --set "sweep.output=\"$W/long-term\"" >"$OUTF" 2>&1

@@ -29,11 +29,18 @@
 #include "store/fk_results.h"
 #include "fk_version.h"
 
-static volatile sig_atomic_t g_stop;
+static volatile sig_atomic_t g_stop, g_signal, g_quiet_stop;
+/* The --plugin files of this command line (the worker processes of a run load them too). */
+static const char *g_plugin_files[64];
+static int g_n_plugin_files;
 
+/* SIGINT, SIGTERM: stop within a decode step (finished cells are kept); says so at once. */
 static void on_signal(int sig)
 {
-    (void)sig;
+    static const char msg[] = "\nfadkv-bench: stopping: finished cells are kept\n";
+    if (!g_stop && !g_quiet_stop)
+        (void)!write(STDERR_FILENO, msg, sizeof msg - 1);
+    g_signal = sig;
     g_stop = 1;
 }
 
@@ -400,6 +407,11 @@ struct sweep_args {
     int n_sets;
     char *attn_set;              /* "sweep.attn_layers=[...]" built from --attn-layers */
     int dry, print, force, quiet, jobs, shard_i, shard_n;
+    int retry_failed, no_isolate;
+    double cell_timeout;         /* --cell-timeout (< 0: the sweep's) */
+    int worker;                  /* --worker: a worker process of an isolated run */
+    const char **hashes;         /* --content-hash H...: the parent's dataset hashes */
+    int n_hashes;
 };
 
 static int parse_shard(const char *a, int *i, int *n)
@@ -430,6 +442,16 @@ static int sweep_option(struct sweep_args *a, const char *o, const char *v)
             fprintf(stderr, "fadkv-bench: --jobs %s: expected 1..256\n", v);
             return -1;
         }
+    } else if (!strcmp(o, "--cell-timeout") && v) {
+        char *end;
+        a->cell_timeout = strtod(v, &end);
+        if (!*v || *end || !(a->cell_timeout >= 0) || !isfinite(a->cell_timeout)) {
+            fprintf(stderr, "fadkv-bench: --cell-timeout %s: expected seconds >= 0 (0: no "
+                            "limit)\n", v);
+            return -1;
+        }
+    } else if (!strcmp(o, "--content-hash") && v) {
+        a->hashes[a->n_hashes++] = v;
     } else if (!strcmp(o, "--shard") && v) {
         if (parse_shard(v, &a->shard_i, &a->shard_n)) {
             fprintf(stderr, "fadkv-bench: --shard %s: expected I/N with 0 <= I < N\n", v);
@@ -460,6 +482,12 @@ static int sweep_flag(struct sweep_args *a, const char *o)
         a->force = 0;
     else if (!strcmp(o, "--quiet"))
         a->quiet = 1;
+    else if (!strcmp(o, "--retry-failed"))
+        a->retry_failed = 1;
+    else if (!strcmp(o, "--no-isolate"))
+        a->no_isolate = 1;
+    else if (!strcmp(o, "--worker"))
+        a->worker = 1;
     else if (!strcmp(o, "--no-attention"))
         a->sets[a->n_sets++] = "sweep.attention=false";
     else
@@ -470,9 +498,10 @@ static int sweep_flag(struct sweep_args *a, const char *o)
 /* Returns 0, or the exit status of a usage error (printed). */
 static int parse_sweep_args(int argc, char **argv, struct sweep_args *a)
 {
-    *a = (struct sweep_args){.shard_n = 1};
+    *a = (struct sweep_args){.shard_n = 1, .cell_timeout = -1};
     a->sets = calloc((size_t)argc + 2, sizeof(char *));
-    if (!a->sets)
+    a->hashes = calloc((size_t)argc + 2, sizeof(char *));
+    if (!a->sets || !a->hashes)
         return fail("out of memory");
     for (int i = 1; i < argc; i++) {
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -712,6 +741,36 @@ static void show_cell_end(void *ctx, const struct fk_sweep *s, const struct fk_r
             e->wall_s, e->vectors / (e->wall_s > 0 ? e->wall_s : 1), e->rel_err, eta);
 }
 
+/* The command line of a lane's worker process (isolation): this program with the same
+ * plugins, config and overrides; the runner appends the content hashes and --worker.
+ * NULL when this program's path cannot be known (then cells run in this process). */
+static const char **child_command(const struct sweep_args *a)
+{
+    static char exe[4096];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (n <= 0 || !a->config)
+        return NULL;
+    exe[n] = 0;
+    const char **v = calloc((size_t)(2 * g_n_plugin_files + 2 * a->n_sets + 6), sizeof *v);
+    if (!v)
+        return NULL;
+    int k = 0;
+    v[k++] = exe;
+    for (int i = 0; i < g_n_plugin_files; i++) {
+        v[k++] = "--plugin";
+        v[k++] = g_plugin_files[i];
+    }
+    v[k++] = "--config";
+    v[k++] = a->config;
+    for (int i = 0; i < a->n_sets; i++) {
+        v[k++] = "--set";
+        v[k++] = a->sets[i];
+    }
+    v[k++] = "--quiet";
+    v[k] = NULL;
+    return v;
+}
+
 static int run_sweep(const struct fk_sweep *s, const struct sweep_args *a)
 {
     struct sigaction sa;
@@ -720,21 +779,26 @@ static int run_sweep(const struct fk_sweep *s, const struct sweep_args *a)
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
     struct display d = {.s = s, .tty = isatty(STDERR_FILENO), .quiet = a->quiet, .shard_n = a->shard_n};
+    const char **child = a->no_isolate ? NULL : child_command(a);
     struct fk_runner_opts ro = {
-        .force = a->force, .shard_i = a->shard_i, .shard_n = a->shard_n, .stop = &g_stop,
+        .force = a->force, .retry_failed = a->retry_failed, .shard_i = a->shard_i,
+        .shard_n = a->shard_n, .stop = &g_stop, .child_argv = child,
+        .cell_timeout = a->cell_timeout >= 0 ? a->cell_timeout : s->cell_timeout_s,
         .hooks = {.ctx = &d, .start = show_start, .cell_start = show_cell_start,
                   .progress = show_progress, .cell_end = show_cell_end,
                   .damaged = show_damaged, .claimed = show_claimed, .warn = show_warning}};
     struct fk_runner_summary sum;
-    if (fk_runner_run(s, &ro, &sum) < 0) {
+    int rc = fk_runner_run(s, &ro, &sum);
+    free(child);
+    if (rc < 0) {
         fprintf(stderr, "fadkv-bench: %s\n", fk_errmsg());
         return 1;
     }
-    if (sum.interrupted) {
+    if (sum.interrupted || g_stop) {
         fprintf(stderr, "fadkv-bench: interrupted: %d cell(s) finished and kept; run the same "
                         "command%s again to resume\n", sum.done,
                 a->force ? " without --force" : "");
-        return 130;
+        return g_signal == SIGTERM ? 143 : 130;
     }
     if (!a->quiet)
         fprintf(stderr, "fadkv-bench: %d cell(s) run, %d failed, %d already done; %.1f s; "
@@ -742,7 +806,12 @@ static int run_sweep(const struct fk_sweep *s, const struct sweep_args *a)
                 sum.wall_s, s->output);
     if (sum.failed)
         fprintf(stderr, "fadkv-bench: %d cell(s) failed (their errors are in cells.csv); "
-                        "running the same command again retries them\n", sum.failed);
+                        "running the same command again retries those that did not crash or "
+                        "time out\n", sum.failed);
+    if (sum.not_retried)
+        fprintf(stderr, "fadkv-bench: %d cell(s) crashed or timed out in an earlier run and "
+                        "were left as recorded (--retry-failed runs them again)\n",
+                sum.not_retried);
     if (sum.elsewhere)
         fprintf(stderr, "fadkv-bench: %d cell(s) were being computed by other runs on %s; "
                         "the last run to finish writes the complete tables\n", sum.elsewhere,
@@ -750,28 +819,51 @@ static int run_sweep(const struct fk_sweep *s, const struct sweep_args *a)
     return sum.failed ? 1 : 0;
 }
 
+/* A worker process of an isolated run (--worker): cells named on stdin, reports on fd 3
+ * (runner/fk_runner_worker.c). Exit 0 at the end of the commands, 2 on an error (said on
+ * stderr). */
+static int run_worker(const struct fk_sweep *s)
+{
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_signal;
+    g_quiet_stop = 1;
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    if (fk_runner_worker(s, STDIN_FILENO, 3, &g_stop) < 0) {
+        fprintf(stderr, "fadkv-bench: worker: %s\n", fk_errmsg());
+        return 2;
+    }
+    return 0;
+}
+
 int fk_cli_sweep(int argc, char **argv)
 {
     struct sweep_args a;
     int rc = parse_sweep_args(argc, argv, &a);
     struct fk_sweep *s = NULL;
-    if (rc == 0 && fk_sweep_load(a.config, a.sets, a.n_sets, 1, &s) < 0)
+    if (rc == 0 && (a.worker ? fk_sweep_load_hashed(a.config, a.sets, a.n_sets, a.hashes,
+                                                  a.n_hashes, &s)
+                           : fk_sweep_load(a.config, a.sets, a.n_sets, 1, &s)) < 0)
         rc = fail("configuration error");
-    for (int i = 0; rc == 0 && i < s->n_warnings; i++)
+    for (int i = 0; rc == 0 && !a.worker && i < s->n_warnings; i++)
         fprintf(stderr, "fadkv-bench: warning: %s\n", s->warnings[i]);
-    free(a.sets);
-    free(a.attn_set);
-    if (rc)
-        return rc;
-    if (a.jobs)
-        s->jobs = a.jobs;
-    if (a.print)
-        print_config(s);
-    else if (a.dry)
-        rc = print_dry_run(s, a.shard_i, a.shard_n);
-    else
-        rc = run_sweep(s, &a);
+    if (rc == 0) {
+        if (a.jobs)
+            s->jobs = a.jobs;
+        if (a.worker)
+            rc = run_worker(s);
+        else if (a.print)
+            print_config(s);
+        else if (a.dry)
+            rc = print_dry_run(s, a.shard_i, a.shard_n);
+        else
+            rc = run_sweep(s, &a);
+    }
     fk_sweep_free(&s);
+    free(a.sets);
+    free(a.hashes);
+    free(a.attn_set);
     return rc;
 }
 
@@ -809,6 +901,8 @@ static int load_plugins(int *argc, char **argv)
         }
         if (fk_plugin_load(argv[++i]) < 0)
             return fail("--plugin");
+        if (g_n_plugin_files < 64)
+            g_plugin_files[g_n_plugin_files++] = argv[i];
     }
     argv[k] = NULL;
     *argc = k;

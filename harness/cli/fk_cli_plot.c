@@ -126,24 +126,90 @@ static void add_var(char *buf, size_t cap, const char *name, const char *value)
     snprintf(buf + n, cap - n, "'; ");
 }
 
-/* Runs gnuplot -e VARS SCRIPT; returns its exit status (or -1). */
-static int run_gnuplot(const char *vars, const char *script)
+/* Runs gnuplot -e VARS SCRIPT with its messages (warnings such as "Skipping data file with
+ * no valid points") kept in msg (cap bytes) instead of the terminal; returns its exit status
+ * (or -1). */
+static int run_gnuplot(const char *vars, const char *script, char *msg, size_t cap)
 {
+    int p[2];
+    msg[0] = 0;
     fflush(stdout);
     fflush(stderr);
-    pid_t pid = fork();
-    if (pid < 0)
+    if (pipe(p) != 0)
         return -1;
+    pid_t pid = fork();
+    if (pid < 0) {
+        close(p[0]);
+        close(p[1]);
+        return -1;
+    }
     if (pid == 0) {
+        dup2(p[1], STDERR_FILENO);
+        dup2(p[1], STDOUT_FILENO);
+        close(p[0]);
+        close(p[1]);
         char *args[] = {"gnuplot", "-e", (char *)vars, (char *)script, NULL};
         execvp("gnuplot", args);
         _exit(127);
     }
+    close(p[1]);
+    size_t n = 0;
+    char chunk[512];
+    for (;;) { /* read to the end: gnuplot must never block on a full pipe */
+        ssize_t k = read(p[0], chunk, sizeof chunk);
+        if (k < 0 && errno == EINTR)
+            continue;
+        if (k <= 0)
+            break;
+        size_t take = (size_t)k < cap - 1 - n ? (size_t)k : cap - 1 - n;
+        memcpy(msg + n, chunk, take);
+        n += take;
+    }
+    msg[n] = 0;
+    close(p[0]);
     int st;
     while (waitpid(pid, &st, 0) < 0)
         if (errno != EINTR)
             return -1;
     return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+/* Draws path (format fmt) with gnuplot into a temporary file, checks that it is whole
+ * (fk_plot_file_whole: gnuplot exits 0 on a full disk with the file cut short), then
+ * renames it into place; a figure that fails leaves nothing behind. 0 written, 1 failed. */
+static int draw_atomic(const char *vars0, const char *plots, const char *script,
+                       const char *fmt, const char *path)
+{
+    char vars[20000], tmp[PATH_MAX + 64], sc[PATH_MAX + 80], msg[4096], why[256];
+    snprintf(tmp, sizeof tmp, "%s.%ld.tmp", path, (long)getpid());
+    snprintf(sc, sizeof sc, "%s/%s", plots, script);
+    snprintf(vars, sizeof vars, "%s", vars0);
+    add_var(vars, sizeof vars, "plotdir", plots);
+    add_var(vars, sizeof vars, "fmt", fmt);
+    add_var(vars, sizeof vars, "out", tmp);
+    int rc = run_gnuplot(vars, sc, msg, sizeof msg);
+    if (rc != 0) {
+        unlink(tmp);
+        fprintf(stderr, "fadkv-bench plot: gnuplot failed (status %d) on %s for %s%s%s", rc, sc,
+                path, msg[0] ? ":\n" : "\n", msg);
+        return 1;
+    }
+    if (!fk_plot_file_whole(tmp, fmt, why, sizeof why)) {
+        unlink(tmp);
+        fprintf(stderr, "fadkv-bench plot: %s: the figure gnuplot wrote is %s; nothing "
+                        "written%s%s", path, why, msg[0] ? " (gnuplot said:\n" : "\n", msg);
+        if (msg[0])
+            fprintf(stderr, ")\n");
+        return 1;
+    }
+    if (rename(tmp, path) != 0) {
+        fprintf(stderr, "fadkv-bench plot: %s: cannot rename from %s (%s)\n", path, tmp,
+                strerror(errno));
+        unlink(tmp);
+        return 1;
+    }
+    printf("  wrote %s\n", path);
+    return 0;
 }
 
 /* The cost baseline of results without a baseline cell: the one their sweep recorded in
@@ -166,8 +232,9 @@ struct drawn {
     int drawn, skipped, failed;
 };
 
-/* Runs gnuplot on every figure of set without a note, once per format, into out (a skipped
- * figure is listed with its reason; without gnuplot nothing is drawn). */
+/* Draws every figure of set without a note, once per format, into out (a skipped figure
+ * is listed with its reason; without gnuplot nothing is drawn); counts exactly the files
+ * written. */
 static void draw_figures(const struct fk_plot_set *set, const char *plots, const char *out,
                          const char *const *fmts, int n_fmt, int have_gp, struct drawn *d)
 {
@@ -180,54 +247,15 @@ static void draw_figures(const struct fk_plot_set *set, const char *plots, const
         }
         if (!have_gp)
             continue;
-        char script[PATH_MAX + 80];
-        snprintf(script, sizeof script, "%s/%s", plots, f->script);
         for (int k = 0; k < n_fmt; k++) {
-            char vars[8192], path[PATH_MAX + 200];
-            snprintf(vars, sizeof vars, "%s", f->vars);
+            char path[PATH_MAX + 200];
             snprintf(path, sizeof path, "%s/%s.%s", out, f->name, fmts[k]);
-            add_var(vars, sizeof vars, "plotdir", plots);
-            add_var(vars, sizeof vars, "fmt", fmts[k]);
-            add_var(vars, sizeof vars, "out", path);
-            int rc = run_gnuplot(vars, script);
-            if (rc != 0) {
-                fprintf(stderr, "fadkv-bench plot: gnuplot failed (status %d) on %s for %s\n",
-                        rc, script, path);
+            if (draw_atomic(f->vars, plots, f->script, fmts[k], path))
                 d->failed++;
-            } else {
-                printf("  wrote %s\n", path);
+            else
                 d->drawn++;
-            }
         }
     }
-}
-
-/* Draws path (format fmt) with gnuplot through a temporary file renamed into place. */
-static int draw_atomic(const char *vars0, const char *plots, const char *script,
-                       const char *fmt, const char *path)
-{
-    char vars[20000], tmp[PATH_MAX + 64], sc[PATH_MAX + 80];
-    snprintf(tmp, sizeof tmp, "%s.%ld.tmp", path, (long)getpid());
-    snprintf(sc, sizeof sc, "%s/%s", plots, script);
-    snprintf(vars, sizeof vars, "%s", vars0);
-    add_var(vars, sizeof vars, "plotdir", plots);
-    add_var(vars, sizeof vars, "fmt", fmt);
-    add_var(vars, sizeof vars, "out", tmp);
-    int rc = run_gnuplot(vars, sc);
-    if (rc != 0) {
-        unlink(tmp);
-        fprintf(stderr, "fadkv-bench plot: gnuplot failed (status %d) on %s for %s\n", rc, sc,
-                path);
-        return 1;
-    }
-    if (rename(tmp, path) != 0) {
-        fprintf(stderr, "fadkv-bench plot: %s: cannot rename from %s (%s)\n", path, tmp,
-                strerror(errno));
-        unlink(tmp);
-        return 1;
-    }
-    printf("  wrote %s\n", path);
-    return 0;
 }
 
 /* The general figure of `plot --x/--heatmap`: data files, then one figure per format. */

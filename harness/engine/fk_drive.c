@@ -147,6 +147,15 @@ static int encode_event(struct fk_drive *d, struct fk_unit *u, int kind,
  * nothing else changes). One stream after the other: each stream's Gram keeps its hot
  * rows in cache for the whole stream, where interleaving K and V blocks made the two
  * Grams evict each other's rows. */
+/* FK_EINTR once a stop was asked for (a signal): read at every decode step and static
+ * block, so that a long unit stops within a step. */
+static int stop_asked(const struct fk_unit *u)
+{
+    if (u->ro->stop && *u->ro->stop)
+        return fk_err(FK_EINTR, "interrupted");
+    return FK_OK;
+}
+
 static int drive_ahead(struct fk_drive *d, struct fk_unit *u)
 {
     int is_static = (u->ops->caps & FK_CAP_STATIC) != 0;
@@ -166,8 +175,10 @@ static int drive_ahead(struct fk_drive *d, struct fk_unit *u)
         struct fk_sched_blocks b;
         struct fk_sched_event e;
         fk_sched_blocks_begin(&b, &s, FK_STATIC_BLOCK);
-        while (fk_sched_blocks_next(&b, &e))
+        while (fk_sched_blocks_next(&b, &e)) {
+            FK_TRY(stop_asked(u));
             FK_TRY(encode_event(d, u, k, &e, d->evict_step));
+        }
     }
     return FK_OK;
 }
@@ -278,6 +289,7 @@ static int drive_decode(struct fk_drive *d, struct fk_unit *u)
     int is_static = (u->ops->caps & FK_CAP_STATIC) != 0;
     for (int t = u->prompt_len; t < u->n_tokens; t++) {
         int step = t - u->prompt_len;
+        FK_TRY(stop_asked(u));
         struct fk_step begin = step_of(u, t, FK_STEP_BEGIN);
         if (u->evict) {
             FK_TRY(policy_hook(d, u, 0, t));

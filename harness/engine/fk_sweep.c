@@ -894,6 +894,11 @@ static int load_sweep_table(struct fk_sweep *s, const struct fk_toml_value *tab)
         } else if (!strcmp(k, "jobs")) {
             FK_TRY(get_int_range(e, 1, 256, &v));
             s->jobs = (int)v;
+        } else if (!strcmp(k, "cell_timeout")) {
+            double t = 0;
+            if (fk_toml_get_float(e->value, &t) < 0 || !(t >= 0) || !isfinite(t))
+                return entry_err(e, "cell_timeout: expected seconds >= 0 (0: no limit)");
+            s->cell_timeout_s = t;
         } else if (!strcmp(k, "mem_limit")) {
             FK_TRY(get_int_range(e, 1, 1L << 30, &v));
             s->mem_limit_mib = v;
@@ -940,8 +945,9 @@ static int load_sweep_table(struct fk_sweep *s, const struct fk_toml_value *tab)
         } else if (strcmp(k, "traces") && strcmp(k, "dictionary") && strcmp(k, "basis") &&
                    strcmp(k, "reconstructions") && strcmp(k, "plugins")) {
             return entry_err(e, "unknown key in [sweep] (allowed: name, traces, dictionary, basis, "
-                                "output, jobs, mem_limit, attention, attn_stride, attn_layers, "
-                                "recall, recall_every, repeats, base_seed, cost_baseline, plugins)");
+                                "output, jobs, mem_limit, cell_timeout, attention, attn_stride, "
+                                "attn_layers, recall, recall_every, repeats, base_seed, "
+                                "cost_baseline, plugins)");
         }
     }
     return FK_OK;
@@ -1029,9 +1035,17 @@ static int load_datasets(struct fk_sweep *s, const struct fk_toml_value *root,
                 return cfg_err(nm, "dataset name '%s' is used twice%s", name, "");
         FK_TRY(load_dataset(t, name, 0, s->output, &s->datasets[s->n_datasets++]));
     }
-    if (hash_content)
+    if (s->given_hashes) { /* a cell's child process: the parent's hashes */
+        if (s->n_given_hashes != s->n_datasets)
+            return fk_err(FK_EINVAL, "%s: %d content hashes given for %d datasets", s->path,
+                          s->n_given_hashes, s->n_datasets);
+        for (int d = 0; d < s->n_datasets; d++)
+            if (!(s->datasets[d].content_hash = xstrdup(s->given_hashes[d])))
+                return fk_err(FK_ENOMEM, "out of memory");
+    } else if (hash_content) {
         for (int d = 0; d < s->n_datasets; d++)
             FK_TRY(hash_dataset(&s->datasets[d]));
+    }
     return FK_OK;
 }
 
@@ -1262,8 +1276,8 @@ static int bare_word(const char *text)
     return 1;
 }
 
-int fk_sweep_load(const char *path, const char *const *sets, int n_sets, int hash_content,
-                  struct fk_sweep **out)
+static int sweep_load(const char *path, const char *const *sets, int n_sets, int hash_content,
+                      const char *const *hashes, int n_hashes, struct fk_sweep **out)
 {
     *out = NULL;
     struct fk_toml_value *root = NULL;
@@ -1308,7 +1322,10 @@ int fk_sweep_load(const char *path, const char *const *sets, int n_sets, int has
         s->recall = 1;
         s->recall_every = 8;
         s->repeats = 1;
+        s->given_hashes = hashes;
+        s->n_given_hashes = n_hashes;
         rc = resolve(s, root, hash_content);
+        s->given_hashes = NULL;
     }
     fk_toml_free(&root);
     if (rc < 0) {
@@ -1317,6 +1334,18 @@ int fk_sweep_load(const char *path, const char *const *sets, int n_sets, int has
     }
     *out = s;
     return FK_OK;
+}
+
+int fk_sweep_load(const char *path, const char *const *sets, int n_sets, int hash_content,
+                  struct fk_sweep **out)
+{
+    return sweep_load(path, sets, n_sets, hash_content, NULL, 0, out);
+}
+
+int fk_sweep_load_hashed(const char *path, const char *const *sets, int n_sets,
+                         const char *const *hashes, int n_hashes, struct fk_sweep **out)
+{
+    return sweep_load(path, sets, n_sets, 0, hashes, n_hashes, out);
 }
 
 double fk_sweep_cell_macs(const struct fk_sweep *s, const struct fk_sweep_cell *c,

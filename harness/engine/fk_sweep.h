@@ -80,6 +80,9 @@ struct fk_sweep {
     char *name;                  /* [sweep] name */
     char *output;                /* results directory */
     int jobs;                    /* worker threads */
+    const char *const *given_hashes; /* during fk_sweep_load_hashed only */
+    int n_given_hashes;
+    double cell_timeout_s;       /* [sweep] cell_timeout: seconds a cell may run (0: none) */
     long mem_limit_mib;          /* [sweep] mem_limit: MiB for the cells in flight (0: half
                                   * the RAM; fk_runner_run) */
     int attention;               /* attention fidelity on/off */
@@ -115,6 +118,11 @@ extern const struct fk_preset fk_presets[];
  * (dotted keys, e.g. "sweep.jobs=1", "defaults.s=4"). hash_content: hash the traces and
  * dictionaries (cell ids depend on the data); 0 for a quick parse (dry runs may still
  * want it). */
+/* fk_sweep_load for a cell's child process: the datasets' content hashes as the parent
+ * computed them (hashes[d] for dataset d, in file order) instead of reading the data again,
+ * so that the cell ids are the parent's. */
+int fk_sweep_load_hashed(const char *path, const char *const *sets, int n_sets,
+                         const char *const *hashes, int n_hashes, struct fk_sweep **out);
 int fk_sweep_load(const char *path, const char *const *sets, int n_sets, int hash_content,
                   struct fk_sweep **out);
 void fk_sweep_free(struct fk_sweep **s);

@@ -100,17 +100,10 @@ static int buf_write(struct fk_sb *b, const char *path)
         memset(b, 0, sizeof *b);
         return fk_err(FK_ENOMEM, "out of memory");
     }
-    FILE *f = fopen(path, "w");
-    if (!f) {
-        free(b->s);
-        memset(b, 0, sizeof *b);
-        return fk_err(FK_EIO, "%s: cannot create (%s)", path, strerror(errno));
-    }
-    size_t w = b->n ? fwrite(b->s, 1, b->n, f) : 0;
-    int bad = fclose(f) != 0 || w != b->n;
+    int rc = fk_write_atomic(path, b->s ? b->s : "", b->n); /* whole or not at all */
     free(b->s);
     memset(b, 0, sizeof *b);
-    return bad ? fk_err(FK_EIO, "%s: write failed", path) : FK_OK;
+    return rc;
 }
 
 /* Writes a table as out_dir/<stem>.md and out_dir/<stem>.tex, their paths into md_path and

@@ -5,11 +5,15 @@
  */
 #include "report/fk_plotgen.h"
 
+#include <errno.h>
+#include <fcntl.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "common/fk_err.h"
 #include "common/fk_str.h"
@@ -833,4 +837,63 @@ int fk_plot_general(const char *dir, const char *data_stem, const struct fk_plot
         rc = g->heat_x ? heatmap(&q, data_stem, g, out) : line_plot(&q, data_stem, g, out);
     sel_free(&q);
     return rc;
+}
+
+/* The last `want` bytes of the open file fd of size sz into buf (NUL-terminated). */
+static size_t file_tail(int fd, off_t sz, char *buf, size_t want)
+{
+    size_t n = (off_t)want < sz ? want : (size_t)sz;
+    ssize_t got = pread(fd, buf, n, sz - (off_t)n);
+    n = got > 0 ? (size_t)got : 0;
+    buf[n] = 0;
+    return n;
+}
+
+/* 1 when the first n bytes of buf hold the text s. */
+static int has_text(const char *buf, size_t n, const char *s)
+{
+    size_t k = strlen(s);
+    for (size_t i = 0; i + k <= n; i++)
+        if (!memcmp(buf + i, s, k))
+            return 1;
+    return 0;
+}
+
+int fk_plot_file_whole(const char *path, const char *fmt, char *why, size_t cap)
+{
+    int fd = open(path, O_RDWR);
+    if (fd < 0) {
+        snprintf(why, cap, "not written (%s)", strerror(errno));
+        return 0;
+    }
+    struct stat sb;
+    char head[16] = {0}, tail[1100];
+    int ok = fstat(fd, &sb) == 0 && sb.st_size > 0;
+    if (!ok)
+        snprintf(why, cap, "empty");
+    if (ok && fsync(fd) != 0) {
+        snprintf(why, cap, "cannot be forced to disk (%s)", strerror(errno));
+        ok = 0;
+    }
+    if (ok && pread(fd, head, 8, 0) != 8 && strcmp(fmt, "svg")) {
+        snprintf(why, cap, "cut short (%ld bytes)", (long)sb.st_size);
+        ok = 0;
+    }
+    size_t n = ok ? file_tail(fd, sb.st_size, tail, 1024) : 0;
+    close(fd);
+    if (!ok)
+        return 0;
+    static const unsigned char png_sig[8] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1a, '\n'};
+    static const unsigned char png_end[8] = {'I', 'E', 'N', 'D', 0xae, 0x42, 0x60, 0x82};
+    if (!strcmp(fmt, "png"))
+        ok = !memcmp(head, png_sig, 8) && n >= 8 && !memcmp(tail + n - 8, png_end, 8);
+    else if (!strcmp(fmt, "pdf"))
+        ok = !memcmp(head, "%PDF-", 5) && has_text(tail, n, "%%EOF");
+    else if (!strcmp(fmt, "svg"))
+        ok = has_text(tail, n, "</svg>");
+    if (!ok)
+        snprintf(why, cap, "not a whole %s file (%ld bytes, its %s missing: cut short?)", fmt,
+                 (long)sb.st_size, !strcmp(fmt, "png") ? "IEND chunk or signature"
+                                   : !strcmp(fmt, "pdf") ? "%PDF header or %%EOF" : "</svg>");
+    return ok;
 }

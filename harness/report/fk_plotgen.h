@@ -47,4 +47,10 @@ struct fk_plot_gen_out {
 int fk_plot_general(const char *dir, const char *data_stem, const struct fk_plot_general *g,
                     struct fk_plot_gen_out *out);
 
+/* 1 when path holds a whole figure of format fmt ("png": the signature and the closing
+ * IEND chunk; "pdf": the %PDF- header and %%EOF near the end; "svg": </svg> near the end),
+ * forced to disk (fsync: a full disk shows here, not later). Else 0 with why (cap bytes)
+ * saying what is wrong. */
+int fk_plot_file_whole(const char *path, const char *fmt, char *why, size_t cap);
+
 #endif

@@ -1,12 +1,19 @@
 /* SPDX-License-Identifier: MIT
  * The sweep runner (fk_runner.h).
  */
+#define _GNU_SOURCE /* pipe2 */
+#include <errno.h>
+#include <fcntl.h>
 #include <hdf5.h>
 #include <math.h>
+#include <poll.h>
 #include <pthread.h>
+#include <signal.h>
+#include <spawn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "common/fk_clock.h"
@@ -18,57 +25,13 @@
 #include "kernels/fk_blas.h"
 #include "kernels/fk_simd.h"
 #include "runner/fk_runner.h"
+#include "runner/fk_runner_int.h"
 #include "runner/fk_runner_loop.h"
 #include "store/fk_claim.h"
 #include "store/fk_results.h"
 #include "fk_version.h"
 
 extern const char *gsl_version;
-
-/* Opened traces, dictionary and basis of one dataset. */
-struct loaded {
-    struct fk_trace **traces;
-    struct fk_dict *dict;
-    struct fk_basis_file *basis;
-    struct fk_trace **recon;     /* [n_traces] reconstruction files (codec external) or NULL */
-    struct fk_loop_set *loop;    /* model dataset: the model and its exact decodes, or NULL */
-};
-
-/* A cell in flight: when the sweep's jobs outnumber what one cell can use, cells run side by
- * side, each in a lane (a thread) of its own with its own Gram buffer pool. */
-struct lane {
-    struct run *r;
-    const struct fk_sweep_cell *cell;
-    int index, jobs;             /* 1-based start order among the cells to run; its workers */
-    double t_cell, est_cell, frac; /* start, cost-model weight, fraction of units done */
-    double bytes;                /* estimated footprint (cell_bytes) */
-    struct fk_replay_pool *pool; /* Gram buffers from cell to cell (optional) */
-    const struct fk_cell_loop *loop; /* the cell's closed-loop results (model datasets) */
-};
-
-/* The state of one run. */
-struct run {
-    const struct fk_sweep *s;
-    const struct fk_runner_opts *o;
-    struct loaded *ld;           /* [n_datasets] */
-    const char **ids;            /* [n_cells] cell ids, for the tables */
-    struct fk_runner_summary *sum;
-    int prepared;                /* the results directory exists and holds provenance */
-    double t_start;
-    double est_total, est_done;  /* cost-model weights: all cells to run, finished ones */
-    int *shard;                  /* [n_cells] fk_runner_shards */
-    /* the scheduler of cells (fk_runner_run); mu guards it, the summary and the hooks */
-    pthread_mutex_t mu, store_mu; /* store_mu: one commit and table rewrite at a time */
-    pthread_cond_t cv;
-    int *order, n_order, next;   /* cells of this shard in the order they are taken */
-    double est_left;             /* weight of the cells not taken yet */
-    int free_jobs, started;      /* workers not in use; cells started */
-    double mem_budget, mem_used; /* bytes for the cells in flight, and their estimates */
-    struct lane *lanes;          /* [n_lanes] */
-    int n_lanes;
-    int rc;                      /* first error of a lane (its message in errmsg) */
-    char errmsg[1100];
-};
 
 /* Relative running time of a cell for the estimate of the time left: its coding
  * multiply-adds plus a fixed per-vector cost for reading, metrics and attention (about
@@ -135,6 +98,15 @@ static int selected(struct run *r, int c)
         r->sum->damaged++;
         if (r->o->hooks.damaged)
             r->o->hooks.damaged(r->o->hooks.ctx, &r->s->cells[c], why);
+    }
+    if (st == FK_CELL_FAILED && !r->o->force && !r->o->retry_failed) {
+        char status[32];
+        fk_results_status(r->s->output, r->s->cells[c].id, status, sizeof status);
+        if (!strcmp(status, "crashed") || !strcmp(status, "timeout")) {
+            r->sum->not_retried++;
+            r->left[c] = 1;
+            return 0;
+        }
     }
     return r->o->force || st != FK_CELL_OK;
 }
@@ -234,13 +206,13 @@ static void warn_dead_layers(const struct run *r, const struct fk_dataset *ds,
         }
 }
 
-static int load_dataset(struct run *r, const struct fk_sweep_cell *cell)
+int fk_run_load_dataset(struct run *r, const struct fk_sweep_cell *cell)
 {
     const struct fk_dataset *ds = &r->s->datasets[cell->dataset];
     struct loaded *L = &r->ld[cell->dataset];
     int rc = FK_OK;
     if (ds->model && !L->loop)
-        rc = fk_runner_model_dataset(ds, &L->loop);
+        rc = fk_runner_model_dataset(ds, !r->worker, &L->loop);
     if (rc == FK_OK && !L->traces) {
         L->traces = calloc((size_t)ds->n_traces, sizeof(struct fk_trace *));
         if (!L->traces)
@@ -296,7 +268,7 @@ static int check_cell(struct run *r, const struct fk_sweep_cell *cell)
     return FK_OK;
 }
 
-static void free_loaded(struct run *r)
+void fk_run_free_loaded(struct run *r)
 {
     for (int d = 0; r->ld && d < r->s->n_datasets; d++) {
         for (int i = 0; r->ld[d].traces && i < r->s->datasets[d].n_traces; i++)
@@ -346,7 +318,8 @@ static int prepare(struct run *r)
     r->ld = calloc((size_t)s->n_datasets, sizeof *r->ld);
     r->ids = calloc((size_t)s->n_cells + 1, sizeof(char *));
     r->shard = malloc(sizeof(int) * ((size_t)s->n_cells + 1));
-    if (!r->ld || !r->ids || !r->shard)
+    r->left = calloc((size_t)s->n_cells + 1, 1);
+    if (!r->ld || !r->ids || !r->shard || !r->left)
         return fk_err(FK_ENOMEM, "out of memory");
     FK_TRY(fk_runner_shards(s, r->o->shard_n, r->shard));
     for (int c = 0; c < s->n_cells; c++) {
@@ -354,7 +327,7 @@ static int prepare(struct run *r)
         if (selected(r, c)) {
             r->sum->todo++;
             r->est_total += cell_weight(s, &s->cells[c]);
-            FK_TRY(load_dataset(r, &s->cells[c]));
+            FK_TRY(fk_run_load_dataset(r, &s->cells[c]));
             FK_TRY(check_cell(r, &s->cells[c]));
             FK_TRY(check_basis(r, &s->cells[c]));
         }
@@ -387,7 +360,7 @@ static int in_flight(const struct run *r)
     return n;
 }
 
-static void on_unit(void *ctx, int done, int total, long vectors)
+void fk_run_on_unit(void *ctx, int done, int total, long vectors)
 {
     struct lane *ln = ctx;
     struct run *r = ln->r;
@@ -406,7 +379,7 @@ static void on_unit(void *ctx, int done, int total, long vectors)
     pthread_mutex_unlock(&r->mu);
 }
 
-static void cell_meta(const struct run *r, const struct fk_sweep_cell *cell,
+void fk_run_cell_meta(const struct run *r, const struct fk_sweep_cell *cell,
                       const struct fk_cell_loop *loop, struct fk_cell_meta *meta)
 {
     const struct fk_sweep *s = r->s;
@@ -425,7 +398,7 @@ static void cell_meta(const struct run *r, const struct fk_sweep_cell *cell,
 }
 
 /* Reports a cell's end (under r->mu). */
-static void report_end(struct run *r, struct lane *ln, struct fk_runner_cell_end *e)
+void fk_run_report_end(struct run *r, struct lane *ln, struct fk_runner_cell_end *e)
 {
     pthread_mutex_lock(&r->mu);
     if (e->failed) {
@@ -442,7 +415,46 @@ static void report_end(struct run *r, struct lane *ln, struct fk_runner_cell_end
     pthread_mutex_unlock(&r->mu);
 }
 
-/* Commits a cell's outcome (finished or failed) and reports it; then rewrites the tables.
+/* Rewrites cells.csv and summary.csv (under store_mu) when asked (`now`) or when the last
+ * rewrite is old enough: at most every 2 s, and never more than a twentieth of the time
+ * (a rewrite reads every finished cell, so rewriting after each cell would make a sweep of
+ * many cells quadratic). The run ends with a rewrite; a cell's files are its record. */
+int fk_run_tables(struct run *r, int now)
+{
+    double t0 = fk_wall_s();
+    double wait = 20 * r->tables_s > 2 ? 20 * r->tables_s : 2;
+    if (!now && r->tables_at > 0 && t0 - r->tables_at < wait)
+        return FK_OK;
+    const struct fk_sweep *s = r->s;
+    if (fk_results_tables(s->output, r->ids, s->n_cells, s->cost_baseline) < 0)
+        return fk_err(FK_EIO, "writing cells.csv: %s", fk_errmsg());
+    r->tables_at = fk_wall_s();
+    r->tables_s = r->tables_at - t0;
+    return FK_OK;
+}
+
+/* Records a failed cell (status, message) and reports it; under store_mu. */
+int fk_run_commit_failed(struct lane *ln, const char *status, const char *msg,
+                         struct fk_runner_cell_end *e)
+{
+    struct run *r = ln->r;
+    struct fk_cell_meta meta;
+    fk_run_cell_meta(r, ln->cell, ln->loop, &meta);
+    e->failed = 1;
+    e->error = msg;
+    fk_run_report_end(r, ln, e);
+    fk_replay_h5_lock();
+    int fr = fk_results_commit_failed(r->s->output, &meta, status, msg);
+    fk_replay_h5_unlock();
+    if (fr < 0) {
+        char m[1100];
+        snprintf(m, sizeof m, "%s", fk_errmsg());
+        return fk_err(FK_EIO, "results: %s", m);
+    }
+    return FK_OK;
+}
+
+/* Commits a cell's outcome (finished or failed) and reports it; then the tables (fk_run_tables()).
  * One lane at a time (store_mu), and the HDF5 file under the engine's HDF5 lock. */
 static int commit(struct lane *ln, int rrc, struct fk_cell_result *res, double dt)
 {
@@ -450,7 +462,7 @@ static int commit(struct lane *ln, int rrc, struct fk_cell_result *res, double d
     const struct fk_sweep *s = r->s;
     const struct fk_sweep_cell *cell = ln->cell;
     struct fk_cell_meta meta;
-    cell_meta(r, cell, ln->loop, &meta);
+    fk_run_cell_meta(r, cell, ln->loop, &meta);
     struct fk_runner_cell_end e = {.cell = cell, .index = ln->index, .todo = r->sum->todo,
                                    .wall_s = dt, .rel_err = NAN};
     char msg[1100];
@@ -458,16 +470,7 @@ static int commit(struct lane *ln, int rrc, struct fk_cell_result *res, double d
     pthread_mutex_lock(&r->store_mu);
     if (rrc < 0) {
         snprintf(msg, sizeof msg, "%s", fk_errmsg());
-        e.failed = 1;
-        e.error = msg;
-        report_end(r, ln, &e);
-        fk_replay_h5_lock();
-        int fr = fk_results_commit_failed(s->output, &meta, "failed", msg);
-        fk_replay_h5_unlock();
-        if (fr < 0) {
-            snprintf(msg, sizeof msg, "%s", fk_errmsg());
-            rc = fk_err(FK_EIO, "results: %s", msg);
-        }
+        rc = fk_run_commit_failed(ln, "failed", msg, &e);
     } else {
         fk_replay_h5_lock();
         int cr = fk_results_commit(s->output, &meta, res);
@@ -480,46 +483,65 @@ static int commit(struct lane *ln, int rrc, struct fk_cell_result *res, double d
                         "%s", msg);
         } else {
             fk_results_metric(s->output, cell->id, "rel_err_mean", &e.rel_err);
-            report_end(r, ln, &e);
+            fk_run_report_end(r, ln, &e);
         }
     }
-    if (rc == FK_OK && fk_results_tables(s->output, r->ids, s->n_cells, s->cost_baseline) < 0)
-        rc = fk_err(FK_EIO, "writing cells.csv: %s", fk_errmsg());
+    if (rc == FK_OK)
+        rc = fk_run_tables(r, 0);
     pthread_mutex_unlock(&r->store_mu);
     return rc;
 }
 
-/* Runs the cell of lane ln (claimed); sets sum->interrupted when a stop was asked for. */
-static int run_cell(struct lane *ln)
+/* The start of a cell in lane ln: its index, clock, weight and the cell_start hook. */
+void fk_run_cell_begin(struct lane *ln)
+{
+    struct run *r = ln->r;
+    pthread_mutex_lock(&r->mu);
+    ln->index = ++r->started;
+    ln->t_cell = fk_wall_s();
+    ln->est_cell = cell_weight(r->s, ln->cell);
+    ln->frac = 0;
+    if (r->o->hooks.cell_start)
+        r->o->hooks.cell_start(r->o->hooks.ctx, r->s, ln->cell, ln->index, r->sum->todo);
+    pthread_mutex_unlock(&r->mu);
+}
+
+/* Replays the cell of lane ln in this process into *res (and the closed loop into *loop for
+ * a model dataset); returns the replay's status. */
+int fk_run_replay_here(struct lane *ln, volatile sig_atomic_t *stop,
+                       void (*progress)(void *, int, int, long), void *progress_ctx,
+                       struct fk_cell_result *res, struct fk_cell_loop *loop)
 {
     struct run *r = ln->r;
     const struct fk_sweep *s = r->s;
     const struct fk_sweep_cell *cell = ln->cell;
-    pthread_mutex_lock(&r->mu);
-    ln->index = ++r->started;
-    ln->t_cell = fk_wall_s();
-    ln->est_cell = cell_weight(s, cell);
-    ln->frac = 0;
-    if (r->o->hooks.cell_start)
-        r->o->hooks.cell_start(r->o->hooks.ctx, s, cell, ln->index, r->sum->todo);
-    pthread_mutex_unlock(&r->mu);
     struct fk_replay_opts ro = {.jobs = ln->jobs, .attention = s->attention,
                                 .attn_stride = s->attn_stride, .attn_layers = s->attn_layers,
                                 .recall = s->recall, .recall_every = s->recall_every,
-                                .stop = r->o->stop, .progress = on_unit, .progress_ctx = ln,
-                                .pool = ln->pool};
+                                .stop = stop, .progress = progress,
+                                .progress_ctx = progress_ctx, .pool = ln->pool};
     struct fk_cell_input in = cell_input(r, cell);
-    struct fk_cell_result res;
-    double c0 = fk_wall_s();
-    int rrc = fk_replay_cell(&in, &ro, &res);
-    struct fk_cell_loop loop = {0};
+    int rrc = fk_replay_cell(&in, &ro, res);
     const struct loaded *L = &r->ld[cell->dataset];
     if (rrc == FK_OK && L->loop) { /* a model dataset: the codec in the loop too */
-        rrc = fk_runner_loop_cell(L->loop, &in, &loop);
+        rrc = fk_runner_loop_cell(L->loop, &in, loop);
         if (rrc < 0)
-            fk_cell_result_free(&res);
-        ln->loop = rrc == FK_OK ? &loop : NULL;
+            fk_cell_result_free(res);
     }
+    return rrc;
+}
+
+/* Runs the cell of lane ln (claimed) in this process; sets sum->interrupted when a stop was
+ * asked for. */
+static int run_cell(struct lane *ln)
+{
+    struct run *r = ln->r;
+    fk_run_cell_begin(ln);
+    struct fk_cell_result res;
+    struct fk_cell_loop loop = {0};
+    double c0 = fk_wall_s();
+    int rrc = fk_run_replay_here(ln, r->o->stop, fk_run_on_unit, ln, &res, &loop);
+    ln->loop = rrc == FK_OK && r->ld[ln->cell->dataset].loop ? &loop : NULL;
     double dt = fk_wall_s() - c0;
     if (rrc == FK_EINTR || (r->o->stop && *r->o->stop)) {
         if (rrc == FK_OK)
@@ -642,7 +664,7 @@ static void *lane_main(void *arg)
         int cl = fk_results_claim(s->output, s->cells[c].id, o->force, holder, sizeof holder);
         if (cl == FK_CLAIM_OK) {
             ln->cell = &s->cells[c];
-            rc = run_cell(ln);
+            rc = o->child_argv ? fk_run_cell_isolated(ln) : run_cell(ln);
             fk_results_unclaim(s->output, s->cells[c].id);
         } else if (cl < 0) {
             rc = cl;
@@ -666,6 +688,7 @@ static void *lane_main(void *arg)
     }
     pthread_cond_broadcast(&r->cv);
     pthread_mutex_unlock(&r->mu);
+    fk_run_worker_stop(ln);
     return NULL;
 }
 
@@ -683,7 +706,7 @@ static int make_order(struct run *r, int n_lanes)
     }
     int n = 0;
     for (int c = 0; c < s->n_cells; c++)
-        if (in_shard(r, c))
+        if (in_shard(r, c) && !r->left[c])
             w[n++] = (struct weighted){n_lanes > 1 ? cell_weight(s, &s->cells[c]) : 0, c};
     if (n_lanes > 1)
         qsort(w, (size_t)n, sizeof *w, heavier_first);
@@ -759,14 +782,15 @@ int fk_runner_run(const struct fk_sweep *s, const struct fk_runner_opts *o,
         if (r.rc < 0)
             rc = fk_err(r.rc, "%s", r.errmsg);
     }
-    if (r.prepared && fk_results_tables(s->output, r.ids, s->n_cells, s->cost_baseline) < 0 &&
-        rc == FK_OK)
-        rc = fk_err(FK_EIO, "writing cells.csv: %s", fk_errmsg());
+    if (r.prepared && fk_run_tables(&r, 1) < 0 && rc == FK_OK)
+        rc = FK_EIO;
     free(r.lanes);
     free(r.order);
-    free_loaded(&r);
+    fk_run_free_loaded(&r);
     free(r.ids);
     free(r.shard);
+    free(r.left);
     sum->wall_s = fk_wall_s() - r.t_start;
     return rc;
 }
+

@@ -61,11 +61,21 @@ struct fk_runner_hooks {
 };
 
 struct fk_runner_opts {
-    int force;                   /* recompute finished cells */
+    int force;                   /* recompute finished cells (and failed ones) */
+    int retry_failed;            /* rerun cells recorded as crashed or timed out (skipped
+                                  * otherwise: a crash is a result, not a hiccup) */
     int shard_i, shard_n;        /* run the cells of shard shard_i of shard_n (fk_runner_shards;
                                   * shard_n 0 or 1: all) */
-    volatile sig_atomic_t *stop; /* set by a signal handler: stop after the current unit */
+    volatile sig_atomic_t *stop; /* set by a signal handler: stop within a decode step */
     struct fk_runner_hooks hooks;
+    /* Isolation: child_argv (NULL-terminated) starts a worker process for each lane, with
+     * "--content-hash H" for each dataset (the sweep's content_hash) and "--worker" appended
+     * (the CLI gives its own command line, whose worker runs fk_runner_worker): a cell whose
+     * process crashes, aborts or runs past cell_timeout seconds (0: no limit) is recorded as
+     * failed ("crashed", "timeout") and the other cells go on. NULL: every cell runs in this
+     * process. */
+    const char *const *child_argv;
+    double cell_timeout;
 };
 
 struct fk_runner_summary {
@@ -73,6 +83,7 @@ struct fk_runner_summary {
     int done, failed, skipped;   /* finished now, failed now, already finished before */
     int damaged;                 /* of the cells to run, found damaged (recomputed) */
     int elsewhere;               /* left to other runs that held their claims */
+    int not_retried;             /* recorded as crashed or timed out, left (retry_failed) */
     int interrupted;             /* 1: *stop was set; finished cells are kept */
     double wall_s;
 };
@@ -94,5 +105,13 @@ int fk_runner_shards(const struct fk_sweep *s, int n_shards, int *shard);
  * fk_err's message) when a dataset cannot be read or the results cannot be written. */
 int fk_runner_run(const struct fk_sweep *s, const struct fk_runner_opts *o,
                   struct fk_runner_summary *sum);
+
+/* A worker process of isolation (child_argv + --worker): runs the cells named on in_fd,
+ * one command line each ("RUN <cell id> <workers>"), until in_fd ends, keeping the datasets
+ * loaded from cell to cell; commits each cell's files (not the tables) and reports on out_fd
+ * (fk_runner_worker.c says how). Returns FK_OK at the end of the commands, or an error (an
+ * unknown command). */
+int fk_runner_worker(const struct fk_sweep *s, int in_fd, int out_fd,
+                     volatile sig_atomic_t *stop);
 
 #endif

@@ -11,7 +11,7 @@
 #include "common/fk_err.h"
 #include "kernels/fk_blas.h"
 
-int fk_runner_model_dataset(const struct fk_dataset *ds, struct fk_loop_set **out)
+int fk_runner_model_dataset(const struct fk_dataset *ds, int write, struct fk_loop_set **out)
 {
     *out = NULL;
     struct fk_loop_prompt *p = calloc((size_t)ds->n_prompts, sizeof *p);
@@ -27,9 +27,9 @@ int fk_runner_model_dataset(const struct fk_dataset *ds, struct fk_loop_set **ou
     const char *slash = ds->n_traces ? strrchr(ds->traces[0], '/') : NULL;
     snprintf(dir, sizeof dir, "%.*s", slash ? (int)(slash - ds->traces[0]) : 1,
              slash ? ds->traces[0] : ".");
-    if (rc == FK_OK)
+    if (rc == FK_OK && write)
         rc = fk_store_mkdir_p(dir);
-    for (int i = 0; rc == FK_OK && i < ds->n_traces; i++)
+    for (int i = 0; rc == FK_OK && write && i < ds->n_traces; i++)
         rc = fk_loop_set_write_trace(*out, i, ds->traces[i], ds->name);
     fk_blas_restore(blas);
     if (rc < 0) {

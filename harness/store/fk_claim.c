@@ -210,9 +210,18 @@ void fk_results_unclaim(const char *dir, const char *id)
         fk_err_clear();
         return;
     }
+    /* under the directory's lock: another run's claim checks "finished?" and then creates
+     * the claim; an unclaim between the two (the cell finished meanwhile) would let it
+     * compute the cell again */
+    int fd;
+    if (fk_store_lock(dir, &fd) < 0) {
+        fk_err_clear();
+        fd = -1;
+    }
     if (read_claim(p, host, sizeof host, &pid, &start) && !strcmp(host, host_name()) &&
         pid == (long)getpid())
         unlink(p);
+    fk_store_unlock(fd);
 }
 
 /* Removes the stale temporary files and claims of one directory. */

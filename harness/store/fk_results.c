@@ -151,6 +151,27 @@ static int meta_path(char *p, size_t cap, const char *dir, const char *id)
     return n >= 0 && (size_t)n < cap;
 }
 
+int fk_results_status(const char *dir, const char *id, char *status, size_t cap)
+{
+    char p[PATH_MAX], line[512];
+    status[0] = 0;
+    FILE *f = meta_path(p, sizeof p, dir, id) ? fopen(p, "r") : NULL;
+    if (!f)
+        return 0;
+    while (fgets(line, sizeof line, f)) {
+        int whole = strchr(line, '\n') != NULL;
+        if (whole && !strncmp(line, "status\t", 7)) {
+            line[strcspn(line, "\n")] = 0;
+            snprintf(status, cap, "%s", line + 7);
+            break;
+        }
+        while (!whole && fgets(line, sizeof line, f))
+            whole = strchr(line, '\n') != NULL;
+    }
+    fclose(f);
+    return 1;
+}
+
 int fk_results_recorded(const char *dir, const char *id)
 {
     char p[PATH_MAX];

@@ -76,12 +76,16 @@ enum fk_cell_state fk_results_state(const char *dir, const char *id, char *why, 
 /* 1 if the cell finished and its files are intact (state FK_CELL_OK). A failed or damaged
  * cell is not done (a rerun recomputes it). */
 int fk_results_done(const char *dir, const char *id);
+/* The status the cell's .meta records ("ok", "failed", "crashed", "timeout") into status
+ * (cap bytes): 1 when recorded, 0 when not (status ""). */
+int fk_results_status(const char *dir, const char *id, char *status, size_t cap);
 /* 1 if the cell is recorded, finished or failed (its .meta exists). */
 int fk_results_recorded(const char *dir, const char *id);
 /* Records one finished cell (h5, summary rows, then meta) atomically. */
 int fk_results_commit(const char *dir, const struct fk_cell_meta *meta,
                       const struct fk_cell_result *res);
-/* Records a failed cell: meta with status "failed" and the error message. */
+/* Records a failed cell: meta with status (e.g. "failed"; "crashed" and "timeout" for a
+ * cell whose process died or ran past its time limit) and the error message. */
 int fk_results_commit_failed(const char *dir, const struct fk_cell_meta *meta,
                              const char *status, const char *message);
 /* Rewrites cells.csv and summary.csv from the finished cells, in the given order
