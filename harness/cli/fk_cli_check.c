@@ -40,11 +40,11 @@ static void check_usage(FILE *f)
                "  (no row compared, no metric, a baseline value that is not a finite number).\n"
                "  Gateable metrics (better: - lower, + higher, = either way) and their\n"
                "  cross-machine bands, rtol/atol of an aggregate | of a row:\n");
-    for (int i = 0; fk_check_gateable[i].name; i++) {
-        const struct fk_check_metric *g = &fk_check_gateable[i];
-        fprintf(f, "   %-22s (%c)  %-8g / %-8g | %-8g / %g\n", g->name, "-=+"[g->better + 1],
-                g->agg.rtol, g->agg.atol, g->row.rtol, g->row.atol);
-    }
+    for (const struct fk_metric *g = fk_metrics; g->name; g++)
+        if ((g->flags & FK_MF_GATE) && g->row)
+            fprintf(f, "   %-22s (%c)  %-8g / %-8g | %-8g / %g\n", g->name,
+                    "-=+"[g->better + 1], g->band_agg.rtol, g->band_agg.atol, g->band_row.rtol,
+                    g->band_row.atol);
 }
 
 /* Splits a comma-separated list in place (argv strings are ours to modify); empty items are

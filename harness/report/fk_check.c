@@ -16,64 +16,18 @@
 
 const char *const fk_check_metrics[FK_CHECK_N_METRICS] = {"rel_err_mean", "attn_kl", "bytes"};
 
-/* The numeric per-row columns of summary.csv (store/fk_results.c), cpu_s aside, with their
- * cross-machine bands {rtol, atol} for a cell's mean over its rows of one kind and for one
- * row: about two to three times the largest difference measured across OpenBLAS kernel
- * sets, BLIS kernel sets, a -Dsimd=generic build and a clang build on the gate's sweep,
- * configs/default.toml and configs/families.toml (tools/measure_spread.sh, 7 December 2026),
- * an absolute part where small values move by whole rounding steps (FP8 coefficients of
- * near-exact codes, one atom of 128); counts (appends, ...) one unit. docs/PORTABILITY.md
- * has the measured table. */
-#define BAND(r, a) {r, a}
-const struct fk_check_metric fk_check_gateable[] = {
-    {"rel_err_mean", -1, BAND(6e-3, 5e-4), BAND(1.5e-1, 5e-3)},
-    {"rel_err_enc_mean", -1, BAND(8e-3, 1e-5), BAND(1e-1, 5e-5)},
-    {"rel_err_final_mean", -1, BAND(6e-3, 5e-4), BAND(1.5e-1, 5e-3)},
-    {"energy_ratio", -1, BAND(2e-3, 1e-4), BAND(5e-2, 5e-4)},
-    {"nnz_mean", 0, BAND(2e-3, 1e-6), BAND(1.5e-2, 1e-6)},
-    {"attn_cos", 1, BAND(1e-4, 1e-7), BAND(6e-4, 1e-6)},
-    {"attn_kl", -1, BAND(1e-4, 1e-6), BAND(1e-3, 2e-6)},
-    {"top1_overlap", 1, BAND(5e-5, 1e-7), BAND(5e-4, 1e-6)},
-    {"top8_overlap", 1, BAND(5e-5, 1e-7), BAND(5e-4, 1e-6)},
-    {"top32_overlap", 1, BAND(2e-4, 1e-7), BAND(1e-3, 1e-6)},
-    {"attn_relerr", -1, BAND(5e-3, 3e-4), BAND(2e-2, 1.5e-3)},
-    {"attn_mass", 0, BAND(1e-6, 1e-9), BAND(1e-6, 1e-9)},
-    {"dict_size_norm_final", 0, BAND(1e-6, 1e-9), BAND(1e-6, 1e-9)},
-    {"inactive_after_prefill", 0, BAND(4e-2, 2e-3), BAND(1.5e-1, 4e-2)},
-    {"gini", 0, BAND(4e-2, 1e-6), BAND(1e-1, 1e-6)},
-    {"adapted_share", 0, BAND(1.5e-1, 1e-4), BAND(5e-1, 1e-3)},
-    {"pool_recall_256", 1, BAND(1e-6, 1e-9), BAND(1e-6, 1e-9)},
-    {"support_agree", 1, BAND(1e-6, 1e-9), BAND(1e-6, 1e-9)},
-    {"err_ratio", -1, BAND(1.0, 1e-6), BAND(1.0, 1e-6)},
-    {"bytes", -1, BAND(1e-3, 1e-6), BAND(6e-3, 1e-6)},
-    {"bytes_full", 0, BAND(1e-9, 0), BAND(1e-9, 0)},
-    {"appends", 0, BAND(1e-6, 1), BAND(1e-6, 1)},
-    {"replacements", 0, BAND(1e-6, 1), BAND(1e-6, 1)},
-    {"adapt_failed", -1, BAND(1e-6, 1), BAND(1e-6, 1)},
-    {"macs", -1, BAND(5e-2, 1), BAND(4e-1, 1)},
-    /* the closed loop's metrics (no model dataset in the measured sweeps): the bands of
-     * their open-loop counterparts */
-    {"loop_attn_cos", 1, BAND(1e-4, 1e-7), BAND(6e-4, 1e-6)},
-    {"loop_attn_kl", -1, BAND(1e-4, 1e-6), BAND(1e-3, 2e-6)},
-    {"e2e_kl", -1, BAND(1e-4, 1e-6), BAND(1e-3, 2e-6)},
-    {"e2e_top1", 1, BAND(5e-5, 1e-7), BAND(5e-4, 1e-6)},
-    {"e2e_nll_diff", -1, BAND(1e-4, 1e-6), BAND(1e-3, 2e-6)},
-    {NULL, 0, BAND(0, 0), BAND(0, 0)},
-};
-#undef BAND
 
-static const struct fk_check_metric *gateable(const char *name)
+/* A gateable metric (the table's FK_MF_GATE, store/fk_metrics.c), or NULL. */
+static const struct fk_metric *gateable(const char *name)
 {
-    for (int i = 0; fk_check_gateable[i].name; i++)
-        if (!strcmp(fk_check_gateable[i].name, name))
-            return &fk_check_gateable[i];
-    return NULL;
+    const struct fk_metric *m = fk_metric_find(name);
+    return m && (m->flags & FK_MF_GATE) && m->row ? m : NULL;
 }
 
-const struct fk_check_band *fk_check_band_of(const char *metric, int aggregate)
+const struct fk_band *fk_check_band_of(const char *metric, int aggregate)
 {
-    const struct fk_check_metric *g = gateable(metric);
-    return g ? (aggregate ? &g->agg : &g->row) : NULL;
+    const struct fk_metric *g = gateable(metric);
+    return g ? (aggregate ? &g->band_agg : &g->band_row) : NULL;
 }
 
 /* The metrics of a run (names point into the options, the baseline or the defaults). */
@@ -137,7 +91,8 @@ static int cmp_row(const void *a, const void *b)
 
 static int sort_unique(struct ctab *t, const char *path)
 {
-    qsort(t->r, (size_t)t->n, sizeof *t->r, cmp_row);
+    if (t->n > 1)
+        qsort(t->r, (size_t)t->n, sizeof *t->r, cmp_row);
     for (int i = 1; i < t->n; i++)
         if (!strcmp(t->r[i].key, t->r[i - 1].key))
             return fk_err(FK_ECORRUPT, "%s: two rows with key %s", path, t->r[i].key);
@@ -239,7 +194,7 @@ static int cmp_idpos(const void *a, const void *b)
 static int cell_row(const struct idpos *ids, int n, const char *id)
 {
     struct idpos k = {id, 0};
-    const struct idpos *f = bsearch(&k, ids, (size_t)n, sizeof *ids, cmp_idpos);
+    const struct idpos *f = n > 0 ? bsearch(&k, ids, (size_t)n, sizeof *ids, cmp_idpos) : NULL;
     return f ? f->row : -1;
 }
 
@@ -288,7 +243,7 @@ static int add_aggregates(struct ctab *t, int n_metrics)
 static int has_key(const struct ctab *t, const char *key)
 {
     struct crow k = {.key = (char *)key};
-    return bsearch(&k, t->r, (size_t)t->n, sizeof *t->r, cmp_row) != NULL;
+    return t->n > 0 && bsearch(&k, t->r, (size_t)t->n, sizeof *t->r, cmp_row) != NULL;
 }
 
 /* Rows of a results directory, keyed (see fk_check.h), with their aggregates, sorted. Rows
@@ -316,7 +271,7 @@ static int load_results(const char *dir, const struct mset *ms, const struct cta
         rc = cell_prefixes(st, prefix);
     for (int i = 0; rc == FK_OK && i < nc; i++)
         ids[i] = (struct idpos){st->cells.rows[i][st->c_id], i};
-    if (rc == FK_OK)
+    if (rc == FK_OK && nc > 1)
         qsort(ids, (size_t)nc, sizeof *ids, cmp_idpos);
     for (int r = 0; rc == FK_OK && r < sum->n_rows; r++) {
         int i = cell_row(ids, nc, sum->rows[r][st->s_id]);
@@ -487,13 +442,13 @@ static int add_diff(struct fk_check_result *r, int *cap, struct fk_check_diff d)
 }
 
 /* 1 when x and y differ beyond band b (or exactly one is NaN). */
-static int beyond(const struct fk_check_band *b, double x, double y)
+static int beyond(const struct fk_band *b, double x, double y)
 {
     return isnan(x) != isnan(y) || (!isnan(x) && fabs(y - x) > b->atol + b->rtol * fabs(x));
 }
 
 /* Records the largest drifts of metric m at a level. */
-static void note_extreme(struct fk_check_extreme *e, const struct fk_check_band *band, double x,
+static void note_extreme(struct fk_check_extreme *e, const struct fk_band *band, double x,
                          double y)
 {
     if (isnan(x) || isnan(y))
@@ -533,12 +488,12 @@ static int compare(const struct ctab *b, const struct ctab *res, const struct ms
         r->matched_agg += agg;
         for (int m = 0; m < ms->n && rc == FK_OK; m++) {
             double x = b->r[i].v[m], y = res->r[j].v[m];
-            const struct fk_check_band *band = fk_check_band_of(ms->name[m], agg);
-            struct fk_check_band tol = {0, 0};
+            const struct fk_band *band = fk_check_band_of(ms->name[m], agg);
+            struct fk_band tol = {0, 0};
             if (o->tol == FK_CHECK_PORTABLE)
                 tol = *band;
             else if (o->tol == FK_CHECK_CUSTOM)
-                tol = (struct fk_check_band){o->rtol, o->atol};
+                tol = (struct fk_band){o->rtol, o->atol};
             note_extreme(&r->extreme[m][agg ? 0 : 1], band, x, y);
             if (!beyond(&tol, x, y))
                 continue;

@@ -21,7 +21,8 @@
  *
  * Tolerances. A value drifts when |result - baseline| > atol + rtol * |baseline|, or
  * exactly one is NaN. The band (rtol, atol) is, by tolerance mode:
- *   PORTABLE  the metric's cross-machine band at the row's level (fk_check_gateable): what
+ *   PORTABLE  the metric's cross-machine band at the row's level (the metric table,
+ *             store/fk_metrics.h: the metrics flagged FK_MF_GATE are gateable): what
  *             another CPU, kernel set, BLAS or compiler moves it by, measured, with margin;
  *   EXACT     0: the same build on the same machine;
  *   CUSTOM    the given rtol and atol, for every metric and level.
@@ -34,6 +35,8 @@
 #ifndef FK_CHECK_H
 #define FK_CHECK_H
 
+#include "store/fk_metrics.h"
+
 #define FK_CHECK_N_METRICS 3
 extern const char *const fk_check_metrics[FK_CHECK_N_METRICS]; /* recorded by default */
 #define FK_CHECK_MAX_METRICS 32
@@ -41,20 +44,6 @@ extern const char *const fk_check_metrics[FK_CHECK_N_METRICS]; /* recorded by de
 /* What fk_check_run returns when the gate cannot judge: no row was compared, no metric is
  * gated, or a baseline value is not a finite number (nor "nan"). */
 #define FK_CHECK_UNJUDGED (-100)
-
-/* A tolerance band: |result - baseline| <= atol + rtol * |baseline|. */
-struct fk_check_band {
-    double rtol, atol;
-};
-
-/* The gateable metrics, NULL-terminated: each one's better direction (-1 lower is better,
- * +1 higher is better, 0 neither: always two-sided) and its cross-machine bands. */
-extern const struct fk_check_metric {
-    const char *name;
-    int better;
-    struct fk_check_band agg;    /* a cell's mean over its rows of one kind */
-    struct fk_check_band row;    /* one (trace, layer, kind) row */
-} fk_check_gateable[];
 
 enum fk_check_tol { FK_CHECK_PORTABLE = 0, FK_CHECK_EXACT, FK_CHECK_CUSTOM };
 
@@ -106,8 +95,9 @@ struct fk_check_result {
     void *owned;                 /* the row tables the keys point into */
 };
 
-/* The cross-machine band of a gateable metric at a level (aggregate or row). */
-const struct fk_check_band *fk_check_band_of(const char *metric, int aggregate);
+/* The cross-machine band of a gateable metric at a level (aggregate or row); NULL when the
+ * metric is not gateable. */
+const struct fk_band *fk_check_band_of(const char *metric, int aggregate);
 
 /* Runs the gate (or the update). FK_EINVAL on bad options, FK_EIO / FK_ECORRUPT /
  * FK_ENOMEM on unreadable or malformed inputs (a results key present twice is

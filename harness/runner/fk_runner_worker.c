@@ -189,7 +189,7 @@ enum outcome { OUT_DONE, OUT_FAILED, OUT_STOPPED, OUT_TIMEOUT, OUT_DIED, OUT_ERR
 /* Follows the worker through lane ln's cell: forwards its progress, kills it past the time
  * limit or half a second after a stop was asked for (it stops by itself within a decode
  * step unless it is stuck where no stop is read, in a plugin's loop). */
-static enum outcome worker_follow(struct lane *ln, int *status)
+static enum outcome worker_follow(struct lane *ln, int *status, struct fk_worker *said)
 {
     struct run *r = ln->r;
     struct fk_worker *w = ln->w;
@@ -222,13 +222,14 @@ static enum outcome worker_follow(struct lane *ln, int *status)
         }
     }
     int code = w->code;
+    *said = *w; /* what it said of the cell, kept past the reaping below */
     if (code < 0 || killed) { /* died, or killed: reap it; the next cell starts another */
         worker_reap(ln, status);
         if (timed_out)
             return OUT_TIMEOUT;
         if (stopped)
             return OUT_STOPPED;
-        return WIFSIGNALED(*status) ? OUT_DIED : OUT_ERROR;
+        return OUT_DIED; /* a signal, or exit() in the middle of the cell */
     }
     if (code == 0 && w->done)
         return OUT_DONE;
@@ -248,11 +249,9 @@ int fk_run_cell_isolated(struct lane *ln)
         FK_TRY(worker_start(ln));
     FK_TRY(worker_send(ln));
     int status = 0;
-    enum outcome oc = worker_follow(ln, &status);
+    struct fk_worker copy;
+    enum outcome oc = worker_follow(ln, &status, &copy);
     double dt = fk_wall_s() - c0;
-    struct fk_worker copy = {.rel_err = NAN};
-    if (ln->w)
-        copy = *ln->w;
     struct fk_runner_cell_end e = {.cell = ln->cell, .index = ln->index,
                                    .todo = r->sum->todo, .wall_s = dt, .rel_err = NAN};
     if (oc == OUT_STOPPED) {
@@ -270,9 +269,15 @@ int fk_run_cell_isolated(struct lane *ln)
                  r->o->cell_timeout);
         rc = fk_run_commit_failed(ln, "timeout", msg, &e);
     } else if (oc == OUT_DIED) {
-        int sig = WTERMSIG(status);
-        snprintf(msg, sizeof msg, "cell %s (codec %s): its process died of signal %d (%s)",
-                 ln->cell->id, ln->cell->ops->name, sig, strsignal(sig));
+        if (WIFSIGNALED(status))
+            snprintf(msg, sizeof msg, "cell %s (codec %s): its process died of signal %d (%s)",
+                     ln->cell->id, ln->cell->ops->name, WTERMSIG(status),
+                     strsignal(WTERMSIG(status)));
+        else
+            snprintf(msg, sizeof msg, "cell %s (codec %s): its process exited with status %d "
+                     "before finishing the cell%s%s", ln->cell->id, ln->cell->ops->name,
+                     WIFEXITED(status) ? WEXITSTATUS(status) : -1,
+                     copy.error[0] ? ": " : "", copy.error);
         rc = fk_run_commit_failed(ln, "crashed", msg, &e);
     } else if (oc == OUT_DONE) {
         e.vectors = copy.vectors;

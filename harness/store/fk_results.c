@@ -20,6 +20,7 @@
 #include "core/fk_registry.h"
 #include "formats/fk_h5.h"
 #include "store/fk_claim.h"
+#include "store/fk_metrics.h"
 #include "store/fk_results_loop.h"
 
 /* ---- text helpers ------------------------------------------------------------------ */
@@ -247,264 +248,6 @@ int fk_results_done(const char *dir, const char *id)
     return fk_results_state(dir, id, NULL, 0) == FK_CELL_OK;
 }
 
-/* ---- aggregation ----------------------------------------------------------------------- */
-
-struct headline {
-    double rel_err_mean, rel_err_k, rel_err_v, rel_err_enc_mean, rel_err_final_mean;
-    double energy_ratio, nnz_mean;
-    double attn_cos, attn_cos_p5, attn_relerr, attn_kl, top[3], attn_mass;
-    long attn_n, attn_skipped;
-    double dict_size_norm_final, inactive_after_prefill, inactive_k, inactive_v;
-    double inactive_overlap, gini, adapted_share, pool_recall[FK_RECALL_NS];
-    double support_agree, err_ratio;
-    double bytes_per_seq, bytes_full_per_seq, bytes_codes, bytes_buf, bytes_dict_seq;
-    double tokens_per_seq, bytes_per_token, macs_per_vec, cpu_us_per_vec;
-    double bytes_tok_head, bytes_tok_head_avg, bits_per_elem, bits_per_elem_avg, bytes_model;
-    double tok_heads, avg_heads, avg_sum, model_sum; /* sums behind the per-head bytes */
-    double appends, replacements, adapt_failed, growth_capped, collateral_reencodes;
-    double saturated, premature, guarded;
-    double t_corr, t_code, t_adapt;
-    long vectors, zero_vectors;
-    double attn_rkl, attn_retained, retained_frac; /* eviction (docs/RESULTS.md) */
-};
-
-static double stream_err(const struct fk_stream_result *s, double sum)
-{
-    return s->n_vectors ? sum / s->n_vectors : NAN;
-}
-
-/* Mean over values that are not NaN. */
-struct mean {
-    double s;
-    long n;
-};
-static void mean_add(struct mean *m, double v)
-{
-    if (!isnan(v)) {
-        m->s += v;
-        m->n++;
-    }
-}
-static double mean_get(const struct mean *m) { return m->n ? m->s / m->n : NAN; }
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-/* Means over the streams of a cell (per-stream values, K and V apart where needed). */
-struct stream_means {
-    struct mean kind_err[2], enc, fin, nnz, dict, inact[2], gini, ad, rec[FK_RECALL_NS];
-    struct mean agree, overlap;
-    double res2, x2, macs, cpu;
-    double scr_err, omp_err;     /* screened and full OMP errors summed over every stream */
-};
-
-/* Inactive-set overlap (Jaccard) of stream s with the same stream of later prompts, Fig. 1d. */
-static void add_overlap(const struct fk_cell_result *r, int t, int l, int k,
-                        struct mean *overlap)
-{
-    int T = r->n_traces, L = r->n_layers;
-    const struct fk_stream_result *s = &r->streams[((size_t)t * L + l) * 2 + k];
-    for (int u = t + 1; u < T; u++) {
-        const struct fk_stream_result *o = &r->streams[((size_t)u * L + l) * 2 + k];
-        if (!s->inactive || !o->inactive || s->st.n_base != o->st.n_base)
-            continue;
-        long inter = 0, uni = 0;
-        for (int j = 0; j < s->st.n_base; j++) {
-            inter += s->inactive[j] && o->inactive[j];
-            uni += s->inactive[j] || o->inactive[j];
-        }
-        mean_add(overlap, uni ? (double)inter / uni : NAN);
-    }
-}
-
-/* Adds one stream (trace t, layer l, kind k) to the means and the totals of h. */
-static void add_stream(const struct fk_cell_result *r, int t, int l, int k,
-                       struct stream_means *m, struct mean *over_tr, struct headline *h)
-{
-    int T = r->n_traces;
-    const struct fk_stream_result *s = &r->streams[((size_t)t * r->n_layers + l) * 2 + k];
-    mean_add(over_tr, stream_err(s, s->err_sum));
-    mean_add(&m->enc, stream_err(s, s->err_enc_sum));
-    mean_add(&m->fin, stream_err(s, s->err_final_sum));
-    mean_add(&m->nnz, stream_err(s, s->nnz_sum));
-    mean_add(&m->dict, s->st.n_base ? (double)s->st.n_atoms / s->st.n_base : 1.0);
-    mean_add(&m->inact[k], s->inactive_after_prefill);
-    mean_add(&m->gini, s->gini);
-    mean_add(&m->ad, s->adapted_share);
-    for (int q = 0; q < FK_RECALL_NS; q++)
-        mean_add(&m->rec[q], s->recall[q]);
-    mean_add(&m->agree, s->support_agree);
-    m->scr_err += s->screen_err_scr;
-    m->omp_err += s->screen_err_omp;
-    m->res2 += s->res2_sum;
-    m->x2 += s->x2_sum;
-    m->macs += s->st.macs;
-    m->cpu += s->cpu_s;
-    h->vectors += s->n_vectors;
-    h->zero_vectors += s->n_zero;
-    h->bytes_codes += s->st.bytes_codes / T;
-    h->bytes_buf += s->bytes_buf / T;
-    h->bytes_dict_seq += s->st.bytes_dict_seq / T;
-    h->bytes_full_per_seq += s->bytes_full / T;
-    if (k == 0) /* per (trace, layer): T H token-heads */
-        h->tok_heads += (double)s->n_tokens * s->n_heads;
-    if (!isnan(s->bytes_tok_avg)) {
-        h->avg_sum += s->bytes_tok_avg;
-        h->avg_heads += (double)s->n_heads / 2; /* K and V of one layer count one head */
-    }
-    if (t == 0)
-        h->model_sum += s->st.bytes_model;
-    h->appends += s->st.appends;
-    h->replacements += s->st.replacements;
-    h->adapt_failed += s->st.adapt_failed;
-    h->growth_capped += s->st.growth_capped;
-    h->collateral_reencodes += s->st.collateral_reencodes;
-    h->saturated += s->st.saturated;
-    h->premature += s->st.premature;
-    h->guarded += s->st.guarded;
-    h->t_corr += s->st.t_corr;
-    h->t_code += s->st.t_code;
-    h->t_adapt += s->st.t_adapt;
-    add_overlap(r, t, l, k, &m->overlap);
-}
-
-/* Headline values of the streams: errors, dictionary, bytes, cost. */
-static void aggregate_streams(const struct fk_cell_result *r, struct headline *h)
-{
-    int T = r->n_traces, L = r->n_layers;
-    struct stream_means m;
-    memset(&m, 0, sizeof m);
-    for (int k = 0; k < 2; k++) {
-        for (int l = 0; l < L; l++) {
-            struct mean over_tr = {0};
-            for (int t = 0; t < T; t++)
-                add_stream(r, t, l, k, &m, &over_tr, h);
-            mean_add(&m.kind_err[k], mean_get(&over_tr));
-        }
-    }
-    h->rel_err_k = mean_get(&m.kind_err[0]);
-    h->rel_err_v = mean_get(&m.kind_err[1]);
-    h->rel_err_mean = (h->rel_err_k + h->rel_err_v) / 2;
-    h->rel_err_enc_mean = mean_get(&m.enc);
-    h->rel_err_final_mean = mean_get(&m.fin);
-    h->nnz_mean = mean_get(&m.nnz);
-    h->energy_ratio = m.x2 > 0 ? m.res2 / m.x2 : NAN;
-    h->dict_size_norm_final = mean_get(&m.dict);
-    h->inactive_k = mean_get(&m.inact[0]);
-    h->inactive_v = mean_get(&m.inact[1]);
-    struct mean ia = {m.inact[0].s + m.inact[1].s, m.inact[0].n + m.inact[1].n};
-    h->inactive_after_prefill = mean_get(&ia);
-    h->inactive_overlap = mean_get(&m.overlap);
-    h->gini = mean_get(&m.gini);
-    h->adapted_share = mean_get(&m.ad);
-    for (int q = 0; q < FK_RECALL_NS; q++)
-        h->pool_recall[q] = mean_get(&m.rec[q]);
-    h->support_agree = mean_get(&m.agree);
-    /* a ratio of means over every recall vector of the cell: sum e_screened / sum e_omp
-     * (a mean of per-stream ratios lets one stream with a near-zero OMP error dominate) */
-    h->err_ratio = m.omp_err > 0 ? m.scr_err / m.omp_err : NAN;
-    h->bytes_per_seq = h->bytes_codes + h->bytes_buf + h->bytes_dict_seq;
-    for (int t = 0; t < T; t++)
-        h->tokens_per_seq += (double)r->streams[(size_t)t * L * 2].n_tokens / T;
-    h->bytes_per_token = h->tokens_per_seq > 0 ? h->bytes_per_seq / h->tokens_per_seq : NAN;
-    /* per token per KV head (K and V together, mean over layers), families.md 0.1.6 */
-    int hd = r->streams ? r->streams[0].head_dim : 0;
-    h->bytes_tok_head = h->tok_heads > 0 ? h->bytes_per_seq * T / h->tok_heads : NAN;
-    h->bytes_tok_head_avg = h->avg_heads > 0 ? h->avg_sum / h->avg_heads : NAN;
-    h->bits_per_elem = hd > 0 ? h->bytes_tok_head * 8 / (2.0 * hd) : NAN;
-    h->bits_per_elem_avg = hd > 0 ? h->bytes_tok_head_avg * 8 / (2.0 * hd) : NAN;
-    h->bytes_model = h->model_sum;
-    long vec = h->vectors + h->zero_vectors;
-    h->macs_per_vec = vec ? m.macs / vec : NAN;
-    h->cpu_us_per_vec = vec ? m.cpu / vec * 1e6 : NAN;
-}
-
-/* The 5% quantile of every attention cosine of the cell and the mean attention mass. */
-static int attn_p5_mass(const struct fk_cell_result *r, long nvals, struct headline *h)
-{
-    size_t n_acc = (size_t)r->n_traces * r->n_layers;
-    h->attn_cos_p5 = NAN;
-    h->attn_mass = h->attn_rkl = h->attn_retained = NAN;
-    if (nvals <= 0)
-        return FK_OK;
-    double *all = malloc(sizeof(double) * (size_t)nvals);
-    if (!all) /* a cell without its percentile is not a finished cell */
-        return fk_err(FK_ENOMEM, "out of memory (attention percentiles of %ld values)", nvals);
-    double mass = 0, rkl = 0, ret = 0;
-    long k = 0;
-    for (size_t i = 0; i < n_acc; i++) {
-        mass += r->attn[i].mass_sum;
-        rkl += r->attn[i].rkl_sum;
-        ret += r->attn[i].retained_sum;
-        for (long j = 0; j < r->attn[i].n && r->attn[i].cos_vals; j++)
-            all[k++] = r->attn[i].cos_vals[j];
-    }
-    if (k > 0) {
-        qsort(all, (size_t)k, sizeof *all, cmp_double);
-        double pos = 0.05 * (k - 1);
-        long lo = (long)floor(pos);
-        long hi = lo + 1 < k ? lo + 1 : lo;
-        h->attn_cos_p5 = all[lo] + (pos - lo) * (all[hi] - all[lo]);
-    }
-    h->attn_mass = mass / nvals;
-    h->attn_rkl = rkl / nvals;
-    h->attn_retained = ret / nvals;
-    free(all);
-    return FK_OK;
-}
-
-/* Attention fidelity: mean over heads -> layers -> traces; p5 over all values. */
-static int aggregate_attn(const struct fk_cell_result *r, struct headline *h)
-{
-    int T = r->n_traces, L = r->n_layers;
-    struct mean a_tr[6] = {{0}};
-    long nvals = 0;
-    for (int t = 0; t < T; t++) {
-        struct mean a_l[6] = {{0}};
-        for (int l = 0; l < L; l++) {
-            const struct fk_attn_acc *a = &r->attn[(size_t)t * L + l];
-            h->attn_skipped += a->skipped_steps;
-            h->attn_n += a->n;
-            nvals += a->n;
-            if (!a->n)
-                continue;
-            mean_add(&a_l[0], a->cos_sum / a->n);
-            mean_add(&a_l[1], a->relerr_sum / a->n);
-            mean_add(&a_l[2], a->kl_sum / a->n);
-            for (int q = 0; q < 3; q++)
-                mean_add(&a_l[3 + q], a->top_sum[q] / a->n);
-        }
-        for (int q = 0; q < 6; q++)
-            mean_add(&a_tr[q], mean_get(&a_l[q]));
-    }
-    h->attn_cos = mean_get(&a_tr[0]);
-    h->attn_relerr = mean_get(&a_tr[1]);
-    h->attn_kl = mean_get(&a_tr[2]);
-    for (int q = 0; q < 3; q++)
-        h->top[q] = mean_get(&a_tr[3 + q]);
-    return attn_p5_mass(r, nvals, h);
-}
-
-/* The headline metrics of a cell (spec algorithms.md section 10). */
-static int aggregate(const struct fk_cell_result *r, struct headline *h)
-{
-    memset(h, 0, sizeof *h);
-    aggregate_streams(r, h);
-    /* retained fraction: rows kept at the end over rows seen (the K streams; V has the same
-     * mask) */
-    double kept = 0, rows = 0;
-    for (size_t i = 0; i < (size_t)r->n_traces * r->n_layers; i++) {
-        const struct fk_stream_result *sk = &r->streams[2 * i];
-        kept += sk->n_kept;
-        rows += (double)sk->n_heads * sk->n_tokens;
-    }
-    h->retained_frac = rows > 0 ? kept / rows : NAN;
-    return aggregate_attn(r, h);
-}
-
 /* ---- writing a cell -------------------------------------------------------------------- */
 
 static void meta_opts(struct fk_sb *b, const struct fk_cell_meta *m)
@@ -650,102 +393,62 @@ static int write_h5(const char *path, const struct fk_cell_meta *m,
     return rc;
 }
 
-#define H_ITEMS(X)                                                                         \
-    X(rel_err_mean) X(rel_err_k) X(rel_err_v) X(rel_err_enc_mean) X(rel_err_final_mean)   \
-    X(energy_ratio) X(nnz_mean) X(attn_cos) X(attn_cos_p5) X(attn_relerr) X(attn_kl)      \
-    X(attn_mass) X(dict_size_norm_final) X(inactive_after_prefill) X(inactive_k)          \
-    X(inactive_v) X(inactive_overlap) X(gini) X(adapted_share) X(support_agree)           \
-    X(err_ratio) X(bytes_per_seq) X(bytes_full_per_seq) X(bytes_codes) X(bytes_buf)       \
-    X(bytes_dict_seq) X(tokens_per_seq) X(bytes_per_token) X(bytes_tok_head)              \
-    X(bytes_tok_head_avg) X(bits_per_elem) X(bits_per_elem_avg) X(bytes_model)            \
-    X(macs_per_vec) X(cpu_us_per_vec) X(appends) X(replacements)                          \
-    X(adapt_failed) X(growth_capped) X(collateral_reencodes) X(saturated) X(premature)   \
-    X(guarded)                                                                            \
-    X(t_corr) X(t_code)                                                                   \
-    X(t_adapt)                                                                            \
-    X(attn_rkl) X(attn_retained) X(retained_frac)
-
-/* cells/<id>.summary.csv: one row per trace x layer x kind (summary.csv without header). */
+/* cells/<id>.summary.csv: one row per trace x layer x kind (summary.csv without header):
+ * the identity columns, then every metric with a row getter, in table order. */
 static int summary_rows(const struct fk_cell_meta *m, const struct fk_cell_result *r,
                         struct fk_sb *b)
 {
+    int dict = (m->ops->caps & FK_CAP_DICT) != 0;
     for (int t = 0; t < r->n_traces; t++)
         for (int l = 0; l < r->n_layers; l++)
             for (int k = 0; k < 2; k++) {
                 const struct fk_stream_result *s =
                     &r->streams[((size_t)t * r->n_layers + l) * 2 + k];
-                const struct fk_attn_acc *a = &r->attn[(size_t)t * r->n_layers + l];
                 double lv[5]; /* closed loop (fk_results_loop_layer) */
                 fk_results_loop_layer(m->loop, t, l, lv);
+                struct fk_metric_row row = {.s = s, .a = &r->attn[(size_t)t * r->n_layers + l],
+                                            .loop = lv, .dict = dict};
                 fk_sb_printf(b, "%s,%s,", m->id, m->ops->name);
                 fk_csv_field(b, base_name(m->traces[t]));
-                fk_sb_printf(b, ",%d,%s,%ld,%ld,", l, k ? "V" : "K", s->n_vectors, s->n_zero);
-                double v[] = {
-                    stream_err(s, s->err_sum), stream_err(s, s->err_enc_sum),
-                    stream_err(s, s->err_final_sum), s->x2_sum > 0 ? s->res2_sum / s->x2_sum : NAN,
-                    stream_err(s, s->nnz_sum),
-                    a->n ? a->cos_sum / a->n : NAN, a->n ? a->kl_sum / a->n : NAN,
-                    a->n ? a->top_sum[0] / a->n : NAN, a->n ? a->top_sum[1] / a->n : NAN,
-                    a->n ? a->top_sum[2] / a->n : NAN, a->n ? a->relerr_sum / a->n : NAN,
-                    a->n ? a->mass_sum / a->n : NAN,
-                    (m->ops->caps & FK_CAP_DICT) && s->st.n_base
-                        ? (double)s->st.n_atoms / s->st.n_base : NAN,
-                    s->inactive_after_prefill, s->gini, s->adapted_share, s->recall[5],
-                    s->support_agree, s->err_ratio,
-                    s->st.bytes_codes + s->bytes_buf + s->st.bytes_dict_seq, s->bytes_full,
-                    (double)s->st.appends, (double)s->st.replacements, (double)s->st.adapt_failed,
-                    s->cpu_s, s->st.macs, lv[0], lv[1], lv[2], lv[3], lv[4],
-                };
-                for (size_t i = 0; i < sizeof v / sizeof v[0]; i++) {
-                    sb_num(b, v[i]);
-                    fk_sb_printf(b, i + 1 < sizeof v / sizeof v[0] ? "," : "\n");
-                }
+                fk_sb_printf(b, ",%d,%s,%ld,%ld", l, k ? "V" : "K", s->n_vectors, s->n_zero);
+                for (const struct fk_metric *x = fk_metrics; x->name; x++)
+                    if (x->row) {
+                        fk_sb_printf(b, ",");
+                        sb_num(b, x->row(&row));
+                    }
+                fk_sb_printf(b, "\n");
             }
     return b->oom ? fk_err(FK_ENOMEM, "out of memory") : FK_OK;
 }
 
-/* cells/<id>.meta of a finished cell: identity, options, headline metrics, timing. */
-/* Metrics a codec's family does not define are empty (NaN), never zero: the dictionary's
- * size and adaptation counters without a dictionary, early-stopped codes without sparse
- * codes, FP8 saturations without FP8 coefficients, and the analytical cost without a cost
- * model. */
-static void undefined_empty(const struct fk_codec_ops *ops, const void *opts,
-                            struct headline *h)
-{
-    if (!(ops->caps & FK_CAP_DICT)) {
-        h->dict_size_norm_final = h->appends = h->replacements = NAN;
-        h->adapt_failed = h->growth_capped = h->collateral_reencodes = NAN;
-    }
-    if (!(ops->caps & FK_CAP_SPARSE))
-        h->premature = h->guarded = NAN;
-    const struct fk_option *co = fk_codec_option(ops, "coef");
-    if (!co || strcmp(co->choices ? co->choices[(int)fk_opts_get(opts, co)] : "", "fp8"))
-        h->saturated = NAN;
-    if (!ops->estimate_macs && h->macs_per_vec == 0)
-        h->macs_per_vec = NAN;
-}
-
+/* cells/<id>.meta of a finished cell: identity, options, then every metric with a cell value
+ * (the table's; the closed loop's only for a model dataset). */
 static int meta_text(const struct fk_cell_meta *m, const struct fk_cell_result *r,
                      struct fk_sb *mb)
 {
-    struct headline h;
-    FK_TRY(aggregate(r, &h));
-    undefined_empty(m->ops, m->opts, &h);
-    meta_head(mb, m, "ok");
-#define X(name) fk_sb_printf(mb, #name "\t%.9g\n", (double)h.name);
-    H_ITEMS(X)
-#undef X
-    fk_results_loop_meta(mb, m->loop);
-    fk_sb_printf(mb, "top1_overlap\t%.9g\ntop8_overlap\t%.9g\ntop32_overlap\t%.9g\n", h.top[0],
-              h.top[1], h.top[2]);
-    for (int q = 0; q < FK_RECALL_NS; q++)
-        fk_sb_printf(mb, "pool_recall_%d\t%.9g\n", 8 << q, h.pool_recall[q]);
-    fk_sb_printf(mb, "vectors\t%ld\nzero_vectors\t%ld\nattn_evals\t%ld\nattn_skipped_steps\t%ld\n",
-              h.vectors, h.zero_vectors, h.attn_n, h.attn_skipped);
-    fk_sb_printf(mb, "wall_s\t%.6g\nt_io\t%.6g\nt_encode\t%.6g\nt_attn\t%.6g\nt_metrics\t%.6g\n"
-              "t_gram\t%.6g\nt_policy\t%.6g\n", r->wall_s, r->t_io, r->t_encode, r->t_attn,
-              r->t_metrics, r->t_gram, r->t_policy);
-    return mb->oom ? fk_err(FK_ENOMEM, "out of memory") : FK_OK;
+    int n = fk_metric_count();
+    double *v = malloc(sizeof(double) * (size_t)n);
+    if (!v)
+        return fk_err(FK_ENOMEM, "out of memory");
+    int rc = fk_metrics_cell(r, m->loop, m->ops, m->opts, v);
+    if (rc == FK_OK) {
+        meta_head(mb, m, "ok");
+        for (int i = 0; i < n; i++) {
+            const struct fk_metric *x = &fk_metrics[i];
+            if (x->agg == FK_AGG_NONE || x->agg == FK_AGG_TABLE ||
+                (x->agg == FK_AGG_LOOP && !m->loop))
+                continue;
+            if (x->flags & FK_MF_INT)
+                fk_sb_printf(mb, "%s\t%.0f\n", x->name, v[i]);
+            else if (x->flags & FK_MF_TIMING)
+                fk_sb_printf(mb, "%s\t%.6g\n", x->name, v[i]);
+            else
+                fk_sb_printf(mb, "%s\t%.9g\n", x->name, v[i]);
+        }
+        rc = mb->oom ? fk_err(FK_ENOMEM, "out of memory") : FK_OK;
+    }
+    free(v);
+    return rc;
 }
 
 /* Writes text to DIR/cells/<id>.<ext> atomically. */
@@ -909,29 +612,21 @@ int fk_results_metric(const char *dir, const char *id, const char *name, double 
     return FK_OK;
 }
 
-static const char *const cell_metrics[] = {
-    "rel_err_mean", "rel_err_k", "rel_err_v", "rel_err_enc_mean", "rel_err_final_mean",
-    "energy_ratio", "nnz_mean", "attn_cos", "attn_cos_p5", "attn_kl", "attn_relerr",
-    "attn_mass", "top1_overlap", "top8_overlap", "top32_overlap", "dict_size_norm_final",
-    "inactive_after_prefill", "inactive_k", "inactive_v", "inactive_overlap", "gini",
-    "adapted_share", "pool_recall_8", "pool_recall_16", "pool_recall_32", "pool_recall_64",
-    "pool_recall_128", "pool_recall_256", "pool_recall_512", "pool_recall_1024",
-    "support_agree", "err_ratio", "bytes_per_seq", "bytes_full_per_seq", "bytes_codes",
-    "bytes_buf", "bytes_dict_seq", "tokens_per_seq", "bytes_per_token", "bytes_tok_head",
-    "bytes_tok_head_avg", "bits_per_elem", "bits_per_elem_avg", "bytes_model", "macs_per_vec",
-    "cpu_us_per_vec", "appends",
-    "replacements", "adapt_failed", "growth_capped", "collateral_reencodes", "saturated", "premature",
-    "guarded",
-    "vectors", "zero_vectors", "attn_evals", "attn_skipped_steps", "wall_s",
-    "attn_rkl", "attn_retained", "retained_frac", NULL,
-};
+/* 1 when metric x is a cells.csv column. */
+static int cells_column(const struct fk_metric *x)
+{
+    return x->agg != FK_AGG_NONE && !(x->flags & FK_MF_META_ONLY);
+}
 
-static const char summary_header[] =
-    "cell_id,codec,trace,layer,kind,n_vectors,n_zero,rel_err_mean,rel_err_enc_mean,"
-    "rel_err_final_mean,energy_ratio,nnz_mean,attn_cos,attn_kl,top1_overlap,top8_overlap,"
-    "top32_overlap,attn_relerr,attn_mass,dict_size_norm_final,inactive_after_prefill,gini,"
-    "adapted_share,pool_recall_256,support_agree,err_ratio,bytes,bytes_full,appends,"
-    "replacements,adapt_failed,cpu_s,macs,loop_attn_cos,loop_attn_kl,e2e_kl,e2e_top1,e2e_nll_diff\n";
+/* summary.csv's header: the identity columns, then every metric with a row getter. */
+static void summary_header(struct fk_sb *b)
+{
+    fk_sb_printf(b, "cell_id,codec,trace,layer,kind,n_vectors,n_zero");
+    for (const struct fk_metric *x = fk_metrics; x->name; x++)
+        if (x->row)
+            fk_sb_printf(b, ",%s", x->name);
+    fk_sb_printf(b, "\n");
+}
 
 /* The union of the option columns of every registered codec, in registry order. */
 static int option_columns(const char **cols, int cap)
@@ -965,11 +660,10 @@ static void cells_header(struct fk_sb *b, const char *const *opt_cols, int n_opt
     for (int j = 0; j < n_opt; j++)
         fk_sb_printf(b, ",%s", opt_cols[j]);
     fk_sb_printf(b, ",n_traces,traces,dictionary,basis,seed,attn_stride,repeat");
-    for (int j = 0; cell_metrics[j]; j++)
-        fk_sb_printf(b, ",%s", cell_metrics[j]);
-    for (int j = 0; fk_loop_metric_names[j]; j++)
-        fk_sb_printf(b, ",%s", fk_loop_metric_names[j]);
-    fk_sb_printf(b, ",bytes_ratio_full,cost_mac_rel,cpu_time_rel,error\n");
+    for (const struct fk_metric *x = fk_metrics; x->name; x++)
+        if (cells_column(x))
+            fk_sb_printf(b, ",%s", x->name);
+    fk_sb_printf(b, ",error\n");
 }
 
 /* The cost reference of cell m: the first finished cell of codec `baseline` on the same
@@ -988,6 +682,21 @@ static const struct kv *cost_reference(const struct kv *metas, const uint8_t *ha
         return &metas[r];
     }
     return NULL;
+}
+
+/* The FK_AGG_TABLE values of cell m: from its other values and its cost reference ref
+ * (NULL: none). */
+static double table_value(const struct kv *m, const char *name, const struct kv *ref)
+{
+    if (!strcmp(name, "bytes_ratio_full")) {
+        double full = kv_num(m, "bytes_full_per_seq"), seq = kv_num(m, "bytes_per_seq");
+        return full > 0 ? seq / full : NAN;
+    }
+    if (!strcmp(name, "cost_mac_rel"))
+        return ref ? kv_num(m, "macs_per_vec") / kv_num(ref, "macs_per_vec") : NAN;
+    if (!strcmp(name, "cpu_time_rel"))
+        return ref ? kv_num(m, "cpu_us_per_vec") / kv_num(ref, "cpu_us_per_vec") : NAN;
+    return NAN;
 }
 
 /* One cells.csv row (ref: the cost reference or NULL). */
@@ -1011,27 +720,12 @@ static void cells_row(struct fk_sb *b, const struct kv *m, const char *const *op
     fk_csv_field(b, kv_get(m, "basis"));
     fk_sb_printf(b, ",%s,%s,%s", kv_get(m, "seed"), kv_get(m, "attn_stride"),
                  kv_get(m, "repeat"));
-    for (int j = 0; cell_metrics[j]; j++) {
+    for (const struct fk_metric *x = fk_metrics; x->name; x++) {
+        if (!cells_column(x))
+            continue;
         fk_sb_printf(b, ",");
-        sb_num(b, kv_num(m, cell_metrics[j]));
+        sb_num(b, x->agg == FK_AGG_TABLE ? table_value(m, x->name, ref) : kv_num(m, x->name));
     }
-    for (int j = 0; fk_loop_metric_names[j]; j++) {
-        fk_sb_printf(b, ",");
-        sb_num(b, kv_num(m, fk_loop_metric_names[j]));
-    }
-    /* bytes per token: per sequence bytes over the mean trace length */
-    double full = kv_num(m, "bytes_full_per_seq"), seq = kv_num(m, "bytes_per_seq");
-    fk_sb_printf(b, ",");
-    sb_num(b, full > 0 ? seq / full : NAN);
-    double mac_rel = NAN, cpu_rel = NAN;
-    if (ref) {
-        mac_rel = kv_num(m, "macs_per_vec") / kv_num(ref, "macs_per_vec");
-        cpu_rel = kv_num(m, "cpu_us_per_vec") / kv_num(ref, "cpu_us_per_vec");
-    }
-    fk_sb_printf(b, ",");
-    sb_num(b, mac_rel);
-    fk_sb_printf(b, ",");
-    sb_num(b, cpu_rel);
     fk_sb_printf(b, ",");
     fk_csv_field(b, kv_get(m, "error"));
     fk_sb_printf(b, "\n");
@@ -1106,7 +800,7 @@ static int tables_locked(const char *dir, const char *const *ids, int n_ids,
     int n_opt = option_columns(opt_cols, 256);
     struct fk_sb b = {0}, s = {0};
     cells_header(&b, opt_cols, n_opt);
-    fk_sb_printf(&s, "%s", summary_header);
+    summary_header(&s);
     for (int i = 0; i < n_ids && rc == FK_OK; i++) {
         if (!have[i])
             continue;

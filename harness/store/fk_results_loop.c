@@ -12,14 +12,10 @@
 #include "common/fk_err.h"
 #include "formats/fk_h5.h"
 
-const char *const fk_loop_metric_names[] = {
-    "e2e_kl", "e2e_kl_max", "e2e_top1", "e2e_nll_exact", "e2e_nll_codec", "e2e_nll_diff",
-    "e2e_ppl_ratio", "free_first_diverge", "free_diverged", "free_token_agree",
-    "loop_attn_cos", "loop_attn_kl", "loop_steps", NULL,
-};
-
-void fk_results_loop_meta(struct fk_sb *b, const struct fk_cell_loop *L)
+void fk_results_loop_head(const struct fk_cell_loop *L, double v[FK_LOOP_NHEAD])
 {
+    for (int i = 0; i < FK_LOOP_NHEAD; i++)
+        v[i] = NAN;
     if (!L)
         return;
     size_t n = (size_t)L->n_prompts * L->n_steps;
@@ -45,11 +41,10 @@ void fk_results_loop_meta(struct fk_sb *b, const struct fk_cell_loop *L)
             na++;
         }
     double N = n ? (double)n : NAN, P = L->n_prompts ? L->n_prompts : NAN;
-    double v[] = {kl / N, n ? kmax : NAN, top / N, ne / N, nc / N, (nc - ne) / N,
-                  exp((nc - ne) / N), fd / P, div / P, agree / N, na ? ac / na : NAN,
-                  na ? ak / na : NAN, (double)n};
-    for (int i = 0; fk_loop_metric_names[i]; i++)
-        fk_sb_printf(b, "%s\t%.9g\n", fk_loop_metric_names[i], v[i]);
+    double h[FK_LOOP_NHEAD] = {kl / N, n ? kmax : NAN, top / N, ne / N, nc / N, (nc - ne) / N,
+                               exp((nc - ne) / N), fd / P, div / P, agree / N,
+                               na ? ac / na : NAN, na ? ak / na : NAN, (double)n};
+    memcpy(v, h, sizeof h);
 }
 
 int fk_results_loop_h5(int64_t trace_group, const struct fk_cell_loop *L, int p)
