@@ -334,12 +334,21 @@ name = "lexico"
 coef = 4' "exclude-enum-not-string.toml:9:" "string"
 CFG_BUG=-
 
-# a check that needs the data's shape or the dictionary's N refuses the run before any cell
+# a check that needs the data's shape or the dictionary's N refuses the sweep as it resolves
+# (so --dry-run and --print-config refuse it too), naming the block, dataset and dictionary
 cfg_case n-greater-than-N '[[codec]]
 name = "fadkv"
 s = 4
 n = 500
-n_b = 16' "pool size n = 500 exceeds the dictionary's N = 128 atoms" "codec 'fadkv' on dataset"
+n_b = 16' "pool size n = 500 exceeds the dictionary's N = 128 atoms" \
+    "n-greater-than-N.toml:6:" "codec 'fadkv' (dataset 'default', dictionary" "of N = 128 atoms"
+for flag in --dry-run --print-config; do
+    begin "config: n > N refused by $flag"
+    run "n-greater-than-N$flag" --config "$W/n-greater-than-N.toml" $flag
+    chk "exit status 1 (got $RC)" - test "$RC" = 1
+    chk "message has 'exceeds the dictionary'" - has "exceeds the dictionary's N = 128 atoms"
+    end
+done
 
 # The low-rank codec's basis: refused before any cell, naming the dataset, codec and file.
 BASIS=$DICTS/aidreams-260k-basis.h5  # 4 layers, 4 KV heads, head_dim 16, group 1: 16 components
@@ -373,6 +382,7 @@ heavy = 8' "evict-option-of-another-policy.toml:9:1" "unknown option 'heavy'" \
     "full+streaming" "sinks, recent"
 cfg_case evict-bad-option-value '[[codec]]
 name = "kivi"
+group = 8
 evict = "scope"
 decode_budget = 64
 recent = 100' "evict-bad-option-value.toml:" "scope: recent = 100 must not exceed decode_budget = 64"

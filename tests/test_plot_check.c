@@ -22,7 +22,10 @@
 #include "report/fk_check.h"
 #include "report/fk_plotdata.h"
 #include "formats/fk_trace.h"
+#include "core/fk_registry.h"
+#include "store/fk_metrics.h"
 #include "store/fk_results.h"
+#include "store/fk_results_loop.h"
 
 #include <check.h>
 #include <gsl/gsl_randist.h>
@@ -253,9 +256,10 @@ START_TEST(check_gate)
     int has_default = 0, has_s4 = 0;
     for (int i = 0; i < b.n_rows; i++) {
         has_default |= !strcmp(b.rows[i][opt], "default");
-        has_s4 |= !strcmp(b.rows[i][opt], "s=4");
+        has_s4 |= !strcmp(b.rows[i][opt], "n=256;s=4");
     }
-    ck_assert(has_default && has_s4);    /* lexico at defaults; gm: only s differs (n=256) */
+    /* lexico at defaults; gm: s and n differ from the defaults (8; 0, N/16 from the data) */
+    ck_assert(has_default && has_s4);
     fk_csv_free(&b);
     /* identical: pass */
     ck_assert_int_eq(run_check(0, RTOL, ATOL, &r), 0);
@@ -290,13 +294,13 @@ START_TEST(check_gate)
     summary(0.1, "bbbbbbbbbbbbbbb1", 1, 0);
     ck_assert_int_eq(run_check(0, RTOL, ATOL, &r), 1);
     ck_assert_int_eq(r.missing, 1);
-    ck_assert(has_diff(&r, FK_CHECK_MISSING, "gm,ds,s=4,0,t1.h5,1,V", 0));
-    ck_assert(has_diff(&r, FK_CHECK_DRIFT, "gm,ds,s=4,0,*,*,V", 0)); /* its mean moved */
+    ck_assert(has_diff(&r, FK_CHECK_MISSING, "gm,ds,n=256;s=4,0,t1.h5,1,V", 0));
+    ck_assert(has_diff(&r, FK_CHECK_DRIFT, "gm,ds,n=256;s=4,0,*,*,V", 0)); /* its mean moved */
     fk_check_result_free(&r);
     summary(0.1, "bbbbbbbbbbbbbbb1", 0, 1);
     ck_assert_int_eq(run_check(0, RTOL, ATOL, &r), 0); /* not in the K mean either */
     ck_assert_int_eq(r.extra, 1);
-    ck_assert(has_diff(&r, FK_CHECK_EXTRA, "gm,ds,s=4,0,t2.h5,0,K", 0));
+    ck_assert(has_diff(&r, FK_CHECK_EXTRA, "gm,ds,n=256;s=4,0,t2.h5,0,K", 0));
     fk_check_result_free(&r);
     /* NaN in the results where the baseline has a number: a drift */
     put("res/cells.csv", cells_csv);
@@ -807,12 +811,88 @@ START_TEST(export_cross_family_old_results)
 }
 END_TEST
 
+
+/* The metric table's rules, and a cell value aggregated by the table (FK_AGG_STREAMS) against
+ * the mean written out here over a hand-made cell of 2 traces x 3 layers. */
+START_TEST(metric_table)
+{
+    int n = fk_metric_count(), per_group[16] = {0};
+    ck_assert_int_ge(n, 80);
+    for (int i = 0; i < n; i++) {
+        const struct fk_metric *m = &fk_metrics[i];
+        ck_assert_msg(strspn(m->name, "abcdefghijklmnopqrstuvwxyz0123456789_") ==
+                          strlen(m->name), "metric %s: not [a-z0-9_]", m->name);
+        ck_assert_msg(fk_metric_find(m->name) == m, "metric %s is listed twice", m->name);
+        int g = 0;
+        while (fk_metric_groups[g] && strcmp(fk_metric_groups[g], m->group))
+            g++;
+        ck_assert_msg(fk_metric_groups[g] != NULL, "metric %s: group '%s' is not one of "
+                      "fk_metric_groups", m->name, m->group);
+        per_group[g]++;
+        ck_assert_msg(m->def && strlen(m->def) > 10, "metric %s has no definition", m->name);
+        ck_assert_msg(m->better >= -1 && m->better <= 1, "metric %s: better", m->name);
+        if (m->flags & FK_MF_GATE) /* gated: a row to gate, and bands that let noise pass */
+            ck_assert_msg(m->row && m->band_agg.rtol + m->band_agg.atol > 0 &&
+                              m->band_row.rtol + m->band_row.atol > 0 &&
+                              !(m->flags & FK_MF_TIMING),
+                          "gated metric %s lacks a row getter or bands, or is a time", m->name);
+        if (m->agg == FK_AGG_STREAMS || m->agg == FK_AGG_NONE)
+            ck_assert_msg(m->row != NULL, "metric %s: no row to aggregate or write", m->name);
+        if (m->agg == FK_AGG_LOOP)
+            ck_assert_msg(m->cell < FK_LOOP_NHEAD, "metric %s: loop index %zu", m->name, m->cell);
+        if (m->agg == FK_AGG_TABLE || (m->flags & FK_MF_META_ONLY))
+            ck_assert_msg(m->row == NULL, "metric %s: a table or .meta value with a row",
+                          m->name);
+    }
+    for (int g = 0; fk_metric_groups[g]; g++)
+        ck_assert_msg(per_group[g] > 0, "group %s has no metric", fk_metric_groups[g]);
+    ck_assert_ptr_null(fk_metric_find("no_such_metric"));
+
+    enum { T = 2, L = 3 };
+    struct fk_stream_result st[2 * T * L];
+    struct fk_attn_acc at[T * L];
+    memset(st, 0, sizeof st);
+    memset(at, 0, sizeof at);
+    struct fk_cell_result r = {.n_traces = T, .n_layers = L, .streams = st, .attn = at};
+    double want = 0;
+    int k = 0;
+    for (int i = 0; i < 2 * T * L; i++) {
+        st[i].n_tokens = 8;
+        st[i].n_heads = 2;
+        st[i].bytes_full = 64;
+        st[i].gini = i == 4 ? NAN : 0.1 + 0.03 * i; /* NaN is left out of the mean */
+        if (i != 4) {
+            want += st[i].gini;
+            k++;
+        }
+    }
+    want /= k;
+    const struct fk_codec_ops *ops = fk_codec_find("gm");
+    ck_assert_ptr_nonnull(ops);
+    void *opts = calloc(1, ops->opts_size);
+    ck_assert_ptr_nonnull(opts);
+    fk_opts_defaults(ops, opts);
+    double *v = malloc(sizeof(double) * (size_t)n);
+    ck_assert_ptr_nonnull(v);
+    ck_assert_int_eq(fk_metrics_cell(&r, NULL, ops, opts, v), FK_OK);
+    int gi = (int)(fk_metric_find("gini") - fk_metrics);
+    ck_assert_double_eq_tol(v[gi], want, 1e-15);
+    int li = (int)(fk_metric_find("e2e_kl") - fk_metrics); /* no closed loop: empty */
+    ck_assert(isnan(v[li]));
+    int si = (int)(fk_metric_find("saturated") - fk_metrics); /* fp8 by default: defined */
+    ck_assert(!isnan(v[si]));
+    free(v);
+    free(opts);
+}
+END_TEST
+
 static Suite *plot_suite(void)
 {
     Suite *s = suite_create("plot_check");
     TCase *tc = tcase_create("core");
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, csv_quoting);
+    tcase_add_test(tc, metric_table);
     tcase_add_test(tc, boot_exact_small);
     tcase_add_test(tc, boot_normal_theory);
     tcase_add_test(tc, check_gate);

@@ -92,18 +92,20 @@ full2=$("$bin" --config "$tmp/cfg/sweep.toml" --dry-run | awk '$2 == "full" {pri
 expect 0 "absmax8" "$bin" --plugin "$tmp/cfg/absmax8.so" --config "$tmp/cfg/sweep.toml" --dry-run
 
 # 5. broken plugins: caught by the suite, or refused at load with the file and the reason
+abi=$(sed -n 's/^#define FK_PLUGIN_ABI_VERSION \([0-9]*\).*/\1/p' "$src/codecs/core/fk_codec.h")
+[ -n "$abi" ] || fail "no FK_PLUGIN_ABI_VERSION in $src/codecs/core/fk_codec.h"
 expect 1 "FAIL +errors +row \(head [0-9]+, token [0-9]+\): encode\(\) reported err 0\.0+, but" \
     "$bin" conformance "${broken[0]}"
 expect 1 "copy32: [0-9] of 8 rules kept" "$bin" conformance "${broken[0]}"
 expect 1 "FAIL +determinism .*first run.*second" "$bin" conformance "${broken[1]}"
-expect 1 "plugin ${broken[2]} was built for plugin ABI version 99, this fadkv-bench has ABI version 4" \
+expect 1 "plugin ${broken[2]} was built for plugin ABI version 99, this fadkv-bench has ABI version $abi" \
     "$bin" conformance "${broken[2]}"
 expect 1 "plugin ${broken[2]} was built for plugin ABI version 99" "$bin" --plugin "${broken[2]}" codecs
 expect 1 "plugin ${broken[3]} is no fadkv-bench plugin: it exports no fk_plugin_abi\(\)" \
     "$bin" --plugin "${broken[3]}" codecs
 expect 1 "plugin ${broken[4]}: its codec 'full' clashes with the built-in codec full" \
     "$bin" --plugin "${broken[4]}" codecs
-expect 1 "plugin ${broken[5]} says ABI version 4, but its struct fk_codec_ops is [0-9]+ bytes and this fadkv-bench's [0-9]+: it was built against another core/fk_codec.h" \
+expect 1 "plugin ${broken[5]} says ABI version $abi, but its struct fk_codec_ops is [0-9]+ bytes and this fadkv-bench's [0-9]+: it was built against another core/fk_codec.h" \
     "$bin" --plugin "${broken[5]}" codecs
 expect 1 "plugin $tmp/nothing.so: no such file" "$bin" --plugin "$tmp/nothing.so" codecs
 expect 1 "codec 'absmax8' clashes with the codec of plugin $plugin" \

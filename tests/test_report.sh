@@ -50,6 +50,13 @@ check "self-contained: no network or file reference" \
     bash -c "! grep -qE '(src|href)=\"(https?:|file:|//)' '$R'"
 check "the cells table lists every cell" \
     test "$(grep -o '<tr><td>' "$R" | wc -l)" -ge "$(($(wc -l <"$W/res/cells.csv") - 1))"
+# the cells table's columns grouped as the metric table groups them, definitions in tooltips
+groups=$(grep -o '<tr class="groups">.*</tr><tr>' "$R" | grep -o '<th colspan="[0-9]*">[a-z ]*</th>' |
+         sed 's/<[^>]*>//g' | tr '\n' ',')
+check "the cells table's column groups: $groups" \
+    bash -c "[[ '$groups' == cell,error,attention,memory,cost,dictionary,* ]]"
+check "a metric's header carries its definition" \
+    grep -q '<th title="cosine of the exact and the compressed attention output[^"]*(higher is better)">attn_cos</th>' "$R"
 check "the equal-budget table and the provenance are there" \
     bash -c "grep -q 'Equal-budget tables' '$R' && grep -q 'Provenance' '$R'"
 

@@ -238,4 +238,5 @@ const struct fk_codec_ops fk_codec_topk = {
     .atoms = topk_atoms,
     .stats = topk_stats,
     .close = topk_close,
+    .roles = (const struct fk_role[]){{FK_ROLE_SPARSITY, "s"}, {0, NULL}},
 };

@@ -109,6 +109,27 @@ enum fk_cap {
                                * that grows or adapts cannot be composed with a policy */
 };
 
+/* What an option is to the harness beyond its value (fk_codec_ops.roles): the recall
+ * diagnostics, the cost reference, the paper's figures and the conformance suite find a
+ * codec's options by role, never by name. */
+enum fk_opt_role {
+    FK_ROLE_SPARSITY = 1,     /* INT: atoms (coefficients) per stored code, the paper's s:
+                               * recall's OMP sparsity, the cost reference's key (cells of
+                               * the cost baseline with the same value), Fig. 3d's y */
+    FK_ROLE_POOL,             /* INT: the screened pool's size, the paper's n: the screening
+                               * diagnostics' n (256 for a codec without one) */
+    FK_ROLE_COHERENCE,        /* adaptation's coherence threshold (tau_c): Fig. 3c's x */
+    FK_ROLE_DELTA_K,          /* adaptation's error threshold of keys: Fig. 3c's y */
+    FK_ROLE_DELTA_V,          /* ... and of values */
+    FK_ROLE_GROUP,            /* INT: a quantiser's group length along the head dimension */
+    FK_ROLE_WINDOW,           /* INT: tokens the codec's own buffer rule keeps exact */
+    FK_ROLE_INDEX_BYTES,      /* INT: bytes per stored atom index */
+};
+struct fk_role {
+    int role;                 /* enum fk_opt_role */
+    const char *option;       /* the name of the codec's option that has it */
+};
+
 /* What a codec needs from the data under given options, beyond its capability flags
  * (fk_codec_ops.needs): the harness refuses a cell whose data lack it before any cell. */
 enum fk_need {
@@ -259,6 +280,13 @@ struct fk_codec_ops {
      * the sweep's estimate for progress and --dry-run. NULL: m (a copy). */
     double (*estimate_macs)(const void *opts, int m, int n_atoms);
     void (*close)(void *state); /* accepts NULL and half-opened states */
+    /* (optional) The roles of its options, {0, NULL}-terminated (NULL: none). */
+    const struct fk_role *roles;
+    /* (optional) Fills the options whose default depends on the data, before check: the
+     * sweep calls it with the dataset's head_dim and dictionary N when it knows them (0: not
+     * known; leave such an option as it is, and decide it at open). The screening codecs'
+     * pool n = 0 becomes N / 16 (at least s), the paper's ratio. */
+    void (*resolve)(void *opts, int head_dim, int n_atoms);
 };
 
 /* ---- plugins ----------------------------------------------------------------------------
@@ -276,8 +304,9 @@ struct fk_codec_ops {
  * declares (fk_opts_*, fk_codec_option, fk_coef_names, fk_err) are the executable's: a
  * plugin links against nothing of fadkv-bench. FK_PLUGIN_ABI_VERSION changes with any
  * change of the structs of this header (4, 7 December 2026: struct fk_stream_env lost the
- * rows ahead, now internal to the built-in codecs, core/fk_registry.h). */
-#define FK_PLUGIN_ABI_VERSION 4
+ * rows ahead, now internal to the built-in codecs, core/fk_registry.h; 5, the same day:
+ * struct fk_codec_ops gained the roles of its options and resolve). */
+#define FK_PLUGIN_ABI_VERSION 5
 #define FK_PLUGIN_ENTRY "fk_plugin_abi"
 struct fk_plugin {
     int abi_version;             /* FK_PLUGIN_ABI_VERSION the plugin was built with */
@@ -293,6 +322,8 @@ const struct fk_plugin *fk_plugin_abi(void); /* what a plugin defines */
 
 /* The option of a codec named `name`, or NULL. */
 const struct fk_option *fk_codec_option(const struct fk_codec_ops *ops, const char *name);
+/* The option of a codec with role `role` (enum fk_opt_role), or NULL. */
+const struct fk_option *fk_codec_role(const struct fk_codec_ops *ops, int role);
 
 /* Option values: defaults, set (range-checked, message names the option and the range),
  * get as double, and canonical text ("8", "0.5", "fp8"). */

@@ -20,6 +20,14 @@ const struct fk_option *fk_codec_option(const struct fk_codec_ops *ops, const ch
     return NULL;
 }
 
+const struct fk_option *fk_codec_role(const struct fk_codec_ops *ops, int role)
+{
+    for (const struct fk_role *r = ops->roles; r && r->role; r++)
+        if (r->role == role)
+            return fk_codec_option(ops, r->option);
+    return NULL;
+}
+
 void fk_codec_buffer(const struct fk_codec_ops *ops, const void *opts, int kind,
                      struct fk_buffer *b)
 {

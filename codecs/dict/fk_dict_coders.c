@@ -107,7 +107,7 @@ static int gm_encode(struct dc *d, const struct fk_dict_view *v, int nx, const f
 /* The correlations and the Top-n pool, then s greedy steps inside the pool of n. */
 static double gm_estimate(const struct dc_code_opts *o, int m, int N)
 {
-    double s = o->s, n = o->n;
+    double s = o->s, n = o->n ? o->n : dc_pool_default(o->s, N);
     return (double)m * N + N + s * (m * n + n);
 }
 

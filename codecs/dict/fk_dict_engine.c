@@ -20,6 +20,12 @@
 #include "common/fk_err.h"
 #include "dict/fk_dict_engine.h"
 
+
+const struct fk_role dc_roles[] = {
+    {FK_ROLE_SPARSITY, "s"},      {FK_ROLE_POOL, "n"},         {FK_ROLE_COHERENCE, "tau_c"},
+    {FK_ROLE_DELTA_K, "delta_k"}, {FK_ROLE_DELTA_V, "delta_v"}, {FK_ROLE_INDEX_BYTES, "ptr_bytes"},
+    {0, NULL}};
+
 /* ---- dictionary access ---------------------------------------------------------------- */
 
 const float *dc_atoms(const struct dc *d)
@@ -322,13 +328,30 @@ void dc_close(void *state)
     free(d);
 }
 
+int dc_pool_default(int s, int n_atoms)
+{
+    int n = n_atoms / 16;
+    if (n < s)
+        n = s;
+    return n < n_atoms ? n : n_atoms;
+}
+
+void dc_resolve(void *opts, int head_dim, int n_atoms)
+{
+    (void)head_dim;
+    struct dc_opts *o = opts;
+    if (o->code.n == 0 && n_atoms > 0)
+        o->code.n = dc_pool_default(o->code.s, n_atoms);
+}
+
 int dc_check(const struct dc_adapt *adapt, int screened, const void *opts, int head_dim,
              int n_atoms)
 {
     (void)head_dim;
     const struct dc_opts *o = opts;
     const struct dc_code_opts *co = &o->code;
-    if (screened && co->s > co->n)
+    /* n = 0: N/16 when the dictionary is known (dc_resolve) */
+    if (screened && co->n > 0 && co->s > co->n)
         return fk_err(FK_ECONFIG, "s = %d must not exceed the pool size n = %d", co->s, co->n);
     if (screened && n_atoms > 0 && co->n > n_atoms)
         return fk_err(FK_ECONFIG, "pool size n = %d exceeds the dictionary's N = %d atoms",
@@ -369,6 +392,7 @@ int dc_open(const struct dc_coder *coder, const struct dc_adapt *adapt, const vo
     d->coder = coder;
     d->adapt = adapt;
     memcpy(&d->o, opts, sizeof d->o);
+    dc_resolve(&d->o, env->head_dim, env->base->n_atoms);
     d->env = *env;
     d->base = env->base;
     d->m = env->head_dim;

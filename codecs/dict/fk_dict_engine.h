@@ -232,10 +232,18 @@ void dc_close(void *state);
 
 /* The fk_codec_ops fields of codec NAME beyond name, summary, options and caps: its
  * NAME_check and NAME_open, and the engine's callbacks. */
+/* The screening pool's default for sparsity s over N atoms: N / 16, at least s, at most N;
+ * dc_resolve sets it where n = 0 (the option's default) and N is known. */
+int dc_pool_default(int s, int n_atoms);
+void dc_resolve(void *opts, int head_dim, int n_atoms);
+
+/* The roles of the dictionary codecs' options (those a codec lacks are not found). */
+extern const struct fk_role dc_roles[];
+
 #define DC_OPS(NAME)                                                                      \
     .check = NAME##_check, .open = NAME##_open, .opts_size = sizeof(struct dc_opts),      \
     .encode = dc_encode, .reconstruct = dc_reconstruct, .sparse_row = dc_sparse_row,      \
     .atoms = dc_atoms_op, .stats = dc_stats, .close = dc_close,                           \
-    .estimate_macs = NAME##_estimate
+    .estimate_macs = NAME##_estimate, .roles = dc_roles, .resolve = dc_resolve
 
 #endif

@@ -18,8 +18,9 @@ extern const char *const dc_append_names[];     /* append_mode: fk_dict_adapt.c 
 #define DC_O(field) offsetof(struct dc_opts, field)
 #define DC_OPT_S {"s", FK_OPT_INT, DC_O(code.s), 8, 1, FK_SMAX - 1, NULL,                  \
                   "sparsity: atoms per vector"}
-#define DC_OPT_N {"n", FK_OPT_INT, DC_O(code.n), 256, 1, 1 << 24, NULL,                    \
-                  "screening pool size (atoms)"}
+#define DC_OPT_N {"n", FK_OPT_INT, DC_O(code.n), 0, 0, 1 << 24, NULL,                      \
+                  "screening pool size (atoms); 0: N/16 of the dictionary, at least s (the "   \
+                  "paper's 256 for N = 4096, 512 for N = 8192)"}
 #define DC_OPT_TOL {"tol", FK_OPT_DOUBLE, DC_O(code.tol), 0, 0, 1, NULL,                   \
                     "OMP relative error threshold (0 = off: always s atoms)"}
 #define DC_OPT_OMP {"omp_mode", FK_OPT_ENUM, DC_O(code.omp_mode), OMP_GRAM, 0, 1,          \

@@ -8,7 +8,8 @@
 
 static const struct fk_option pl_options[] = {
     FK_COMMON_OPTIONS(struct dc_opts), DC_OPT_S,
-    {"n", FK_OPT_INT, DC_O(code.n), 256, 1, 1 << 24, NULL, "pool size (diagnostics only for pl)"},
+    {"n", FK_OPT_INT, DC_O(code.n), 0, 0, 1 << 24, NULL,
+     "pool size (diagnostics only for pl); 0: N/16 of the dictionary, at least s"},
     DC_OPT_REFINE, DC_OPT_DELTA, DC_OPT_APPEND, DC_OPT_PTR, DC_OPT_END,
 };
 

@@ -3,6 +3,7 @@
  */
 #include "kernels/fk_blas.h"
 
+#include <pthread.h>
 #include <stdio.h>
 
 #if defined(FK_BLAS_BLIS)
@@ -71,14 +72,38 @@ const char *fk_blas_kernels(void)
 
 #endif
 
+/* Setting is process-wide: nothing is set when the count is already the one asked for, so
+ * that a scope nested in another (a cell's replay in the runner's lanes) never touches
+ * what other threads are using. */
 int fk_blas_single(void)
 {
     int saved = fk_blas_threads_get();
-    fk_blas_threads_set(1);
+    if (saved != 1)
+        fk_blas_threads_set(1);
     return saved;
 }
 
 void fk_blas_restore(int saved)
 {
-    fk_blas_threads_set(saved);
+    if (fk_blas_threads_get() != saved)
+        fk_blas_threads_set(saved);
+}
+
+int fk_blas_parallel(int n, void *(*fn)(void *), void *arg, size_t stride)
+{
+    enum { MAX_WORKERS = 256 };
+    pthread_t th[MAX_WORKERS];
+    int saved = fk_blas_single(), started = 0;
+    if (n > MAX_WORKERS)
+        n = MAX_WORKERS;
+    if (n > 1)
+        for (; started < n; started++)
+            if (pthread_create(&th[started], NULL, fn, (char *)arg + (size_t)started * stride))
+                break;
+    if (started == 0)
+        fn(arg);
+    for (int i = 0; i < started; i++)
+        pthread_join(th[i], NULL);
+    fk_blas_restore(saved);
+    return started ? started : 1;
 }

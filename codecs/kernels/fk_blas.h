@@ -13,13 +13,24 @@
 #ifndef FK_BLAS_H
 #define FK_BLAS_H
 
+#include <stddef.h>
+
 /* The BLAS's thread count (process-wide; n < 1 counts as 1). */
 void fk_blas_threads_set(int n);
 int fk_blas_threads_get(void);
 
-/* One BLAS thread from now on; returns the count to give fk_blas_restore. */
+/* One BLAS thread from now on; returns the count to give fk_blas_restore. Nothing is set
+ * when the count already is the one asked for (scopes nest). */
 int fk_blas_single(void);
 void fk_blas_restore(int saved);
+
+/* The worker pool: runs fn(arg + i * stride) for i = 0 .. n-1, each on a thread of its own,
+ * with the BLAS on one thread throughout (no oversubscription, and every product computed
+ * the same way whatever n is); the calling thread runs fn(arg) alone when n <= 1 or no
+ * thread starts, and when some threads do not start the others run without them. Returns
+ * the number of workers that ran (1 .. n): the workers share their work through a counter,
+ * so that fewer workers still do all of it. */
+int fk_blas_parallel(int n, void *(*fn)(void *), void *arg, size_t stride);
 
 /* "openblas" or "blis". */
 const char *fk_blas_library(void);

@@ -217,4 +217,6 @@ const struct fk_codec_ops fk_codec_kivi = {
     .reconstruct = kivi_reconstruct,
     .stats = kivi_stats,
     .close = kivi_close,
+    .roles = (const struct fk_role[]){{FK_ROLE_GROUP, "group"}, {FK_ROLE_WINDOW, "residual"},
+                                      {0, NULL}},
 };

@@ -280,4 +280,6 @@ const struct fk_codec_ops fk_codec_quant = {
     .reconstruct = quant_reconstruct,
     .stats = quant_stats,
     .close = quant_close,
+    .roles = (const struct fk_role[]){{FK_ROLE_GROUP, "group"}, {FK_ROLE_WINDOW, "residual"},
+                                      {0, NULL}},
 };

@@ -306,23 +306,14 @@ static void *worker_run(void *arg)
 
 static int run_job(struct job *jb, struct worker *ws, int threads, double *secs)
 {
-    pthread_t tid[FK_BENCH_MAX_THREADS];
     atomic_store(&jb->next, 0);
     atomic_store(&jb->rc, 0);
-    double t0 = fk_wall_s();
-    int started = 0;
-    for (int t = 1; t < threads; t++) {
+    for (int t = 0; t < threads; t++)
         ws[t].job = jb;
-        if (pthread_create(&tid[t], NULL, worker_run, &ws[t]) != 0)
-            break;
-        started = t;
-    }
-    ws[0].job = jb;
-    worker_run(&ws[0]);
-    for (int t = 1; t <= started; t++)
-        pthread_join(tid[t], NULL);
+    double t0 = fk_wall_s();
+    int ran = fk_blas_parallel(threads, worker_run, ws, sizeof *ws);
     *secs = fk_wall_s() - t0;
-    if (started != threads - 1)
+    if (ran != threads)
         return fk_err(FK_EEXTERNAL, "bench omp: could not start %d threads", threads);
     int rc = atomic_load(&jb->rc);
     if (rc != 0)
@@ -513,11 +504,10 @@ int fk_bench_omp_run(const struct fk_bench_omp_cfg *cfg, const struct fk_bench_o
     if (!codes)
         codes = bb.own;
 
-    res->blas_threads_saved = fk_blas_threads_get();
     double t0 = fk_wall_s();
     int rc = fk_gram_compute(data->atoms, N, m, bb.gram);
     res->gram_s = fk_wall_s() - t0;
-    fk_blas_threads_set(1); /* workers call BLAS single-threaded */
+    int saved = fk_blas_single(); /* the naive reference too calls BLAS single-threaded */
 
     struct gram_store gs = {bb.gram, (size_t)N};
     struct fk_dict_view view = {.m = m, .n_atoms = N, .atoms = data->atoms, .dead = NULL,
@@ -535,7 +525,7 @@ int fk_bench_omp_run(const struct fk_bench_omp_cfg *cfg, const struct fk_bench_o
         summarise(cfg, data, bb.times, bb.times + R, bb.times + 2 * R, codes, bb.one, res);
     if (rc == FK_OK && nn > 0)
         rc = naive_reference(&view, data, s, nn, &bb, codes, res);
-    fk_blas_threads_set(res->blas_threads_saved);
+    fk_blas_restore(saved);
     bufs_free(&bb);
     return rc;
 }
@@ -676,10 +666,9 @@ int fk_bench_screen_run(const struct fk_bench_omp_cfg *cfg, const struct fk_benc
     int rc = gram && abuf && work && cand && codes && codes2 && t && rel
                  ? FK_OK
                  : fk_err(FK_ENOMEM, "bench omp --pool: cannot allocate buffers");
-    int saved = fk_blas_threads_get();
     if (rc == FK_OK)
         rc = fk_gram_compute(data->atoms, N, m, gram);
-    fk_blas_threads_set(1);
+    int saved = fk_blas_single();
     struct gram_store gs = {gram, (size_t)N};
     struct fk_dict_view v = {.m = m, .n_atoms = N, .atoms = data->atoms, .dead = NULL,
                              .gram_row = gram_row_stored, .gram_ctx = &gs};
@@ -714,7 +703,7 @@ int fk_bench_screen_run(const struct fk_bench_omp_cfg *cfg, const struct fk_benc
         res->gm_rel = fk_bench_median_sort(rel, R);
         res->pl_rel = fk_bench_median_sort(rel + R, R);
     }
-    fk_blas_threads_set(saved);
+    fk_blas_restore(saved);
     free(gram);
     free(abuf);
     free(work);

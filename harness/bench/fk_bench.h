@@ -73,7 +73,6 @@ struct fk_bench_omp_result {
     long n_guarded;         /* codes cut by the precision guard (FK_CODE_GUARDED) */
     uint64_t codes_hash;    /* FNV-1a over (k, idx, coef bits) of all codes: equal hashes at
                              * any thread count prove determinism */
-    int blas_threads_saved; /* OpenBLAS thread count restored at the end */
 };
 
 /* Runs the benchmark on data (cfg->n_atoms/dim/n_signals are taken from data). codes

@@ -354,7 +354,7 @@ static int scaling_rounds(struct bench *b, const struct fk_cell_input *in, uint8
     fk_bench_omp_defaults(kc);
     kc->n_atoms = b->dict->n_atoms;
     kc->dim = b->dict->head_dim;
-    const struct fk_option *os = fk_codec_option(in->ops, "s");
+    const struct fk_option *os = fk_codec_role(in->ops, FK_ROLE_SPARSITY);
     kc->sparsity = os ? (int)fk_opts_get(in->opts, os) : kc->sparsity;
     kc->threads = 1;
     kc->repeats = 3;

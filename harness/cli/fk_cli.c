@@ -2,6 +2,7 @@
  * fadkv-bench command line: the only main(), the only place (with the other fk_cli*.c files)
  * that prints or exits. Subcommands are listed in usage().
  */
+#include <dirent.h>
 #include <errno.h>
 #include <hdf5.h>
 #include <math.h>
@@ -72,6 +73,8 @@ static const struct command commands[] = {
      fk_cli_plot},
     {"check", "--baseline FILE --results DIR [--rtol R] [--atol A] [--update]",
      "regression gate against a baseline", fk_cli_check},
+    {"metrics", "[--markdown]", "every metric of a results directory: unit, better direction, "
+     "definition", fk_cli_metrics},
     {"merge", "OUT_DIR SHARD_DIR...", "combine shard results", fk_cli_merge},
     {"prune", "RESULTS_DIR [--dry-run]", "remove the cells of earlier sweeps from a directory",
      fk_cli_prune},
@@ -97,6 +100,10 @@ static void usage(FILE *f)
             "  fadkv-bench --config SWEEP.toml [--set KEY=VALUE]... [--jobs N] [--force]\n"
             "              [--shard I/N] [--dry-run] [--print-config] [--quiet]\n"
             "              [--attn-layers L,L,...] [--no-attention]\n"
+            "              [--cell-timeout SECONDS] [--retry-failed] [--no-isolate]\n"
+            "  Cells run in worker processes: a codec's crash or abort, or a cell past\n"
+            "  --cell-timeout, is recorded as that cell's (crashed, timeout) and a rerun keeps\n"
+            "  it unless --retry-failed; --no-isolate runs cells in this process.\n"
             "  --plugin FILE.so (any command, repeatable): load a codec plugin first\n",
             FK_VERSION);
     for (const struct command *c = commands; c->name; c++)
@@ -141,6 +148,46 @@ static int print_options(const struct fk_codec_ops *c)
     return 0;
 }
 
+static int by_name(const void *a, const void *b)
+{
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+/* The named presets: the .toml files of the preset folder, each with its first comment. */
+static void print_presets(void)
+{
+    const char *dir = fk_sweep_preset_dir();
+    printf("\npresets ([[codec]] preset = \"NAME\": %s/NAME.toml; or a path to your own "
+           ".toml file):\n", dir);
+    DIR *d = opendir(dir);
+    char *names[256];
+    int n = 0;
+    for (struct dirent *e; d && n < 256 && (e = readdir(d));) {
+        size_t len = strlen(e->d_name);
+        if (len > 5 && !strcmp(e->d_name + len - 5, ".toml") && (names[n] = strdup(e->d_name)))
+            n++;
+    }
+    if (d)
+        closedir(d);
+    else
+        printf("    (cannot read the folder: %s)\n", strerror(errno));
+    qsort(names, (size_t)n, sizeof *names, by_name);
+    for (int i = 0; i < n; i++) {
+        char path[4096], line[256] = "";
+        snprintf(path, sizeof path, "%s/%s", dir, names[i]);
+        FILE *f = fopen(path, "r");
+        if (f && fgets(line, sizeof line, f) && line[0] == '#')
+            line[strcspn(line, "\n")] = 0;
+        else
+            line[0] = 0;
+        if (f)
+            fclose(f);
+        names[i][strlen(names[i]) - 5] = 0;
+        printf("    %-14s %s\n", names[i], line[0] ? line + 1 + (line[1] == ' ') : "");
+        free(names[i]);
+    }
+}
+
 int fk_cli_codecs(int argc, char **argv)
 {
     (void)argc;
@@ -166,9 +213,7 @@ int fk_cli_codecs(int argc, char **argv)
         if (print_options(&view))
             return 1;
     }
-    printf("\npresets ([[codec]] preset = \"...\"):\n");
-    for (int i = 0; fk_presets[i].name; i++)
-        printf("    %-14s %s\n", fk_presets[i].name, fk_presets[i].help);
+    print_presets();
     return 0;
 }
 

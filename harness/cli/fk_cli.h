@@ -32,6 +32,7 @@ int fk_cli_check(int argc, char **argv);
 int fk_cli_merge(int argc, char **argv);
 int fk_cli_prune(int argc, char **argv);
 int fk_cli_conformance(int argc, char **argv);
+int fk_cli_metrics(int argc, char **argv);
 
 /* Kernel honesty of the benchmarks (fk_cli_kernels.c): `--kernels MODE` reruns the benchmark
  * in a child process with other OpenBLAS kernels and prints its figures in a column of

@@ -200,26 +200,26 @@ static void *opts_new(struct cx *cx, const struct fk_codec_ops *ops)
     return o;
 }
 
-/* Sets a numeric option; returns 0 when the codec has no such option. */
-static int opt_try(struct cx *cx, const struct fk_codec_ops *ops, void *o, const char *name,
-                   double v)
+/* Sets the option with role `role` (enum fk_opt_role); returns 0 when the codec has none. */
+static int opt_try(struct cx *cx, const struct fk_codec_ops *ops, void *o, int role, double v)
 {
-    const struct fk_option *opt = fk_codec_option(ops, name);
+    const struct fk_option *opt = fk_codec_role(ops, role);
     if (!opt)
         return 0;
-    REQ_OK(fk_opts_set(ops, o, opt, v), "setting option %s = %g", name, v);
+    REQ_OK(fk_opts_set(ops, o, opt, v), "setting option %s = %g", opt->name, v);
     return 1;
 }
 
-/* Defaults with the sizes of the small streams: group quantisers get groups that divide
- * head_dim 24 and an exact window shorter than the stream. */
+/* Defaults with the sizes of the small streams: sparse codes of 4 atoms in a pool of 24,
+ * group quantisers' groups that divide head_dim 24, an exact window shorter than the
+ * stream. */
 static void *opts_small(struct cx *cx, const struct fk_codec_ops *ops)
 {
     void *o = opts_new(cx, ops);
-    opt_try(cx, ops, o, "s", 4);
-    opt_try(cx, ops, o, "n", 24);
-    opt_try(cx, ops, o, "group", 8);
-    opt_try(cx, ops, o, "residual", 16);
+    opt_try(cx, ops, o, FK_ROLE_SPARSITY, 4);
+    opt_try(cx, ops, o, FK_ROLE_POOL, 24);
+    opt_try(cx, ops, o, FK_ROLE_GROUP, 8);
+    opt_try(cx, ops, o, FK_ROLE_WINDOW, 16);
     return o;
 }
 
@@ -389,6 +389,25 @@ static void rule_options(struct cx *cx, const struct fk_codec_ops *ops)
         lint_option(cx, ops, &o[i], buf);
     }
     REQUIRE(fk_codec_option(ops, "no_such_option") == NULL, "an unknown option name is found");
+    /* roles: each names an option of the table, once; the integer ones are INT; a codec
+     * over a dictionary has a sparsity (the recall diagnostics need it) */
+    for (const struct fk_role *r = ops->roles; r && r->role; r++) {
+        REQUIRE(r->role >= FK_ROLE_SPARSITY && r->role <= FK_ROLE_INDEX_BYTES,
+                "role %d of option %s is no enum fk_opt_role", r->role,
+                r->option ? r->option : "(null)");
+        for (const struct fk_role *q = ops->roles; q != r; q++)
+            REQUIRE(q->role != r->role, "role %d is given twice (%s, %s)", r->role, q->option,
+                    r->option);
+        const struct fk_option *opt = fk_codec_role(ops, r->role);
+        int is_int = r->role == FK_ROLE_SPARSITY || r->role == FK_ROLE_POOL ||
+                     r->role == FK_ROLE_GROUP || r->role == FK_ROLE_WINDOW ||
+                     r->role == FK_ROLE_INDEX_BYTES;
+        REQUIRE(!opt || !is_int || opt->type == FK_OPT_INT, "role %d names option %s, which "
+                "is not an integer", r->role, opt->name);
+    }
+    REQUIRE(!(ops->caps & FK_CAP_DICT) || fk_codec_role(ops, FK_ROLE_SPARSITY),
+            "a codec over a dictionary (FK_CAP_DICT) gives no option the role "
+            "FK_ROLE_SPARSITY (its codes' atoms, s)");
 }
 
 /* ---- errors, zero vectors, codes ------------------------------------------------------ */
@@ -523,10 +542,10 @@ static void check_stream_outcome(struct cx *cx, const struct fk_conf_run *r,
     struct fk_stream_stats st = stats_of(r);
     float *xh = cx_alloc(cx, sizeof(float) * (size_t)m);
     float *xs = cx_alloc(cx, sizeof(float) * (size_t)m);
-    const struct fk_option *so = fk_codec_option(ops, "s");
+    const struct fk_option *so = fk_codec_role(ops, FK_ROLE_SPARSITY);
     int s_max = so ? (int)fk_opts_get(opts, so) : m;
     const struct fk_common_opts *co = opts;
-    const struct fk_option *po = fk_codec_option(ops, "ptr_bytes");
+    const struct fk_option *po = fk_codec_role(ops, FK_ROLE_INDEX_BYTES);
     int b_ptr = po ? (int)fk_opts_get(opts, po) : 0;
     int b_val = co->coef == FK_COEF_FP8 ? 1 : co->coef == FK_COEF_FP16 ? 2 : 4;
     double bytes = 0, row_bytes = 0;
@@ -1075,8 +1094,7 @@ int fk_conformance_run(const struct fk_codec_ops *ops, fk_conf_report_fn report,
     struct cx *cx = calloc(1, sizeof *cx);
     if (!cx)
         return fk_err(FK_ENOMEM, "conformance: out of memory");
-    int blas0 = fk_blas_threads_get(), oom = 0, interface_ok = 1;
-    fk_blas_threads_set(1);
+    int blas0 = fk_blas_single(), oom = 0, interface_ok = 1;
     for (int i = 0; fk_conf_rules[i].name && !oom; i++) {
         if (!interface_ok) /* the other rules would call what the interface lacks */
             break;
@@ -1098,7 +1116,7 @@ int fk_conformance_run(const struct fk_codec_ops *ops, fk_conf_report_fn report,
         if (report)
             report(ctx, ops, &fk_conf_rules[i], !failed, cx->msg);
     }
-    fk_blas_threads_set(blas0);
+    fk_blas_restore(blas0);
     char msg[sizeof cx->msg];
     snprintf(msg, sizeof msg, "%s", cx->msg);
     free(cx->held);

@@ -529,11 +529,12 @@ static int recall_finish(void *self, const struct fk_unit *u, struct fk_unit_res
             sr->recall[q] = NAN;
         sr->support_agree = sr->err_ratio = NAN;
         sr->screen_err_omp = sr->screen_err_scr = 0;
-        if (!u->ro->recall || !u->bases || !(ops->caps & FK_CAP_DICT))
+        const struct fk_option *os = fk_codec_role(ops, FK_ROLE_SPARSITY);
+        const struct fk_option *on = fk_codec_role(ops, FK_ROLE_POOL);
+        if (!u->ro->recall || !u->bases || !(ops->caps & FK_CAP_DICT) || !os)
             continue;
-        const struct fk_option *os = fk_codec_option(ops, "s"), *on = fk_codec_option(ops, "n");
-        int s = os ? (int)fk_opts_get(u->opts, os) : 8;
-        int n = on ? (int)fk_opts_get(u->opts, on) : 256;
+        int s = (int)fk_opts_get(u->opts, os);
+        int n = on ? (int)fk_opts_get(u->opts, on) : FK_RECALL_POOL;
         FK_TRY(pool_recall(sr, u, k, o->xrow, s, n));
     }
     return FK_OK;

@@ -698,24 +698,6 @@ static void worker_end(struct worker *w, int j, struct fk_cell_result *out)
     worker_free(w);
 }
 
-/* Runs the workers (the calling thread alone when jobs == 1 or no thread starts). One BLAS
- * thread per worker: no oversubscription, and every product is computed the same way
- * whatever --jobs is, so results are identical at any thread count. */
-static void run_workers(struct worker *ws, pthread_t *th, int jobs)
-{
-    int blas_threads = fk_blas_single();
-    int started = 0;
-    if (jobs > 1)
-        for (; started < jobs; started++)
-            if (pthread_create(&th[started], NULL, worker_main, &ws[started]) != 0)
-                break;
-    if (started == 0)
-        worker_main(&ws[0]);
-    for (int j = 0; j < started; j++)
-        pthread_join(th[j], NULL);
-    fk_blas_restore(blas_threads);
-}
-
 int fk_replay_cell(const struct fk_cell_input *in, const struct fk_replay_opts *ro,
                    struct fk_cell_result *out)
 {
@@ -730,12 +712,11 @@ int fk_replay_cell(const struct fk_cell_input *in, const struct fk_replay_opts *
     if (jobs > out->n_layers)
         jobs = out->n_layers;
     struct worker *ws = calloc((size_t)jobs, sizeof *ws);
-    pthread_t *th = calloc((size_t)jobs, sizeof *th);
     struct shared sh = {.lock = PTHREAD_MUTEX_INITIALIZER};
     for (int l = 0; l < out->n_layers; l++)
         sh.units_total += !ro->layers || ro->layers[l];
     int rc = FK_OK, n_init = 0;
-    if (!out->streams || !out->attn || !ws || !th)
+    if (!out->streams || !out->attn || !ws)
         rc = fk_err(FK_ENOMEM, "out of memory");
     struct fk_replay_pool *pool = ro->pool;
     if (rc == FK_OK && pool && !(in->ops->caps & FK_CAP_GRAM))
@@ -746,7 +727,8 @@ int fk_replay_cell(const struct fk_cell_input *in, const struct fk_replay_opts *
         rc = worker_init(&ws[n_init], n_init, in, ro, out, &sh);
     double w0 = fk_clock_s(CLOCK_MONOTONIC);
     if (rc == FK_OK) {
-        run_workers(ws, th, jobs);
+        /* one BLAS thread per worker: results identical at any --jobs */
+        fk_blas_parallel(jobs, worker_main, ws, sizeof *ws);
         if (sh.failed)
             rc = fk_err(sh.failed, "%s", sh.errmsg);
     }
@@ -756,7 +738,6 @@ int fk_replay_cell(const struct fk_cell_input *in, const struct fk_replay_opts *
     for (size_t i = 0; rc == FK_OK && i < 2 * n; i++)
         out->vectors += out->streams[i].n_vectors + out->streams[i].n_zero;
     free(ws);
-    free(th);
     if (rc < 0)
         fk_cell_result_free(out);
     return rc;

@@ -35,6 +35,8 @@
 
 #define FK_HIST_BINS 24 /* log2 usage bins: 0, 1, 2-3, 4-7, ... */
 #define FK_RECALL_NS 8  /* recall@n for n = 8, 16, ..., 1024 */
+#define FK_RECALL_POOL 256 /* the screening diagnostics' pool size for a codec without one
+                            * (FK_ROLE_POOL): the paper's n for its 3B model */
 
 struct fk_replay_opts {
     int jobs;                    /* worker threads (>= 1) */

@@ -24,21 +24,11 @@
 
 #define FK_HARNESS_VERSION "fadkv-bench-0.1"
 
-static const char *const paper_3b[] = {"s", "8", "n", "256", "lambda0", "1e-4", "rho", "0.2",
-                                       "delta_k", "0.5", "delta_v", "0.7", "n_b", "128",
-                                       "coef", "fp8", NULL};
-static const char *const paper_8b[] = {"s", "16", "n", "512", "lambda0", "1e-4", "rho", "0.2",
-                                       "delta_k", "0.5", "delta_v", "0.7", "n_b", "128",
-                                       "coef", "fp8", NULL};
-static const char *const lexico_cfg[] = {"n_b", "128", "a_len", "32", "coef", "fp8", NULL};
-
-const struct fk_preset fk_presets[] = {
-    {"paper-3b", "FAD-KV Table 5 for Llama-3.2-3B / Qwen3-4B: N=4096, s=8, n=256", paper_3b},
-    {"paper-4b", "FAD-KV Table 5 for Qwen3-4B (same as paper-3b)", paper_3b},
-    {"paper-8b", "FAD-KV Table 5 for Llama-3.1-8B: N=8192, s=16, n=512", paper_8b},
-    {"lexico-config", "Lexico's LexicoCacheConfig defaults: n_b=128, a_len=32", lexico_cfg},
-    {NULL, NULL, NULL},
-};
+const char *fk_sweep_preset_dir(void)
+{
+    const char *env = getenv("FADKV_PRESET_DIR");
+    return env && *env ? env : FK_PRESET_DIR;
+}
 
 /* ---- helpers ---------------------------------------------------------------------------- */
 
@@ -211,16 +201,53 @@ static int set_option(const struct fk_codec_ops *ops, void *opts, const char *ke
     return FK_OK;
 }
 
-/* Sets an option from preset text ("8", "0.2", "fp8"). Options the codec lacks are skipped. */
-static int set_text(const struct fk_codec_ops *ops, void *opts, const char *key,
-                    const char *text)
+static int is_known_option(const char *key);
+
+/* Applies the preset `preset = "..."` (value pv) to opts: a name is the file NAME.toml of
+ * the preset folder (fk_sweep_preset_dir), a value with a '/' or ending in .toml a file
+ * under the path rule; the file is a flat table of option = value, and sets the options
+ * the codec has (a key no codec has is an error, with its file and line). */
+static int apply_preset(const struct fk_toml_value *pv, const struct fk_codec_ops *ops,
+                        void *opts)
 {
-    const struct fk_option *o = fk_codec_option(ops, key);
-    if (!o)
-        return FK_OK;
-    if (o->type == FK_OPT_ENUM)
-        return fk_opts_set_enum(ops, opts, o, text);
-    return fk_opts_set(ops, opts, o, strtod(text, NULL));
+    const char *name;
+    FK_TRY(get_str(pv, &name));
+    size_t n = strlen(name);
+    int is_path = strchr(name, '/') || (n > 5 && !strcmp(name + n - 5, ".toml"));
+    char *path = NULL;
+    if (is_path) {
+        path = fk_sweep_path(pv, name);
+    } else if (n > 0 && strspn(name, "abcdefghijklmnopqrstuvwxyz0123456789-_.") == n) {
+        const char *dir = fk_sweep_preset_dir();
+        size_t cap = strlen(dir) + n + 8;
+        if ((path = malloc(cap)))
+            snprintf(path, cap, "%s/%s.toml", dir, name);
+    } else {
+        return cfg_err(pv, "preset '%s': a preset is a name ([a-z0-9_.-], a file of %s) or a "
+                           "path to a .toml file", name, fk_sweep_preset_dir());
+    }
+    if (!path)
+        return fk_err(FK_ENOMEM, "out of memory");
+    struct fk_toml_value *doc = NULL;
+    int rc = access(path, R_OK) == 0 ? fk_toml_parse_file(path, &doc) : FK_EIO;
+    if (rc < 0 && !doc && access(path, R_OK) != 0) {
+        fk_err_clear();
+        char w[600];
+        where(pv, w, sizeof w);
+        rc = fk_err(FK_ECONFIG, "%s: unknown preset '%s': no file %s (`fadkv-bench codecs` "
+                    "lists the presets; a path to a .toml file names your own)", w, name, path);
+    }
+    for (size_t i = 0; rc == FK_OK && i < fk_toml_table_len(doc); i++) {
+        const struct fk_toml_entry *e = fk_toml_table_at(doc, i);
+        if (fk_codec_option(ops, e->key))
+            rc = set_option(ops, opts, e->key, e->value, e->origin, e->line, e->col);
+        else if (!is_known_option(e->key))
+            rc = entry_err(e, "no codec has this option (a preset is a flat table of codec "
+                              "options)");
+    }
+    fk_toml_free(&doc);
+    free(path);
+    return rc;
 }
 
 static int is_known_option(const char *key)
@@ -458,16 +485,68 @@ static int canon_opts(const struct fk_codec_ops *ops, const void *opts, char *bu
     return n < cap ? FK_OK : fk_err(FK_ENOMEM, "canonical cell text too long");
 }
 
+/* Dataset d's head_dim (its first trace's) and dictionary N (attributes only), 0 where
+ * not known (no trace yet: a model dataset; no dictionary), read once. */
+static void dataset_shape(struct fk_sweep *s, int d, int *head_dim, int *n_atoms)
+{
+    struct fk_dataset *ds = &s->datasets[d];
+    if (!ds->shape_read) {
+        struct fk_trace *t;
+        if (ds->n_traces > 0 && !ds->model && fk_trace_open(ds->traces[0], &t) == FK_OK) {
+            ds->head_dim = fk_trace_get_info(t)->head_dim;
+            fk_trace_close(&t);
+        }
+        if (ds->dict && fk_dict_atoms(ds->dict, &ds->n_atoms) < 0)
+            ds->n_atoms = 0;
+        fk_err_clear(); /* a missing file is the loader's to report, with its context */
+        ds->shape_read = 1;
+    }
+    *head_dim = ds->head_dim;
+    *n_atoms = ds->n_atoms;
+}
+
+static int push_resolved(struct fk_sweep *s, struct cellvec *cv, const struct fk_codec_ops *ops,
+                         const void *opts, const struct fk_toml_value *excl, int d,
+                         const struct fk_toml_value *blk);
+
+/* Pushes the cells of one setting: the options the data decide filled in (ops->resolve:
+ * the screening pool n = N / 16, ...), then checked against the dataset's head_dim and
+ * dictionary N as the run checks them, so that --dry-run and --print-config refuse what the
+ * run would (s > n at any N, n > N on this dictionary). */
 static int push_cell(struct fk_sweep *s, struct cellvec *cv, const struct fk_codec_ops *ops,
-                     const void *opts, const struct fk_toml_value *excl, int d,
+                     const void *opts_in, const struct fk_toml_value *excl, int d,
                      const struct fk_toml_value *blk)
 {
-    /* combinations impossible at any N (e.g. s > n) are refused now; the checks that need
-     * the dictionary's N run when the cell starts */
-    if (ops->check && ops->check(opts, 0, 0) < 0)
-        return fk_err_context(FK_ECONFIG, "%s:%d:%d: codec '%s' (dataset '%s')",
-                              fk_toml_origin(blk), fk_toml_line(blk), fk_toml_col(blk),
-                              ops->name, s->datasets[d].name);
+    void *opts = malloc(ops->opts_size);
+    if (!opts)
+        return fk_err(FK_ENOMEM, "out of memory");
+    memcpy(opts, opts_in, ops->opts_size);
+    int hd = 0, na = 0;
+    dataset_shape(s, d, &hd, &na);
+    if (!(ops->caps & FK_CAP_DICT))
+        na = 0; /* a basis codec's N is its basis's components: checked when it loads */
+    if (ops->resolve)
+        ops->resolve(opts, hd, na);
+    int rc = FK_OK;
+    if (ops->check && ops->check(opts, hd, na) < 0) {
+        char shape[160] = "";
+        if (na > 0)
+            snprintf(shape, sizeof shape, ", dictionary %s of N = %d atoms",
+                     s->datasets[d].dict, na);
+        rc = fk_err_context(FK_ECONFIG, "%s:%d:%d: codec '%s' (dataset '%s'%s)",
+                            fk_toml_origin(blk), fk_toml_line(blk), fk_toml_col(blk), ops->name,
+                            s->datasets[d].name, shape);
+    }
+    if (rc == FK_OK)
+        rc = push_resolved(s, cv, ops, opts, excl, d, blk);
+    free(opts);
+    return rc;
+}
+
+static int push_resolved(struct fk_sweep *s, struct cellvec *cv, const struct fk_codec_ops *ops,
+                         const void *opts, const struct fk_toml_value *excl, int d,
+                         const struct fk_toml_value *blk)
+{
     const struct composite *cm = composite_of(ops);
     if (cm && cm->ev->check && cm->ev->check((const char *)opts + cm->off) < 0)
         return fk_err_context(FK_ECONFIG, "%s:%d:%d: eviction policy '%s' (dataset '%s')",
@@ -789,19 +868,8 @@ static int resolve_block(struct fk_sweep *s, struct cellvec *cv, const struct fk
                 rc = warn_overridden(s, top, fk_toml_table_at(layers[1], i));
         }
         const struct fk_toml_value *pv = fk_toml_table_get(blk, "preset");
-        if (rc == FK_OK && pv) {
-            const char *pname;
-            rc = get_str(pv, &pname);
-            const struct fk_preset *p = NULL;
-            for (int i = 0; rc == FK_OK && fk_presets[i].name; i++)
-                if (!strcmp(fk_presets[i].name, pname))
-                    p = &fk_presets[i];
-            if (rc == FK_OK && !p)
-                rc = cfg_err(pv, "unknown preset '%s' (presets: paper-3b, paper-4b, paper-8b, "
-                                 "lexico-config)%s", pname, "");
-            for (int i = 0; rc == FK_OK && p->kv[i]; i += 2)
-                rc = set_text(ops, opts, p->kv[i], p->kv[i + 1]);
-        }
+        if (rc == FK_OK && pv)
+            rc = apply_preset(pv, ops, opts);
         struct dim dims[64];
         int n_dims = 0;
         for (size_t i = 0; i < fk_toml_table_len(blk) && rc == FK_OK; i++) {

@@ -46,6 +46,8 @@ struct fk_dataset {
     char **prompt_text;          /* [n_prompts] a text, or NULL for a token-id prompt */
     int32_t **prompt_ids;        /* [n_prompts] its ids (token-id prompts) */
     int *prompt_n;               /* [n_prompts] their count */
+    int shape_read;              /* resolution: head_dim and n_atoms were read (0: unknown) */
+    int head_dim, n_atoms;       /* the first trace's head_dim, the dictionary's N */
 };
 
 /* Model-dataset keys (fk_sweep_model.c): model, tokenizer, prompts, steps of one [[dataset]]
@@ -106,13 +108,9 @@ struct fk_sweep {
     int n_warnings;
 };
 
-/* Presets (paper Table 5). */
-struct fk_preset {
-    const char *name;
-    const char *help;
-    const char *const *kv;       /* name, value text pairs, NULL-terminated */
-};
-extern const struct fk_preset fk_presets[];
+/* The folder of the named presets (`preset = "NAME"` reads NAME.toml there): the
+ * environment's FADKV_PRESET_DIR, else the source tree's configs/presets. */
+const char *fk_sweep_preset_dir(void);
 
 /* Loads and resolves a sweep. sets: "key=value" overrides applied to the TOML tree
  * (dotted keys, e.g. "sweep.jobs=1", "defaults.s=4"). hash_content: hash the traces and

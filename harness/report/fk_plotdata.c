@@ -246,6 +246,27 @@ static const char *cstr(const struct store *st, const struct cell *c, const char
     return fk_csv_str(st->cells, c->row, fk_csv_col(st->cells, col));
 }
 
+/* The name of codec's option with role `role` (enum fk_opt_role), "" when it has none. */
+static const char *role_name(const char *codec, int role)
+{
+    const struct fk_codec_ops *ops = fk_codec_find(codec);
+    const struct fk_option *o = ops ? fk_codec_role(ops, role) : NULL;
+    return o ? o->name : "";
+}
+
+/* Cell c's value of its codec's option with role `role`: text ("" when none), number. */
+static const char *rstr(const struct store *st, const struct cell *c, int role)
+{
+    const char *n = role_name(c->codec, role);
+    return *n ? cstr(st, c, n) : "";
+}
+
+static double rnum(const struct store *st, const struct cell *c, int role)
+{
+    const char *n = role_name(c->codec, role);
+    return *n ? cnum(st, c, n) : NAN;
+}
+
 static const struct fk_codec_ops *find_ops(const char *name)
 {
     for (int i = 0; fk_codec_at(i); i++)
@@ -706,11 +727,13 @@ static int fig1a(struct store *st, struct fk_plot_set *set, const char *ds, stru
     fig_num(f, "nmax", nmax);
     fig_num(f, "nseq", T < FK_CI_MIN_SEQ ? T : 0);
     char t[512];
+    const char *sn = role_name(c->codec, FK_ROLE_SPARSITY);
     if (N > 0)
-        snprintf(t, sizeof t, "%s, %s, N = %ld, s = %s", ds, codec_display(st, c->codec), N,
-                 cstr(st, c, "s"));
+        snprintf(t, sizeof t, "%s, %s, N = %ld, %s = %s", ds, codec_display(st, c->codec), N,
+                 sn, rstr(st, c, FK_ROLE_SPARSITY));
     else
-        snprintf(t, sizeof t, "%s, %s, s = %s", ds, codec_display(st, c->codec), cstr(st, c, "s"));
+        snprintf(t, sizeof t, "%s, %s, %s = %s", ds, codec_display(st, c->codec), sn,
+                 rstr(st, c, FK_ROLE_SPARSITY));
     fig_text(f, "subtitle", t);
     return FK_OK;
 }
@@ -1260,15 +1283,21 @@ static int heat_write_e2e(struct store *st, struct fk_plot_fig *f, const struct 
     return FK_OK;
 }
 
-/* 1 when the codec has the options of the Fig. 3c grid (tau_c, delta_k, delta_v). */
+/* 1 when the codec has the options of the Fig. 3c grid (coherence threshold tau_c and the
+ * error thresholds delta_k, delta_v: FK_ROLE_COHERENCE, _DELTA_K, _DELTA_V). */
 static int has_tau_delta(const char *codec)
 {
-    const struct fk_codec_ops *ops = fk_codec_find(codec);
-    return ops && fk_codec_option(ops, "tau_c") && fk_codec_option(ops, "delta_k") &&
-           fk_codec_option(ops, "delta_v");
+    return *role_name(codec, FK_ROLE_COHERENCE) && *role_name(codec, FK_ROLE_DELTA_K) &&
+           *role_name(codec, FK_ROLE_DELTA_V);
 }
 
-static const char fig3c_skip[] = ",tau_c,delta_k,delta_v,";
+/* ",TAU,DELTA_K,DELTA_V," of codec's option names: the options other_opts leaves out. */
+static const char *fig3c_skip(const char *codec, char *buf, size_t cap)
+{
+    snprintf(buf, cap, ",%s,%s,%s,", role_name(codec, FK_ROLE_COHERENCE),
+             role_name(codec, FK_ROLE_DELTA_K), role_name(codec, FK_ROLE_DELTA_V));
+    return buf;
+}
 
 /* Number of distinct tau_c x (delta_k/delta_v) points of the group of cell c (same dataset,
  * codec and other options). */
@@ -1280,12 +1309,14 @@ static int fig3c_score(const struct store *st, const struct cell *c, const char 
         char k2[2048];
         if (strcmp(d->dataset, c->dataset) || strcmp(d->codec, c->codec))
             continue;
-        other_opts(st, d, fig3c_skip, k2, sizeof k2);
+        char skip[160];
+        other_opts(st, d, fig3c_skip(d->codec, skip, sizeof skip), k2, sizeof k2);
         if (strcmp(k2, key))
             continue;
         char yl[48];
-        snprintf(yl, sizeof yl, "%s/%s", cstr(st, d, "delta_k"), cstr(st, d, "delta_v"));
-        axis_add(&ax, cstr(st, d, "tau_c"), 0, 0);
+        snprintf(yl, sizeof yl, "%s/%s", rstr(st, d, FK_ROLE_DELTA_K),
+                 rstr(st, d, FK_ROLE_DELTA_V));
+        axis_add(&ax, rstr(st, d, FK_ROLE_COHERENCE), 0, 0);
         axis_add(&ay, yl, 0, 0);
     }
     return ax.n * ay.n;
@@ -1306,7 +1337,8 @@ static int fig3c(struct store *st, struct fk_plot_set *set, const char *ds)
         const struct cell *c = &st->c[i];
         if (strcmp(c->dataset, ds) || !has_tau_delta(c->codec))
             continue;
-        other_opts(st, c, fig3c_skip, key, sizeof key);
+        char skip[160];
+        other_opts(st, c, fig3c_skip(c->codec, skip, sizeof skip), key, sizeof key);
         int score = fig3c_score(st, c, key);
         if (score > 1 && score > best) {
             best = score;
@@ -1326,13 +1358,15 @@ static int fig3c(struct store *st, struct fk_plot_set *set, const char *ds)
         const struct cell *d = &st->c[j];
         if (strcmp(d->dataset, ds) || strcmp(d->codec, codec))
             continue;
-        other_opts(st, d, fig3c_skip, key, sizeof key);
+        char skip[160];
+        other_opts(st, d, fig3c_skip(codec, skip, sizeof skip), key, sizeof key);
         if (strcmp(key, best_key))
             continue;
         char yl[48];
-        double dk = cnum(st, d, "delta_k"), dv = cnum(st, d, "delta_v");
-        snprintf(yl, sizeof yl, "%s/%s", cstr(st, d, "delta_k"), cstr(st, d, "delta_v"));
-        int x = axis_add(&ax, cstr(st, d, "tau_c"), cnum(st, d, "tau_c"), 0);
+        double dk = rnum(st, d, FK_ROLE_DELTA_K), dv = rnum(st, d, FK_ROLE_DELTA_V);
+        snprintf(yl, sizeof yl, "%s/%s", rstr(st, d, FK_ROLE_DELTA_K),
+                 rstr(st, d, FK_ROLE_DELTA_V));
+        int x = axis_add(&ax, rstr(st, d, FK_ROLE_COHERENCE), rnum(st, d, FK_ROLE_COHERENCE), 0);
         int y = axis_add(&ay, yl, dk, dv);
         hm_add(pt, &np, d, x, y);
     }
@@ -1341,8 +1375,9 @@ static int fig3c(struct store *st, struct fk_plot_set *set, const char *ds)
              "(y); other options: %s", codec, ds, best_key);
     FK_TRY(heat_write(st, f, &ax, &ay, pt, np, what));
     char t[512];
-    snprintf(t, sizeof t, "%s, %s, s = %s, n = %s", ds, codec_display(st, codec),
-             cstr(st, pt[0].c, "s"), cstr(st, pt[0].c, "n"));
+    snprintf(t, sizeof t, "%s, %s, %s = %s, %s = %s", ds, codec_display(st, codec),
+             role_name(codec, FK_ROLE_SPARSITY), rstr(st, pt[0].c, FK_ROLE_SPARSITY),
+             role_name(codec, FK_ROLE_POOL), rstr(st, pt[0].c, FK_ROLE_POOL));
     fig_text(f, "subtitle", t);
     if (!has_loop(st, ds))
         return FK_OK;
@@ -1425,10 +1460,12 @@ static int heat_two_options(struct store *st, struct fk_plot_fig *f, const char 
         }
     }
     int cand[64], nc = 0, tau_delta = has_tau_delta(codec);
+    char grid[160];
+    fig3c_skip(codec, grid, sizeof grid);
     for (int j = st->col_first_opt; ds && j < st->col_end_opt && nc < 64; j++) {
         char pat[80];
         snprintf(pat, sizeof pat, ",%s,", st->cells->head[j]);
-        if (n_values(st, ds, codec, j) > 1 && !(tau_delta && strstr(fig3c_skip, pat)))
+        if (n_values(st, ds, codec, j) > 1 && !(tau_delta && strstr(grid, pat)))
             cand[nc++] = j;
     }
     if (nc == 0) {
@@ -1492,13 +1529,16 @@ static int heat_two_options(struct store *st, struct fk_plot_fig *f, const char 
     return FK_OK;
 }
 
-/* Fig. 3d: N (dictionary atoms; dataset name when unknown) by s, one figure per sweep. */
+/* Fig. 3d: N (dictionary atoms; dataset name when unknown) by the sparsity s
+ * (FK_ROLE_SPARSITY), one figure per sweep. */
 static int fig3d(struct store *st, struct fk_plot_set *set, const char *codec)
 {
     struct fk_plot_fig *f = fig_add(set, "fig3d_N_s", codec, 2, "fig3d_N_s");
     if (!f)
         return fk_err(FK_ENOMEM, "out of memory");
-    static const char skip[] = ",s,";
+    const char *sname = role_name(codec, FK_ROLE_SPARSITY);
+    char skip[80];
+    snprintf(skip, sizeof skip, ",%s,", sname);
     long *natoms = malloc(sizeof(long) * (size_t)(st->n ? st->n : 1));
     if (!natoms)
         return fk_err(FK_ENOMEM, "out of memory");
@@ -1530,7 +1570,7 @@ static int fig3d(struct store *st, struct fk_plot_set *set, const char *codec)
             if (strcmp(k2, key))
                 continue;
             axis_add(&ax, d->dataset, 0, 0);
-            axis_add(&ay, cstr(st, d, "s"), 0, 0);
+            axis_add(&ay, rstr(st, d, FK_ROLE_SPARSITY), 0, 0);
         }
         int score = ax.n * ay.n;
         if (ax.n > 1 && ay.n > 1 && score > best) {    /* both axes vary */
@@ -1559,7 +1599,7 @@ static int fig3d(struct store *st, struct fk_plot_set *set, const char *codec)
             snprintf(xl, sizeof xl, "%s", d->dataset);
         known &= natoms[j] > 0;
         int x = axis_add(&ax, xl, natoms[j] > 0 ? (double)natoms[j] : 1e18, j);
-        int y = axis_add(&ay, cstr(st, d, "s"), cnum(st, d, "s"), 0);
+        int y = axis_add(&ay, rstr(st, d, FK_ROLE_SPARSITY), rnum(st, d, FK_ROLE_SPARSITY), 0);
         hm_add(pt, &np, d, x, y);
     }
     free(natoms);
@@ -1568,9 +1608,9 @@ static int fig3d(struct store *st, struct fk_plot_set *set, const char *codec)
              "group %s", pt[0].c->codec, best_key);
     FK_TRY(heat_write(st, f, &ax, &ay, pt, np, what));
     char t[512];
-    if (cstr(st, pt[0].c, "n")[0])
-        snprintf(t, sizeof t, "%s, n = %s", codec_display(st, pt[0].c->codec),
-                 cstr(st, pt[0].c, "n"));
+    if (rstr(st, pt[0].c, FK_ROLE_POOL)[0])
+        snprintf(t, sizeof t, "%s, %s = %s", codec_display(st, pt[0].c->codec),
+                 role_name(codec, FK_ROLE_POOL), rstr(st, pt[0].c, FK_ROLE_POOL));
     else
         snprintf(t, sizeof t, "%s", codec_display(st, pt[0].c->codec));
     fig_text(f, "subtitle", t);
@@ -2423,12 +2463,12 @@ static int table4(struct store *st, struct fk_plot_set *set, const char *out_dir
         for (int i = 0; i < n && rc == FK_OK; i++) {
             struct cell *c = representative(st, ds, cod[i]);
             /* reference for the cost columns: cells.csv's rule (the cost baseline, same
-             * dataset, s) */
+             * dataset and sparsity) */
             struct cell *ref = NULL;
+            const char *sv = rstr(st, c, FK_ROLE_SPARSITY);
             for (int j = 0; st->cost_baseline && j < st->n && !ref; j++)
                 if (!strcmp(st->c[j].codec, st->cost_baseline) && !strcmp(st->c[j].dataset, ds) &&
-                    !strcmp(cstr(st, &st->c[j], "s"), cstr(st, c, "s")) &&
-                    cstr(st, c, "s")[0])
+                    !strcmp(rstr(st, &st->c[j], FK_ROLE_SPARSITY), sv) && sv[0])
                     ref = &st->c[j];
             double fpt = cnum(st, c, "bytes_full_per_seq") / cnum(st, c, "tokens_per_seq");
             fk_sb_printf(&md, "| %s | %s | %s |", ds, codec_display(st, c->codec), c->id);

@@ -10,6 +10,7 @@
 
 #include "common/fk_err.h"
 #include "common/fk_str.h"
+#include "store/fk_metrics.h"
 #include "store/fk_results.h"
 
 /* Text with &, <, > and " escaped. */
@@ -122,35 +123,81 @@ static const char script[] =
     "rs[i].textContent.toLowerCase().indexOf(v)>=0?'':'none';}"
     "window.addEventListener('load',function(){var im=document.images,bad=0;"
     "for(var i=0;i<im.length;i++)if(!im[i].complete||im[i].naturalWidth===0)bad++;"
-    "var ths=document.querySelectorAll('#celltab th');"
+    "var ths=document.querySelectorAll('#celltab thead tr:last-child th');"
     "for(var j=0;j<ths.length;j++)ths[j].onclick=function(){sortBy(this);};"
     "document.title='fadkv-bench report: '+(bad||errors?'ERROR, '+bad+' figure(s) not "
     "decoded, '+errors+' script error(s)':'OK, '+im.length+' figures');});";
 
-/* The cells table of cells.csv. */
-static void cells_table(struct fk_sb *b, const struct fk_store *st)
+/* The group of cells.csv column `col`: its metric's (store/fk_metrics.h), or "cell" for
+ * the cell's identity and options. */
+static const char *column_group(const char *col)
+{
+    const struct fk_metric *m = fk_metric_find(col);
+    return m ? m->group : "cell";
+}
+
+/* The cells table of cells.csv, its columns grouped as the metric table groups them (the
+ * cell's identity and options first, then each group in fk_metric_groups order, columns
+ * empty or nan in every row left out), each metric's unit, better direction and
+ * definition in its header's tooltip. */
+static int cells_table(struct fk_sb *b, const struct fk_store *st)
 {
     const struct fk_csv *c = &st->cells;
+    int *order = malloc(sizeof(int) * (size_t)(c->n_cols ? c->n_cols : 1)), n = 0;
+    if (!order)
+        return fk_err(FK_ENOMEM, "out of memory (report)");
+    for (int g = -1; fk_metric_groups[g < 0 ? 0 : g]; g++)
+        for (int j = 0; j < c->n_cols; j++) {
+            int used = 0;
+            for (int i = 0; i < c->n_rows && !used; i++)
+                used = c->rows[i][j][0] != 0 && strcmp(c->rows[i][j], "nan");
+            if (used && !strcmp(column_group(c->head[j]), g < 0 ? "cell" : fk_metric_groups[g]))
+                order[n++] = j;
+        }
     fk_sb_printf(b, "<p><input id=\"filter\" placeholder=\"filter rows (any text)\" "
                     "oninput=\"filterRows(this.value)\" size=\"40\"> %d cell(s); click a "
-                    "column to sort</p>\n<div id=\"cells\"><table class=\"t\" id=\"celltab\">"
-                    "<thead><tr>", c->n_rows);
-    for (int j = 0; j < c->n_cols; j++) {
-        fk_sb_printf(b, "<th>");
-        esc0(b, c->head[j]);
+                    "column to sort; columns empty (or nan) in every cell are left out (cells.csv has "
+                    "them all); hover a header for its definition</p>\n<div id=\"cells\">"
+                    "<table class=\"t\" id=\"celltab\"><thead><tr class=\"groups\">",
+                 c->n_rows);
+    for (int k = 0; k < n;) {
+        const char *g = column_group(c->head[order[k]]);
+        int span = 1;
+        while (k + span < n && !strcmp(column_group(c->head[order[k + span]]), g))
+            span++;
+        fk_sb_printf(b, "<th colspan=\"%d\">", span);
+        esc0(b, g);
+        fk_sb_printf(b, "</th>");
+        k += span;
+    }
+    fk_sb_printf(b, "</tr><tr>");
+    for (int k = 0; k < n; k++) {
+        const struct fk_metric *m = fk_metric_find(c->head[order[k]]);
+        fk_sb_printf(b, "<th");
+        if (m) {
+            fk_sb_printf(b, " title=\"");
+            esc0(b, m->def);
+            fk_sb_printf(b, "%s%s%s%s\"", *m->unit ? " [" : "", m->unit, *m->unit ? "]" : "",
+                         m->better < 0 ? " (lower is better)"
+                                       : m->better > 0 ? " (higher is better)" : "");
+        }
+        fk_sb_printf(b, ">");
+        esc0(b, c->head[order[k]]);
         fk_sb_printf(b, "</th>");
     }
     fk_sb_printf(b, "</tr></thead><tbody>\n");
     for (int i = 0; i < c->n_rows; i++) {
         fk_sb_printf(b, "<tr>");
-        for (int j = 0; j < c->n_cols; j++) {
+        for (int k = 0; k < n; k++) {
             fk_sb_printf(b, "<td>");
-            esc0(b, c->rows[i][j]);
+            esc0(b, c->rows[i][order[k]]);
             fk_sb_printf(b, "</td>");
         }
         fk_sb_printf(b, "</tr>\n");
     }
     fk_sb_printf(b, "</tbody></table></div>\n");
+    free(order);
+    return FK_OK;
 }
 
 /* Every drawn figure's PNG, embedded; the others listed with their reasons. */
@@ -231,7 +278,8 @@ int fk_report_write(const char *dir, const char *fig_dir, const struct fk_plot_s
         free(md);
     }
     fk_sb_printf(&b, "<h2>Cells</h2>\n");
-    cells_table(&b, st);
+    if (rc == FK_OK)
+        rc = cells_table(&b, st);
     char *prov = NULL;
     if (fk_store_path(&prov, dir, "provenance.json") == FK_OK) {
         char *json = fk_slurp(prov, NULL);

@@ -718,15 +718,14 @@ static int make_order(struct run *r, int n_lanes)
 }
 
 /* Runs the lanes: min(jobs, cells to run) of them, the calling thread alone when one (or
- * when no thread starts). With several, each BLAS call stays on one thread for the whole
- * run (the engine sets that per cell, which side by side cells would undo for each other). */
+ * when no thread starts), each BLAS call on one thread for the whole run (the engine sets
+ * that per cell, which side by side cells would undo for each other). */
 static void run_lanes(struct run *r)
 {
     int n = r->s->jobs < r->sum->todo ? r->s->jobs : r->sum->todo;
     n = n < 1 ? 1 : n;
     r->lanes = calloc((size_t)n, sizeof *r->lanes);
-    pthread_t *th = calloc((size_t)n, sizeof *th);
-    if (!r->lanes || !th) {
+    if (!r->lanes) {
         n = 1; /* one lane on the stack */
         free(r->lanes);
         r->lanes = NULL;
@@ -740,24 +739,11 @@ static void run_lanes(struct run *r)
         if (fk_replay_pool_new(&lanes[i].pool) < 0)
             lanes[i].pool = NULL;
     }
-    int blas_threads = fk_blas_threads_get(), started = 0;
-    if (n > 1) {
-        fk_blas_threads_set(1);
-        for (; started < n; started++)
-            if (pthread_create(&th[started], NULL, lane_main, &lanes[started]) != 0)
-                break;
-    }
-    if (started == 0)
-        lane_main(&lanes[0]);
-    for (int i = 0; i < started; i++)
-        pthread_join(th[i], NULL);
-    if (n > 1)
-        fk_blas_restore(blas_threads);
+    fk_blas_parallel(n, lane_main, lanes, sizeof *lanes);
     for (int i = 0; i < n; i++)
         fk_replay_pool_free(&lanes[i].pool);
     if (lanes == &one)
         r->lanes = NULL;
-    free(th);
 }
 
 int fk_runner_run(const struct fk_sweep *s, const struct fk_runner_opts *o,

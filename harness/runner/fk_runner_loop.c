@@ -101,11 +101,7 @@ int fk_runner_loop_cell(const struct fk_loop_set *set, const struct fk_cell_inpu
     struct fk_loop_codec lc = {.ops = in->ops, .opts = in->opts, .dict = in->dict,
                                .basis = in->basis, .evict = in->evict,
                                .evict_opts = in->evict_opts};
-    /* One BLAS thread (the runner keeps the BLAS at one for a whole run, where cells may
-     * run side by side: then nothing is set, since setting is process-wide). */
-    int blas = fk_blas_threads_get();
-    if (blas != 1)
-        fk_blas_threads_set(1);
+    int blas = fk_blas_single(); /* nothing set within the runner's lanes (one already) */
     int rc = FK_OK;
     for (int p = 0; rc == FK_OK && p < set->n; p++) {
         struct fk_loop_result tf, fr;
@@ -120,8 +116,7 @@ int fk_runner_loop_cell(const struct fk_loop_set *set, const struct fk_cell_inpu
         if (rc < 0)
             rc = fk_err_context(rc, "closed loop, prompt %d", p);
     }
-    if (blas != 1)
-        fk_blas_restore(blas);
+    fk_blas_restore(blas);
     if (rc < 0)
         fk_runner_loop_free(out);
     return rc;

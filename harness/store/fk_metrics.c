@@ -326,6 +326,9 @@ ROW(e2e_nll_diff, r->loop[4])
  * steps (an FP8 step of a near-exact code, one atom of 128), 1e-6 relative where nothing
  * moved, one unit for counts; the closed loop's (no model dataset measured): those of their
  * open-loop counterparts. */
+const char *const fk_metric_groups[] = {"error", "attention", "memory", "cost", "dictionary",
+                                        "eviction", "closed loop", "run", NULL};
+
 const struct fk_metric fk_metrics[] = {
     /* error */
     {"rel_err_mean", "", "error", -1, FK_AGG_CELL, H(rel_err_mean), row_rel_err_mean, GATE,
@@ -601,8 +604,9 @@ static void undefined_empty(const struct fk_codec_ops *ops, const void *opts, do
                                        "adapt_failed", "growth_capped",
                                        "collateral_reencodes", NULL};
     static const char *const sparse[] = {"premature", "guarded", NULL};
-    const struct fk_option *co = fk_codec_option(ops, "coef");
-    int fp8 = co && !strcmp(co->choices ? co->choices[(int)fk_opts_get(opts, co)] : "", "fp8");
+    /* every options struct starts with the common options; a codec whose table does not
+     * list coef keeps it 0 (fp32) */
+    int fp8 = ((const struct fk_common_opts *)opts)->coef == FK_COEF_FP8;
     for (int i = 0; fk_metrics[i].name; i++) {
         const char *n = fk_metrics[i].name;
         for (int j = 0; !(ops->caps & FK_CAP_DICT) && dict[j]; j++)

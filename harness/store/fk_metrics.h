@@ -53,8 +53,7 @@ enum fk_metric_flag {
 struct fk_metric {
     const char *name;            /* column and .meta key */
     const char *unit;            /* "" when dimensionless */
-    const char *group;           /* error, attention, dictionary, memory, cost, eviction,
-                                  * closed loop, run */
+    const char *group;           /* one of fk_metric_groups[] */
     int better;                  /* -1 lower is better, +1 higher, 0 neither */
     enum fk_metric_agg agg;
     size_t cell;                 /* FK_AGG_CELL: offset in the aggregation's record;
@@ -67,6 +66,9 @@ struct fk_metric {
 };
 
 extern const struct fk_metric fk_metrics[]; /* {NULL}-terminated, in column order */
+/* The groups, in the order the report and the reference show them ({NULL}-terminated):
+ * every metric's group is one of them. */
+extern const char *const fk_metric_groups[];
 int fk_metric_count(void);
 const struct fk_metric *fk_metric_find(const char *name);
 

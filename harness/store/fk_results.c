@@ -666,17 +666,30 @@ static void cells_header(struct fk_sb *b, const char *const *opt_cols, int n_opt
     fk_sb_printf(b, ",error\n");
 }
 
+/* The value of the sparsity option (FK_ROLE_SPARSITY) of cell m's codec, "" when it has
+ * none. */
+static const char *sparsity_of(const struct kv *m)
+{
+    const struct fk_codec_ops *ops = fk_codec_find(kv_get(m, "codec"));
+    const struct fk_option *o = ops ? fk_codec_role(ops, FK_ROLE_SPARSITY) : NULL;
+    char key[96];
+    if (!o || (size_t)snprintf(key, sizeof key, "opt.%s", o->name) >= sizeof key)
+        return "";
+    return kv_get(m, key);
+}
+
 /* The cost reference of cell m: the first finished cell of codec `baseline` on the same
- * dataset and s, or NULL (no baseline given, or none in the sweep). */
+ * dataset and sparsity (FK_ROLE_SPARSITY; none on either side counts as equal), or NULL
+ * (no baseline given, or none in the sweep). */
 static const struct kv *cost_reference(const struct kv *metas, const uint8_t *have, int n_ids,
                                        const struct kv *m, const char *baseline)
 {
-    const char *ds = kv_get(m, "dataset"), *sv = kv_get(m, "opt.s");
+    const char *ds = kv_get(m, "dataset"), *sv = sparsity_of(m);
     for (int r = 0; baseline && r < n_ids; r++) {
         if (!have[r] || strcmp(kv_get(&metas[r], "codec"), baseline) ||
             strcmp(kv_get(&metas[r], "status"), "ok"))
             continue;
-        const char *ds2 = kv_get(&metas[r], "dataset"), *sv2 = kv_get(&metas[r], "opt.s");
+        const char *ds2 = kv_get(&metas[r], "dataset"), *sv2 = sparsity_of(&metas[r]);
         if (strcmp(ds, ds2) || strcmp(sv, sv2))
             continue;
         return &metas[r];

@@ -418,18 +418,7 @@ int fk_train_run(const struct fk_train_opts *o, const struct fk_train_data *data
                      .cb = cb, .cb_ctx = cb_ctx, .lock = &lock, .next = &next,
                      .failed = &failed, .errmsg = errmsg};
     int jobs = o->jobs < 1 ? 1 : o->jobs;
-    int blas = fk_blas_single();
-    pthread_t th[64];
-    int started = 0;
-    if (jobs > 1)
-        for (; started < jobs && started < 64; started++)
-            if (pthread_create(&th[started], NULL, train_main, &jb) != 0)
-                break;
-    if (started == 0)
-        train_main(&jb);
-    for (int i = 0; i < started; i++)
-        pthread_join(th[i], NULL);
-    fk_blas_restore(blas);
+    fk_blas_parallel(jobs, train_main, &jb, 0); /* the workers share one job */
     if (failed)
         return fk_err(failed, "%s", errmsg);
     return FK_OK;

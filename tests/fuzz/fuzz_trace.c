@@ -117,14 +117,8 @@ static void attr_int(struct src *s, hid_t obj, const char *name, int64_t good)
         put_str(obj, name, "12");
         return;
     case 4:
-        bytes(s, &f, sizeof f);
-#ifndef FK_FUZZ_STRICT
-        /* Known bug B5 (report of issue 9): fk_h5_attr_i64 converts a double attribute to
-         * int64_t without a range check, undefined for NaN and |x| >= 2^63. Kept inside the
-         * range until fk_h5.c is fixed; build with -DFK_FUZZ_STRICT to fuzz it. */
-        if (!(fabs(f) < 1e18))
-            f = f > 0 ? 1e18 : f < 0 ? -1e18 : 0.5;
-#endif
+        bytes(s, &f, sizeof f); /* any double, NaN and |x| >= 2^63 included: fk_h5_attr_i64
+                                 * refuses what int64_t cannot hold (B5, fixed) */
         put_num(obj, name, H5T_NATIVE_DOUBLE, &f, 1);
         return;
     case 5:
