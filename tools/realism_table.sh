@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: MIT
 # The realism table of a configs/realism.toml run: one row per dataset, the same metrics on
-# real and synthetic data side by side (README.md, "Realism"). Reads RESULTS_DIR/cells.csv
+# real and synthetic data side by side (docs/GUIDE.md, "Realism"). Reads RESULTS_DIR/cells.csv
 # (columns by name, docs/RESULTS.md), writes RESULTS_DIR/realism.md and prints it.
 #   tools/realism_table.sh results/realism
 # Cells: per dataset, lexico, lexico-adp, and the two fadkv cells at delta_k = 0.3,
