@@ -241,6 +241,10 @@ struct fk_stream_stats {
     const uint32_t *prefill_use; /* [n_atoms] uses by prefill codes, or NULL */
     const uint32_t *use_total;   /* [n_atoms] uses ever, or NULL */
     const uint8_t *is_adapted;   /* [n_atoms] or NULL */
+    double bytes_uncounted;      /* per-sequence state the codec's options leave out of
+                                  * bytes_codes and bytes_dict_seq (fadkv's mem_mode = paper
+                                  * counts replaced atoms as free): 0 when every byte is
+                                  * counted. Figures and tables say so for such cells */
 };
 
 struct fk_codec_ops {
@@ -305,8 +309,9 @@ struct fk_codec_ops {
  * plugin links against nothing of fadkv-bench. FK_PLUGIN_ABI_VERSION changes with any
  * change of the structs of this header (4, 7 December 2026: struct fk_stream_env lost the
  * rows ahead, now internal to the built-in codecs, core/fk_registry.h; 5, the same day:
- * struct fk_codec_ops gained the roles of its options and resolve). */
-#define FK_PLUGIN_ABI_VERSION 5
+ * struct fk_codec_ops gained the roles of its options and resolve; 6, the same day: struct
+ * fk_stream_stats gained bytes_uncounted). */
+#define FK_PLUGIN_ABI_VERSION 6
 #define FK_PLUGIN_ENTRY "fk_plugin_abi"
 struct fk_plugin {
     int abi_version;             /* FK_PLUGIN_ABI_VERSION the plugin was built with */

@@ -232,12 +232,15 @@ static int replace_cap(const struct dc *d)
     return d->N;
 }
 
-/* paper: replaced slots cost nothing (fixed size); strict: a copy-on-write delta each */
+/* What a sequence holds beyond the shared dictionary: each base slot replaced at least
+ * once as a copy-on-write delta (its atom in fp16 and its 2-byte slot index), and the
+ * per-atom activity the victim choice reads (ref_count, EMA, last use: 32 bits each). The
+ * paper's accounting (mem_mode = paper) leaves it out: dc_stats reports it apart. */
 static double replace_dict_bytes(const struct dc *d)
 {
-    if (d->o.adapt.mem_mode == MEM_STRICT)
-        return (double)d->replaced_slots * (d->m * 2 + 2);
-    return 0;
+    if (d->rows_total == 0)
+        return 0; /* nothing stored yet: the sequence has no state */
+    return (double)d->replaced_slots * (d->m * 2 + 2) + (double)d->Nt * 12;
 }
 
 const struct dc_adapt dc_adapt_replace = {

@@ -735,7 +735,9 @@ void dc_stats(const void *state, struct fk_stream_stats *st)
     st->n_base = d->N;
     st->bytes_codes = (double)d->nnz_total * (dc_row_bytes(d, 1) - dc_row_bytes(d, 0)) +
                       (double)d->rows_total * dc_row_bytes(d, 0);
-    if (d->adapt)
+    if (d->adapt && d->o.adapt.mem_mode == MEM_PAPER)
+        st->bytes_uncounted = d->adapt->dict_bytes(d);
+    else if (d->adapt)
         st->bytes_dict_seq = d->adapt->dict_bytes(d);
     st->bytes_model = (double)d->N * d->m * 2; /* the universal dictionary, fp16 (10.6) */
     st->ref_count = d->ref_count;

@@ -27,7 +27,9 @@ enum { TAUC_COUNT, TAUC_COHERENCE, TAUC_PERIOD };
 enum { VICTIM_REFCOUNT, VICTIM_EMA };
 enum { COLL_REENCODE, COLL_DROP };
 enum { OMP_GRAM, OMP_NAIVE };
-enum { MEM_PAPER, MEM_STRICT };
+/* fadkv's accounting of its replacement state (mem_mode): strict (every codec's rule:
+ * counted per sequence) or the paper's (replaced atoms free, reported as bytes_uncounted) */
+enum { MEM_STRICT, MEM_PAPER };
 
 /* Options of the coders. */
 struct dc_code_opts {

@@ -10,7 +10,7 @@ static const char *const inner_names[] = {"gm", "pl", NULL};
 static const char *const tauc_names[] = {"count", "coherence", "period", NULL};
 static const char *const victim_names[] = {"refcount", "ema", NULL};
 static const char *const coll_names[] = {"reencode", "drop", NULL};
-static const char *const mem_names[] = {"paper", "strict", NULL};
+static const char *const mem_names[] = {"strict", "paper", NULL};
 
 static const struct fk_option fadkv_options[] = {
     FK_COMMON_OPTIONS(struct dc_opts),
@@ -29,8 +29,10 @@ static const struct fk_option fadkv_options[] = {
      "victim choice: refcount (ref_count, ema, index) | ema (lowest ema; drops codes)"},
     {"collateral", FK_OPT_ENUM, DC_O(adapt.collateral), COLL_REENCODE, 0, 1, coll_names,
      "codes still using a replaced atom (tau_c > 0): reencode | drop"},
-    {"mem_mode", FK_OPT_ENUM, DC_O(adapt.mem_mode), MEM_PAPER, 0, 1, mem_names,
-     "memory of replaced slots: paper (0, fixed size) | strict (copy-on-write delta)"},
+    {"mem_mode", FK_OPT_ENUM, DC_O(adapt.mem_mode), MEM_STRICT, 0, 1, mem_names,
+     "accounting of the replacement state: strict (per sequence: each replaced atom, fp16, "
+     "and its slot, and the per-atom activity the victim choice reads) | paper (the paper's: "
+     "free; only to reproduce its figures, which then say so)"},
     DC_OPT_PTR,
     DC_OPT_END,
 };

@@ -27,6 +27,7 @@ struct headline {
     double bytes_per_seq, bytes_full_per_seq, bytes_codes, bytes_buf, bytes_dict_seq;
     double tokens_per_seq, bytes_per_token, macs_per_vec, cpu_us_per_vec;
     double bytes_tok_head, bytes_tok_head_avg, bits_per_elem, bits_per_elem_avg, bytes_model;
+    double bytes_uncounted;
     double tok_heads, avg_heads, avg_sum, model_sum; /* sums behind the per-head bytes */
     double appends, replacements, adapt_failed, growth_capped, collateral_reencodes;
     double saturated, premature, guarded;
@@ -108,6 +109,7 @@ static void add_stream(const struct fk_cell_result *r, int t, int l, int k,
     h->bytes_codes += s->st.bytes_codes / T;
     h->bytes_buf += s->bytes_buf / T;
     h->bytes_dict_seq += s->st.bytes_dict_seq / T;
+    h->bytes_uncounted += s->st.bytes_uncounted / T;
     h->bytes_full_per_seq += s->bytes_full / T;
     if (k == 0) /* per (trace, layer): T H token-heads */
         h->tok_heads += (double)s->n_tokens * s->n_heads;
@@ -448,6 +450,10 @@ const struct fk_metric fk_metrics[] = {
      NOB, "the same of bytes_tok_head_avg"},
     {"bytes_model", "bytes", "memory", 0, FK_AGG_CELL, H(bytes_model), NULL, 0, NOB, NOB,
      "model-level constants the cell reads (universal dictionary, PCA basis), fp16, once"},
+    {"bytes_uncounted", "bytes", "memory", 0, FK_AGG_CELL, H(bytes_uncounted), NULL, 0, NOB,
+     NOB, "per-sequence state the cell's accounting leaves out of bytes_per_seq (fadkv's "
+     "mem_mode = paper: replaced atoms and activity counted free); 0 when every byte is "
+     "counted, and figures and tables say so for cells where it is not"},
     {"bytes", "bytes", "memory", -1, FK_AGG_NONE, 0, row_bytes, GATE, B(1e-3, 1e-6),
      B(6e-3, 1e-6), "codes + exact window + dictionary state of the stream at the end"},
     {"bytes_full", "bytes", "memory", 0, FK_AGG_NONE, 0, row_bytes_full, GATE, B(1e-9, 0),
@@ -535,6 +541,9 @@ const struct fk_metric fk_metrics[] = {
     /* from the cell's other values */
     {"bytes_ratio_full", "", "memory", -1, FK_AGG_TABLE, 0, NULL, 0, NOB, NOB,
      "bytes_per_seq / bytes_full_per_seq"},
+    {"bits_per_elem_1k", "bits", "memory", -1, FK_AGG_TABLE, 0, NULL, 0, NOB, NOB,
+     "bits_per_elem with the model constants (bytes_model) shared by 1,000 sequences of the "
+     "cell's length: bits_per_elem x (bytes_per_seq + bytes_model / 1000) / bytes_per_seq"},
     {"cost_mac_rel", "", "cost", -1, FK_AGG_TABLE, 0, NULL, 0, NOB, NOB,
      "macs_per_vec over the cost reference cell's (the first cell of cost_baseline on the "
      "same dataset and s)"},

@@ -705,6 +705,11 @@ static double table_value(const struct kv *m, const char *name, const struct kv 
         double full = kv_num(m, "bytes_full_per_seq"), seq = kv_num(m, "bytes_per_seq");
         return full > 0 ? seq / full : NAN;
     }
+    if (!strcmp(name, "bits_per_elem_1k")) {
+        double seq = kv_num(m, "bytes_per_seq"), model = kv_num(m, "bytes_model");
+        return seq > 0 ? kv_num(m, "bits_per_elem") * (seq + (model > 0 ? model : 0) / 1000) / seq
+                       : NAN;
+    }
     if (!strcmp(name, "cost_mac_rel"))
         return ref ? kv_num(m, "macs_per_vec") / kv_num(ref, "macs_per_vec") : NAN;
     if (!strcmp(name, "cpu_time_rel"))
