@@ -1,7 +1,8 @@
 # SPDX-License-Identifier: MIT
 # Cross-family Pareto: bytes per token per KV head (K and V together, mean over layers, end
 # of the trace; top axis: bits per element) vs one fidelity metric of every finished cell of
-# a dataset, one series per codec (colour: its family, marker: the codec within its family),
+# a dataset, one series per codec (colour and marker: the codec map of common.gp, filled
+# markers for the dictionary codecs; the key names the family),
 # each point labelled with its setting; the Pareto frontier (dashed steps) and the fp16
 # level (dotted). data: one block per codec (order of `codecs`), then the frontier; columns:
 # bytes_tok_head y bits_per_elem "label" codec cell.
@@ -13,12 +14,6 @@ if (!exists("metric")) metric = 'cos'
 if (!exists("logy")) logy = 0
 if (!exists("fp16")) fp16 = 0
 if (!exists("xmax")) xmax = 0
-# Family colours (Okabe-Ito, registry order of the families), grey for unknown codecs;
-# markers of the codecs within a family.
-fcolors = '#000000 #0072B2 #E69F00 #009E73 #D55E00 #CC79A7 #56B4E9 #F0E442'
-fc(i) = i < 1 ? '#777777' : word(fcolors, (i - 1) % words(fcolors) + 1)
-fmarks = '7 5 9 11 13 15 3 1 2'
-fp(i) = int(word(fmarks, (i - 1) % words(fmarks) + 1))
 ylab = metric eq 'e2e' ? 'end-to-end next-token KL (closed loop, nats, log scale)' : \
        metric eq 'kl' ? 'attention KL(P || P_{comp}) (nats, log scale)' : \
        metric eq 'err' ? 'relative reconstruction error (log scale)' : \
@@ -29,10 +24,12 @@ what = metric eq 'e2e' ? 'end-to-end KL' : metric eq 'kl' ? 'attention KL' : met
        metric eq 'rkl' ? 'reverse attention KL' : metric eq 'mass' ? 'retained attention mass' : \
        'attention-output cosine'
 set title ttl('KV memory per token per head vs '.what.', all codecs')
-set xlabel 'bytes per token per KV head (K + V: codes, metadata, fp16 buffer)'
+set xlabel 'bytes per token per KV head (K + V, all a sequence holds)'
 set ylabel ylab
 if (logy) { set logscale y; set format y '%g' }
 if (xmax > 0) { set xrange [0:xmax] }
+# no point on the top or bottom edge
+if (logy) { set offsets 0, 0, graph 0.06, graph 0.06 } else { set offsets 0, 0, graph 0.05, graph 0.05 }
 if (fp16 > 0) {
     set link x2 via x * 16.0 / fp16 inverse x * fp16 / 16.0
     set x2tics nomirror out (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
@@ -45,8 +42,8 @@ set label 2 (metric eq 'e2e' ? 'closed loop: the model decodes from the compress
     'teacher-forced replay: recorded queries, per-layer error, no propagation across layers or decode steps') \
     at screen 0.01, screen 0.02 left font ',9' noenhanced tc rgb '#555555'
 nc = words(codecs)
-plot for [i=1:nc] data index (i-1) u 1:2 w points pt fp(int(word(cpt,i))) ps 1.5 \
-         lc rgb fc(int(word(cfam,i))) title ctitle(word(codecs,i)).' ['.word(cfamname,i).']', \
+plot for [i=1:nc] data index (i-1) u 1:2 w points lt cstyle(word(codecs,i)) ps 1.5 \
+         title ctitle(word(codecs,i)).' ['.word(cfamname,i).']', \
      for [i=1:nc] data index (i-1) u 1:2:4 w labels left offset char 0.7, char 0.45 \
-         font ',9' tc rgb fc(int(word(cfam,i))) noenhanced notitle, \
+         font ',9' tc lt cstyle(word(codecs,i)) noenhanced notitle, \
      data index nc u 1:2 w steps dt 2 lw 1.5 lc rgb '#555555' title 'Pareto frontier'

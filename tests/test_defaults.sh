@@ -34,6 +34,15 @@ ok=$(tail -n +2 "$csv" | awk -F, -v c="$st" '$c == "ok"' | wc -l)
 bad=$(tail -n +2 "$csv" | awk -F, -v n="$n" -v s="$s" '$n != 8 || $s != 8' | wc -l)
 [ "$bad" = 0 ] || fail "$bad cells without n = 8 = max(s, N/16) and s = 8"
 grep -q "codec=fadkv;.*;n=8;" "$tmp/res/resolved.txt" || fail "resolved.txt does not carry the resolved n = 8"
-echo "$ok of $rows cells ok at the defaults, n resolved to 8 (N = 128)"
+# progress into a file (not a terminal), two cells side by side: every cell's end line
+# carries its label, unless it directly follows the cell's own start line
+"$bin" --config "$tmp/sweep.toml" --set "sweep.output=\"$tmp/res2\"" --jobs 2 > "$tmp/progress.txt" 2>&1 ||
+    fail "the second sweep failed"
+ends=$(grep -c 'vec/s, rel_err' "$tmp/progress.txt" || true)
+[ "$ends" = 12 ] || fail "$ends end lines, expected 12"
+orphans=$(awk '/vec\/s, rel_err/ && !/^\[/ { if (prev !~ /^\[[0-9]+\/[0-9]+\]/ || prev ~ /vec\/s/) n++ }
+               { prev = $0 } END { print n + 0 }' "$tmp/progress.txt")
+[ "$orphans" = 0 ] || { cat "$tmp/progress.txt" >&2; fail "$orphans end line(s) without their cell's label"; }
+echo "$ok of $rows cells ok at the defaults, n resolved to 8 (N = 128); progress labelled"
 [ "$fails" = 0 ] || exit 1
 echo PASS

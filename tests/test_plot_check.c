@@ -572,7 +572,8 @@ START_TEST(export_skips_absent)
     ck_assert(vals[0] == 0 && fabs(vals[1] - 0.3) < 1e-12 && fabs(vals[4] - 0.1) < 1e-12);
     fk_plotdata_free(&set);
     ck_assert_int_eq(fk_plot_codec_style("fadkv"), 6);
-    ck_assert_int_eq(fk_plot_codec_style("other"), 7);
+    ck_assert_int_eq(fk_plot_codec_style("other"), FK_PLOT_STYLES);
+    ck_assert_int_eq(fk_plot_codec_style("external"), 12); /* every built-in codec its own */
     rm_dir();
 }
 END_TEST
@@ -644,8 +645,23 @@ START_TEST(export_cross_family)
     struct fk_plot_set set;
     char out[512];
     snprintf(out, sizeof out, "%s/fig", g_dir);
-    ck_assert_msg(fk_plotdata_export(g_dir, out, NULL, &set) == FK_OK, "%s", fk_errmsg());
+    /* the budgets given (plot --budgets 4,1,3,2: sorted) */
+    struct fk_plot_opts po = {.budgets_from = "given by --budgets"};
+    ck_assert_int_eq(fk_plot_budgets_parse("4,1,3,2", po.budgets, &po.n_budgets), FK_OK);
+    ck_assert_int_eq(po.n_budgets, 4);
+    ck_assert(po.budgets[0] == 1 && po.budgets[3] == 4);
+    double bad[FK_PLOT_MAX_BUDGETS];
+    int nbad;
+    ck_assert_int_eq(fk_plot_budgets_parse("2,x", bad, &nbad), FK_EINVAL);
+    ck_assert_int_eq(fk_plot_budgets_parse("2,2", bad, &nbad), FK_EINVAL);
+    ck_assert_int_eq(fk_plot_budgets_parse("0", bad, &nbad), FK_EINVAL);
+    ck_assert_int_eq(fk_plot_budgets_parse("1,2,3,4,5,6,7,8,9", bad, &nbad), FK_EINVAL);
+    ck_assert_msg(fk_plotdata_export(g_dir, out, &po, &set) == FK_OK, "%s", fk_errmsg());
 
+    /* every figure, drawn or skipped, is a row of the catalogue and has its caption */
+    for (int i = 0; i < set.n_figs; i++)
+        ck_assert_msg(strlen(set.figs[i].caption) > 20, "figure %s has no caption",
+                      set.figs[i].name);
     /* dataset ds, cosine: every codec a block (registry order), colours by family */
     const struct fk_plot_fig *f = find_fig(&set, "pareto_head_cos.ds");
     ck_assert_ptr_nonnull(f);
@@ -772,6 +788,16 @@ START_TEST(export_cross_family)
     ASSERT_HAS(t, "4 & lexico-adp & dict & --- & --- & --- & --- & --- & --- \\\\\n");
     ASSERT_HAS(t, "3 & mystery & - & bits=2 block=16 & $2.40$ & --- & --- & $0.5000$ & "
                   "rel\\_err\\_mean \\\\\n");
+    free(t);
+    fk_plotdata_free(&set);
+    /* no budgets given: from the cells, every codec's smallest bits/elem rounded up to a
+     * tenth, at most 5 spread over them; the largest (full's 16) fills every codec's row */
+    ck_assert_msg(fk_plotdata_export(g_dir, out, NULL, &set) == FK_OK, "%s", fk_errmsg());
+    t = slurp_rel("fig/table_budget.md");
+    ASSERT_HAS(t, "Budgets, bits per element: 2.2, 2.5, 3, 4.5, 16 (from the cells");
+    ASSERT_HAS(t, "<= 1.10 x the budget");
+    ASSERT_HAS(t, "| 16 | full | baseline | (one setting) | 16.00 |");
+    ASSERT_HAS(t, "| 2.2 | uniform | quant | b2 | 2.20 |");
     free(t);
     fk_plotdata_free(&set);
     rm_dir();

@@ -274,6 +274,60 @@ START_TEST(line_plot_means)
 }
 END_TEST
 
+/* --x METRIC: a scatter of one point per setting (repeats together), the Pareto frontier by
+ * the metrics' directions, labels with the options that vary within a codec, and axis
+ * titles with units from the metric table. */
+START_TEST(scatter_metric_metric)
+{
+    make_dir();
+    fixture();
+    struct fk_plot_general g = {.x = "bytes_per_token", .y = "rel_err_mean"};
+    struct fk_plot_gen_out o;
+    ck_assert_msg(run(&g, &o) == FK_OK, "%s", fk_errmsg());
+    ck_assert_str_eq(o.script, "scatter_general.gp");
+    ck_assert_ptr_nonnull(strstr(o.vars, "xtitle='bytes_per_token [bytes], lower is better'"));
+    ck_assert_ptr_nonnull(strstr(o.vars, "ytitle='rel_err_mean, lower is better'"));
+    char path[600];
+    snprintf(path, sizeof path, "%s/out/fig.dat", g_dir);
+    FILE *f = fopen(path, "r");
+    ck_assert_ptr_nonnull(f);
+    char buf[512];
+    int pts = 0, front = 0, in_front = 0;
+    double fx = NAN, fy = NAN, gm_s2 = NAN;
+    while (fgets(buf, sizeof buf, f)) {
+        if (strstr(buf, "# Pareto frontier"))
+            in_front = 1;
+        double x, y;
+        char label[128] = "";
+        if (buf[0] != ' ' || sscanf(buf, " %lf %lf \"%127[^\"]", &x, &y, label) < 2)
+            continue;
+        if (in_front) {
+            front++;
+            fx = x, fy = y;
+        } else {
+            pts++;
+            if (!strcmp(label, "s=2 n=32"))
+                gm_s2 = y;
+        }
+    }
+    fclose(f);
+    /* 8 cells, 7 settings (cells 1 and 2 are repeats); bytes_per_token 100 + c */
+    ck_assert_int_eq(pts, 7);
+    const int rep[] = {0, 1, -1};
+    ck_assert_double_eq_tol(gm_s2, point_oracle(rep), 1e-9);
+    /* the error grows with the bytes in this fixture: the cheapest setting alone is on
+     * the frontier */
+    ck_assert_int_eq(front, 1);
+    ck_assert_double_eq_tol(fx, 100.5, 1e-9);
+    ck_assert_double_eq_tol(fy, point_oracle(rep), 1e-9);
+    /* a metric neither file has is refused naming the metrics */
+    struct fk_plot_general bad = {.x = "bytes_per_token", .y = "no_such_metric"};
+    ck_assert_int_eq(run(&bad, &o), FK_EINVAL);
+    ck_assert_ptr_nonnull(strstr(fk_errmsg(), "no such metric"));
+    rm_dir();
+}
+END_TEST
+
 START_TEST(refusals)
 {
     make_dir();
@@ -585,6 +639,7 @@ static Suite *plotgen_suite(void)
     tcase_set_timeout(tc, 60);
     tcase_add_test(tc, line_plot_means);
     tcase_add_test(tc, refusals);
+    tcase_add_test(tc, scatter_metric_metric);
     tcase_add_test(tc, heatmap_squares);
     tcase_add_test(tc, table4_intervals);
     tcase_add_test(tc, fig3d_two_options);

@@ -55,8 +55,18 @@ groups=$(grep -o '<tr class="groups">.*</tr><tr>' "$R" | grep -o '<th colspan="[
          sed 's/<[^>]*>//g' | tr '\n' ',')
 check "the cells table's column groups: $groups" \
     bash -c "[[ '$groups' == cell,error,attention,memory,cost,dictionary,* ]]"
+check "identity and options every cell shares are said once, above the table" \
+    grep -q 'every cell has <span id="common">[^<]*status = ok' "$R"
 check "a metric's header carries its definition" \
     grep -q '<th title="cosine of the exact and the compressed attention output[^"]*(higher is better)">attn_cos</th>' "$R"
+# a table of contents naming every drawn figure, and a caption saying what each shows
+n_toc=$(grep -o '<li><a href="#fig-' "$R" | wc -l)
+check "the contents list every drawn figure ($n_toc of $n_png)" test "$n_toc" = "$n_png"
+n_cap=$(grep -o '<figcaption><b>[^<]*</b>\. [A-Z][^<]\{20,\}</figcaption>' "$R" | wc -l)
+check "every figure has a caption ($n_cap of $n_png)" test "$n_cap" = "$n_png"
+check "a caption names the paper figure it reproduces" grep -q 'Paper Fig. 1a' "$R"
+check "the budget table's budgets and tolerance are shown" \
+    grep -q '<p>Budgets, bits per element: .*1.10 x the budget.</p>' "$R"
 check "the equal-budget table and the provenance are there" \
     bash -c "grep -q 'Equal-budget tables' '$R' && grep -q 'Provenance' '$R'"
 

@@ -647,6 +647,8 @@ struct display {
     const struct fk_sweep *s;
     int tty, quiet, shard_n;
     double last;                 /* time of the last plain progress line */
+    int line_of;                 /* not a terminal: the cell whose start line is the last
+                                  * line printed (its end continues it), 0: none */
 };
 
 static void fmt_eta(double s, char *buf, size_t cap)
@@ -687,7 +689,8 @@ static void show_claimed(void *ctx, const struct fk_sweep_cell *c, const char *h
 
 static void show_warning(void *ctx, const char *msg)
 {
-    (void)ctx; /* printed even with --quiet, like the sweep's own warnings */
+    ((struct display *)ctx)->line_of = 0; /* printed even with --quiet, like the sweep's own
+                                           * warnings */
     fprintf(stderr, "fadkv-bench: warning: %s\n", msg);
 }
 
@@ -701,6 +704,7 @@ static void show_cell_start(void *ctx, const struct fk_sweep *s, const struct fk
     fprintf(stderr, "[%d/%d] ", index, todo);
     print_cell_label(s, c, stderr);
     fprintf(stderr, "\n");
+    d->line_of = index;
 }
 
 /* Columns of the terminal on stderr (COLUMNS, else 80, when the ioctl cannot tell). */
@@ -763,26 +767,30 @@ static void show_progress(void *ctx, const struct fk_runner_progress *p)
         fprintf(stderr, "   %s ... %d/%d layers, %.0f vec/s, ETA %s\n", which, p->units_done,
                 p->units_total, p->vec_per_s, eta);
         d->last = now;
+        d->line_of = 0;
     }
 }
 
 static void show_cell_end(void *ctx, const struct fk_sweep *s, const struct fk_runner_cell_end *e)
 {
-    const struct display *d = ctx;
+    struct display *d = ctx;
     if (d->quiet)
         return;
-    if (d->tty || e->running > 1) { /* side by side, the start line may be far above */
+    /* the label again, unless the line above is this cell's own start line (not a terminal,
+     * nothing printed since: cells side by side put other lines between) */
+    int label = d->tty || d->line_of != e->index;
+    d->line_of = 0;
+    if (label) {
         fprintf(stderr, "%s[%d/%d] ", d->tty ? "\r\033[K" : "", e->index, e->todo);
         print_cell_label(s, e->cell, stderr);
     }
     if (e->failed) {
-        fprintf(stderr, "%s  FAILED: %s\n", d->tty || e->running > 1 ? "" : "   ", e->error);
+        fprintf(stderr, "%s  FAILED: %s\n", label ? "" : "   ", e->error);
         return;
     }
     char eta[32];
     fmt_eta(e->eta_s, eta, sizeof eta);
-    fprintf(stderr, "%s  %.1f s, %.0f vec/s, rel_err %.4f, ETA %s\n",
-            d->tty || e->running > 1 ? "" : "   ",
+    fprintf(stderr, "%s  %.1f s, %.0f vec/s, rel_err %.4f, ETA %s\n", label ? "" : "   ",
             e->wall_s, e->vectors / (e->wall_s > 0 ? e->wall_s : 1), e->rel_err, eta);
 }
 

@@ -27,10 +27,10 @@
 static void plot_usage(FILE *f)
 {
     fprintf(f, "usage: fadkv-bench plot RESULTS_DIR [--out DIR] [--format png|pdf|svg]...\n"
-               "                         [--cost-baseline CODEC]\n"
+               "                         [--cost-baseline CODEC] [--budgets B,B,...]\n"
                "  Writes DIR/data/*.dat (figure data), DIR/table4.md and DIR/table4.tex,\n"
-               "  DIR/table_budget.md and DIR/table_budget.tex (best setting of each codec at\n"
-               "  about 1, 2, 3, 4 bits per element), and draws every figure with gnuplot\n"
+               "  DIR/table_budget.md and DIR/table_budget.tex (best setting of each codec\n"
+               "  within each memory budget), and draws every figure with gnuplot\n"
                "  (scripts in plots/, found via FK_SRCDIR, next to the executable or in the\n"
                "  current directory).\n"
                "  --out DIR      output directory (default RESULTS_DIR/figures)\n"
@@ -38,11 +38,15 @@ static void plot_usage(FILE *f)
                "  --cost-baseline CODEC  codec Table 4's costs are relative to (default: the\n"
                "                 one cells.csv was computed with; with no baseline cell, the\n"
                "                 exact-OMP codec with a growing dictionary)\n"
+               "  --budgets B,... the equal-budget table's budgets in bits per element (default:\n"
+               "                 the sweep's [sweep] budgets, else from each dataset's cells:\n"
+               "                 every codec's smallest bits_per_elem, rounded up)\n"
                "\n"
                "       fadkv-bench plot RESULTS_DIR --x OPTION --y METRIC [--by OPTION]\n"
                "       fadkv-bench plot RESULTS_DIR --heatmap X,Y --z METRIC\n"
                "                 [--dataset D] [--codec C] [--where OPTION=VALUE]...\n"
                "                 [--out FILE] [--format png|pdf|svg]...\n"
+               "       fadkv-bench plot RESULTS_DIR --x METRIC --y METRIC [--by OPTION] [...]\n"
                "  One general figure: METRIC (a column of summary.csv, per sequence, or of\n"
                "  cells.csv, per cell) against a swept OPTION, one line per value of --by\n"
                "  (an option, codec or dataset; default codec; other options that vary make\n"
@@ -50,6 +54,9 @@ static void plot_usage(FILE *f)
                "  setting per square: narrow with --codec, --dataset, --where). A point is\n"
                "  the mean over sequences (and repeats), with a 95%% bootstrap interval over\n"
                "  sequences when it has >= %d of them, else the sequences drawn as points.\n"
+               "  With --x naming a metric (bits_per_elem, say): a scatter of one point per\n"
+               "  setting, a colour per --by value (codec), labels, and the Pareto frontier\n"
+               "  by the metrics' better directions (`fadkv-bench metrics`).\n"
                "  --out FILE     figure file (default RESULTS_DIR/figures/plot_METRIC_OPTION\n"
                "                 or heatmap_METRIC_X_Y); its extension, if png, pdf or svg,\n"
                "                 is the format; the data file is FILE's stem + .dat\n",
@@ -227,6 +234,21 @@ static const char *default_baseline(const char *dir, char *buf, size_t cap)
     return buf;
 }
 
+/* The budgets the sweep recorded in provenance.json ([sweep] budgets), or NULL. */
+static const char *sweep_budgets_of(const char *dir, char *buf, size_t cap)
+{
+    struct fk_provenance p;
+    const char *r = NULL;
+    if (fk_store_has_provenance(dir) && fk_store_provenance_read(dir, &p) == FK_OK) {
+        if (p.budgets && *p.budgets) {
+            snprintf(buf, cap, "%s", p.budgets);
+            r = buf;
+        }
+        fk_store_provenance_free(&p);
+    }
+    return r;
+}
+
 /* What draw_figures did. */
 struct drawn {
     int drawn, skipped, failed;
@@ -333,7 +355,7 @@ static int plot_general(const char *res, const struct fk_plot_general *g, const 
 
 /* What plot's arguments name besides the figure options (struct fk_plot_general). */
 struct plot_args {
-    const char *res, *out, *baseline;
+    const char *res, *out, *baseline, *budgets;
     const char *fmts[8];
     int n_fmt;
     char hx[128], hy[128];       /* --heatmap X,Y: g->heat_x, heat_y point here */
@@ -378,6 +400,8 @@ static int parse_plot_args(int argc, char **argv, struct plot_args *pa,
             g->heat_y = pa->hy;
         } else if (!strcmp(a, "--cost-baseline") && i + 1 < argc) {
             pa->baseline = argv[++i];
+        } else if (!strcmp(a, "--budgets") && i + 1 < argc) {
+            pa->budgets = argv[++i];
         } else if (!strcmp(a, "--out") && i + 1 < argc) {
             pa->out = argv[++i];
         } else if (!strcmp(a, "--format") && i + 1 < argc) {
@@ -401,7 +425,7 @@ static int parse_plot_args(int argc, char **argv, struct plot_args *pa,
 
 /* The figures, tables and report of a whole results directory (plot without --x/--heatmap). */
 static int plot_all(const char *res, const char *out, const char *baseline,
-                    const char *const *fmts, int n_fmt)
+                    const char *budgets, const char *const *fmts, int n_fmt)
 {
     char dbase[128];
     char outbuf[PATH_MAX];
@@ -420,6 +444,14 @@ static int plot_all(const char *res, const char *out, const char *baseline,
     static struct fk_plot_titles titles;
     struct fk_plot_opts po = {.titles = &titles, .cost_baseline = baseline,
                               .default_cost_baseline = default_baseline(res, dbase, sizeof dbase)};
+    char sweep_budgets[256];
+    const char *bl = budgets ? budgets : sweep_budgets_of(res, sweep_budgets, sizeof sweep_budgets);
+    po.budgets_from = budgets ? "given by --budgets" : "the sweep's [sweep] budgets";
+    if (bl && fk_plot_budgets_parse(bl, po.budgets, &po.n_budgets) < 0) {
+        fprintf(stderr, "fadkv-bench plot: %s%s\n", budgets ? "--budgets: " : "provenance.json: ",
+                fk_errmsg());
+        return 2;
+    }
     char common[PATH_MAX + 16];
     snprintf(common, sizeof common, "%s/common.gp", plots);
     if (fk_plot_titles_load(common, &titles) < 0) {
@@ -486,10 +518,15 @@ int fk_cli_plot(int argc, char **argv)
     }
     if (g.x || g.heat_x)
         return plot_general(res, &g, out, fmts, n_fmt);
+    if (pa.budgets && (g.x || g.heat_x)) {
+        fprintf(stderr, "fadkv-bench plot: --budgets is for the tables of a whole results "
+                        "directory (without --x or --heatmap)\n");
+        return 2;
+    }
     if (g.y || g.by || g.dataset || g.codec || g.n_where) {
         fprintf(stderr, "fadkv-bench plot: --y, --z, --by, --dataset, --codec and --where "
                         "need --x OPTION or --heatmap X,Y\n");
         return 2;
     }
-    return plot_all(res, out, baseline, fmts, n_fmt);
+    return plot_all(res, out, baseline, pa.budgets, fmts, n_fmt);
 }

@@ -203,6 +203,31 @@ static int set_option(const struct fk_codec_ops *ops, void *opts, const char *ke
 
 static int is_known_option(const char *key);
 
+/* [sweep] budgets = [2, 5, 8]: the equal-budget table's budgets in bits per element (1 to 8
+ * numbers in (0, 64]), kept as the text "2,5,8" that plot reads from provenance.json. */
+static int get_budgets(const struct fk_toml_entry *e, char **out)
+{
+    size_t n = fk_toml_type(e->value) == FK_TOML_ARRAY ? fk_toml_array_len(e->value) : 0;
+    if (n < 1 || n > 8)
+        return entry_err(e, "expected an array of 1 to 8 budgets in bits per element, e.g. "
+                            "[2, 5, 8]");
+    char buf[256];
+    size_t len = 0;
+    for (size_t i = 0; i < n; i++) {
+        double b;
+        if (fk_toml_get_float(fk_toml_array_at(e->value, i), &b) < 0) {
+            fk_err_clear();
+            return entry_err(e, "a budget is a number of bits per element");
+        }
+        if (!(b > 0 && b <= 64))
+            return entry_err(e, "a budget is in (0, 64] bits per element");
+        len += (size_t)snprintf(buf + len, sizeof buf - len, "%s%g", i ? "," : "", b);
+    }
+    free(*out);
+    *out = xstrdup(buf);
+    return *out ? FK_OK : fk_err(FK_ENOMEM, "out of memory");
+}
+
 /* Applies the preset `preset = "..."` (value pv) to opts: a name is the file NAME.toml of
  * the preset folder (fk_sweep_preset_dir), a value with a '/' or ending in .toml a file
  * under the path rule; the file is a flat table of option = value, and sets the options
@@ -1009,13 +1034,16 @@ static int load_sweep_table(struct fk_sweep *s, const struct fk_toml_value *tab)
             if (!fk_codec_find(str))
                 return entry_err(e, "cost_baseline names no codec (see `fadkv-bench codecs`)");
             free(s->cost_baseline);
+    free(s->budgets);
             s->cost_baseline = xstrdup(str);
+        } else if (!strcmp(k, "budgets")) {
+            FK_TRY(get_budgets(e, &s->budgets));
         } else if (strcmp(k, "traces") && strcmp(k, "dictionary") && strcmp(k, "basis") &&
                    strcmp(k, "reconstructions") && strcmp(k, "plugins")) {
             return entry_err(e, "unknown key in [sweep] (allowed: name, traces, dictionary, basis, "
                                 "output, jobs, mem_limit, cell_timeout, attention, attn_stride, "
                                 "attn_layers, recall, recall_every, repeats, base_seed, "
-                                "cost_baseline, plugins)");
+                                "cost_baseline, budgets, plugins)");
         }
     }
     return FK_OK;
@@ -1057,6 +1085,7 @@ void fk_sweep_free(struct fk_sweep **sp)
     free(s->output);
     free(s->resolved);
     free(s->cost_baseline);
+    free(s->budgets);
     free(s);
     *sp = NULL;
 }

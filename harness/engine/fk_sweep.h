@@ -99,6 +99,8 @@ struct fk_sweep {
     int n_datasets;
     struct fk_sweep_cell *cells;
     int n_cells;
+    char *budgets;               /* [sweep] budgets of plot's equal-budget table ("2,5,8"),
+                                  * or NULL */
     char *cost_baseline;         /* codec whose cost is 1 in cost_mac_rel / cpu_time_rel
                                   * ([sweep] cost_baseline; default fk_default_cost_baseline) */
     char config_hash[65];        /* sha256 of the canonical resolved sweep */

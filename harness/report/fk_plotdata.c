@@ -217,6 +217,9 @@ struct store {
     const struct fk_csv *sum;    /* summary.csv */
     const struct fk_plot_titles *titles; /* display names (NULL: codec names) */
     const char *cost_baseline;   /* codec of Table 4's cost columns, or NULL */
+    const double *budgets;       /* the equal-budget table's, or NULL: from the cells */
+    int n_budgets;
+    const char *budgets_from;    /* where the budgets come from, in words */
     struct cell *c;              /* [n] finished cells, sweep order */
     int n;                       /* finished cells */
     char **datasets;             /* [n_ds] dataset names, first-seen order (not owned) */
@@ -530,6 +533,59 @@ static const char *codec_display(const struct store *st, const char *codec)
 
 /* ---- figure bookkeeping ----------------------------------------------------------------- */
 
+const struct fk_plot_kind fk_plot_catalogue[] = {
+    {"fig1a_recall", FK_SCOPE_DATASET, "a dictionary codec cell with recall = true",
+     "Paper Fig. 1a: the share of full OMP's atoms (sparsity s, base dictionary) that rank "
+     "in the top n by |D^T x|, keys and values, against the pool size n; band: 95% interval "
+     "over sequences."},
+    {"fig1b_corr", FK_SCOPE_DATASET, "a dictionary codec cell",
+     "Paper Fig. 1b: the sorted correlations |D^T x| / max of the top atoms, mean over "
+     "streams, band 10-90%: how concentrated a vector's correlations are."},
+    {"fig1c_inactive", FK_SCOPE_DATASET, "a dictionary codec cell with coded prefill",
+     "Paper Fig. 1c: the share of the base atoms no prefill code used, per layer, keys and "
+     "values: the room FAD-KV's replacement has."},
+    {"fig1d_overlap", FK_SCOPE_DATASET, "dictionary codec cells on two or more traces",
+     "Paper Fig. 1d: the Jaccard overlap of the inactive atom sets between prompts, one bar "
+     "per codec: whether inactivity is a property of the dictionary or of the prompt."},
+    {"fig3a_dict_size", FK_SCOPE_DATASET, "dictionary codec cells",
+     "Paper Fig. 3a: dictionary size N_t / N against the decode step, one line per codec "
+     "(append codecs grow, FAD-KV stays at 1)."},
+    {"fig3b_err_steps", FK_SCOPE_DATASET, "cells with decode-time coding",
+     "Paper Fig. 3b: the relative error of the vectors coded in each bin of decode steps, one "
+     "line per codec: how the error evolves as the decode goes on."},
+    {"fig3c_tau_delta", FK_SCOPE_DATASET, "FAD-KV cells varying tau_c and (delta_k, delta_v)",
+     "Paper Fig. 3c: FAD-KV's encode-time error, error with the final dictionary and "
+     "attention KL over the coherence threshold tau_c (x) and the error thresholds "
+     "delta_k/delta_v (y)."},
+    {"fig3c_tau_delta_e2e", FK_SCOPE_DATASET, "a model dataset (closed loop)",
+     "Paper Fig. 3c in the closed loop: replay attention KL, attention KL in the loop and "
+     "end-to-end next-token KL on the same squares."},
+    {"fig3d_N_s", FK_SCOPE_CODEC, "a codec's cells varying N and s (or two options)",
+     "Paper Fig. 3d: the same heatmap over the dictionary size N and the sparsity s, or over "
+     "the two options the codec's cells vary together."},
+    {"pareto_bytes_kl", FK_SCOPE_DATASET, "cells with attention",
+     "KV memory per token (every byte a sequence needs) against attention KL, every cell "
+     "labelled with its setting; dashed: the Pareto front."},
+    {"pareto_head", FK_SCOPE_DATASET, "cells with bytes_tok_head and the panel's metric",
+     "The equal-memory comparison across families: bytes per token per KV head (top axis: "
+     "bits per element; dotted: fp16) against the panel's quality metric, every cell of "
+     "every codec; dashed: the Pareto frontier. Teacher-forced replay."},
+    {"loop_gap", FK_SCOPE_DATASET, "a model dataset (closed loop)",
+     "Open loop against closed loop: each cell's replay attention KL (x) against its "
+     "attention KL with the model in the loop (y); points above the diagonal are what the "
+     "replay understates."},
+    {NULL, FK_SCOPE_DATASET, NULL, NULL},
+};
+
+const struct fk_plot_kind *fk_plot_kind_of(const char *stem)
+{
+    for (const struct fk_plot_kind *k = fk_plot_catalogue; k->stem; k++)
+        if (!strcmp(k->stem, stem) ||
+            (!strcmp(k->stem, "pareto_head") && !strncmp(stem, "pareto_head_", 12)))
+            return k;
+    return NULL;
+}
+
 static struct fk_plot_fig *fig_add(struct fk_plot_set *set, const char *stem, const char *ds,
                                    int n_ds, const char *script)
 {
@@ -551,6 +607,8 @@ static struct fk_plot_fig *fig_add(struct fk_plot_set *set, const char *stem, co
         if (*p == '/' || *p == ' ' || *p == '\'')
             *p = '_';
     snprintf(f->script, sizeof f->script, "%s.gp", stem);
+    const struct fk_plot_kind *k = fk_plot_kind_of(stem);
+    snprintf(f->caption, sizeof f->caption, "%s", k ? k->caption : "");
     return f;
 }
 
@@ -1658,6 +1716,15 @@ static double place_label(struct lbox *boxes, int *nb, double x, double y, int l
     return y;
 }
 
+/* Appends to a figure's subtitle that n of its cells use the paper's accounting. */
+static void accounting_note(int n, char *t, size_t cap)
+{
+    size_t len = strlen(t);
+    if (n > 0 && len < cap)
+        snprintf(t + len, cap - len, "; %d cell(s) in the paper's accounting: replaced atoms "
+                 "free (bytes_uncounted)", n);
+}
+
 static int pareto(struct store *st, struct fk_plot_set *set, const char *ds)
 {
     struct fk_plot_fig *f = fig_add(set, "pareto_bytes_kl", ds, st->n_ds, "pareto_bytes_kl");
@@ -1750,9 +1817,13 @@ static int pareto(struct store *st, struct fk_plot_set *set, const char *ds)
     free(front);
     FK_TRY(fig_data(st, f, &b));
     fig_var(f, "codecs", names);
-    char t[512];
+    char t[768];
     snprintf(t, sizeof t, "%s%s", ds, skipped ? " (cells with KL = 0, e.g. full, not shown)"
                                               : "");
+    int uncounted = 0;
+    for (int j = 0; j < st->n; j++)
+        uncounted += !strcmp(st->c[j].dataset, ds) && cnum(st, &st->c[j], "bytes_uncounted") > 0;
+    accounting_note(uncounted, t, sizeof t);
     fig_text(f, "subtitle", t);
     return FK_OK;
 }
@@ -2070,6 +2141,18 @@ static int pareto_head(struct store *st, struct fk_plot_set *set, const char *ds
                      ds, m->col);
         return rc;
     }
+    double ylo = INFINITY, yhi = -INFINITY;
+    for (int i = 0; i < np; i++)
+        ylo = fmin(ylo, pt[i].y), yhi = fmax(yhi, pt[i].y);
+    if (np > 1 && yhi - ylo <= 1e-12 * fmax(1, fabs(yhi))) { /* one level: no information */
+        free(pt);
+        fig_skip(f, "every cell of dataset %s has %s = %g: nothing to compare", ds, m->col,
+                 yhi);
+        return FK_OK;
+    }
+    int uncounted = 0;
+    for (int i = 0; i < np; i++)
+        uncounted += cnum(st, pt[i].c, "bytes_uncounted") > 0;
     double fp16 = fp16_level(st, ds), xmax = fp16;
     struct fk_sb b = {0};
     fk_sb_printf(&b, "# Cross-family Pareto, dataset %s: bytes per token per KV head "
@@ -2111,15 +2194,18 @@ static int pareto_head(struct store *st, struct fk_plot_set *set, const char *ds
     fig_var(f, "cfam", cfam);
     fig_var(f, "cpt", cpt);
     fig_var(f, "metric", m->key);
+    size_t cl = strlen(f->caption);
+    snprintf(f->caption + cl, sizeof f->caption - cl, " Panel: %s (%s).", m->what, m->col);
     fig_num(f, "logy", m->logy);
     fig_dbl(f, "fp16", fp16);
     fig_dbl(f, "xmax", xmax * 1.08);
-    char t[512];
+    char t[768];
     if (n_zero)
         snprintf(t, sizeof t, "%s (%d cell(s) with %s = 0 not shown on the log scale)", ds,
                  n_zero, m->col);
     else
         snprintf(t, sizeof t, "%s", ds);
+    accounting_note(uncounted, t, sizeof t);
     fig_text(f, "subtitle", t);
     return FK_OK;
 }
@@ -2195,8 +2281,73 @@ static int loop_gap(struct store *st, struct fk_plot_set *set, const char *ds)
 
 /* ---- equal-budget table ------------------------------------------------------------------ */
 
-static const double budgets[] = {1, 2, 3, 4}; /* bits per element */
 #define BUDGET_SLACK 1.10        /* "about b bits": bits_per_elem <= b x BUDGET_SLACK */
+#define AUTO_BUDGETS 5           /* budgets chosen from the cells, at most */
+
+int fk_plot_budgets_parse(const char *text, double *budgets, int *n)
+{
+    *n = 0;
+    for (const char *p = text; *p;) {
+        char *end;
+        double b = strtod(p, &end);
+        int len = (int)strcspn(p, ",");
+        if (end == p || (*end && *end != ',') || !(b > 0 && b <= 64))
+            return fk_err(FK_EINVAL, "'%.*s' in '%s': a budget is a number of bits per "
+                          "element in (0, 64]", len, p, text);
+        if (*n == FK_PLOT_MAX_BUDGETS)
+            return fk_err(FK_EINVAL, "'%s': at most %d budgets", text, FK_PLOT_MAX_BUDGETS);
+        int i = *n;
+        while (i > 0 && budgets[i - 1] > b) /* ascending */
+            budgets[i] = budgets[i - 1], i--;
+        if (i > 0 && budgets[i - 1] == b) {
+            for (; i < *n; i++)
+                budgets[i] = budgets[i + 1];
+            return fk_err(FK_EINVAL, "'%s': budget %g is given twice", text, b);
+        }
+        budgets[i] = b;
+        (*n)++;
+        p = *end ? end + 1 : end;
+    }
+    return *n ? FK_OK : fk_err(FK_EINVAL, "'%s': no budget", text);
+}
+
+/* The budgets of dataset ds from its cells: every codec's smallest finite bits_per_elem,
+ * rounded up to a tenth (so that the codec's cell is within it), distinct and ascending;
+ * past AUTO_BUDGETS, that many spread from the smallest to the largest. Every codec
+ * with bits_per_elem has a row within the largest. Returns their number (0: none). */
+static int budgets_of(const struct store *st, const char *ds, double *out)
+{
+    double v[64];
+    int n = 0;
+    const char *cod[64];
+    int nc = codecs_in((struct store *)st, ds, cod, 64);
+    for (int k = 0; k < nc; k++) {
+        double lo = INFINITY;
+        for (int i = 0; i < st->n; i++)
+            if (!strcmp(st->c[i].dataset, ds) && !strcmp(st->c[i].codec, cod[k]))
+                lo = fmin(lo, cnum(st, &st->c[i], "bits_per_elem"));
+        if (!isfinite(lo))
+            continue;
+        double b = ceil(lo * 10 - 1e-9) / 10;
+        int i = n;
+        while (i > 0 && v[i - 1] > b)
+            v[i] = v[i - 1], i--;
+        if (i > 0 && v[i - 1] == b) {
+            for (; i < n; i++)
+                v[i] = v[i + 1];
+            continue;
+        }
+        v[i] = b;
+        n++;
+    }
+    if (n <= AUTO_BUDGETS) {
+        memcpy(out, v, sizeof(double) * (size_t)n);
+        return n;
+    }
+    for (int k = 0; k < AUTO_BUDGETS; k++)
+        out[k] = v[(size_t)k * (size_t)(n - 1) / (AUTO_BUDGETS - 1)];
+    return AUTO_BUDGETS;
+}
 
 /* The best cell of codec in dataset ds within a budget of bits per element: among its
  * finished cells with bits_per_elem <= budget x BUDGET_SLACK, the highest attn_cos (ties:
@@ -2288,6 +2439,8 @@ static int budget_row(const struct store *st, const char *ds, const char *codec,
     cell_label(st, c, cols, ncol, label, sizeof label);
     if (!label[0])
         snprintf(label, sizeof label, "(one setting)");
+    if (cnum(st, c, "bytes_uncounted") > 0) /* the paper's accounting: said on the row */
+        snprintf(label + strlen(label), sizeof label - strlen(label), " †");
     fk_sb_printf(md, " %s |", label);
     fk_sb_printf(tex, " & ");
     tex_text(tex, label);
@@ -2306,7 +2459,7 @@ static int budget_row(const struct store *st, const char *ds, const char *codec,
 static int budget_table(struct store *st, struct fk_plot_set *set, const char *out_dir)
 {
     struct fk_sb md = {0}, tex = {0};
-    int nb = (int)(sizeof budgets / sizeof budgets[0]), tables = 0, rc = FK_OK;
+    int tables = 0, rc = FK_OK;
     fk_sb_printf(&md, "<!-- Equal-budget table (best setting of each codec within a budget of "
                  "bits per element); generated by `fadkv-bench plot` from %s -->\n", st->dir);
     fk_sb_printf(&tex, "%% Equal-budget table (best setting of each codec within a budget of "
@@ -2324,6 +2477,24 @@ static int budget_table(struct store *st, struct fk_plot_set *set, const char *o
             continue;
         }
         tables++;
+        double budgets[FK_PLOT_MAX_BUDGETS];
+        int nb = st->n_budgets;
+        if (nb)
+            memcpy(budgets, st->budgets, sizeof(double) * (size_t)nb);
+        else
+            nb = budgets_of(st, ds, budgets);
+        fk_sb_printf(&md, "Budgets, bits per element: ");
+        for (int k = 0; k < nb; k++)
+            fk_sb_printf(&md, "%s%g", k ? ", " : "", budgets[k]);
+        fk_sb_printf(&md, " (%s). A codec's row: its best cell with bits/elem <= %.2f x the "
+                     "budget.\n\n", st->n_budgets ? st->budgets_from
+                                                 : "from the cells: every codec's smallest "
+                                                   "bits/elem, rounded up to a tenth",
+                     BUDGET_SLACK);
+        int uncounted = 0;
+        for (int i = 0; i < st->n; i++)
+            uncounted += !strcmp(st->c[i].dataset, ds) &&
+                         cnum(st, &st->c[i], "bytes_uncounted") > 0;
         fk_sb_printf(&md, "| Budget (bits/elem) | Method | Family | Setting | Bits/elem | "
                      "Attn cos | Attn KL | Rel. error | Chosen by | Cell |\n"
                      "|---:|---|---|---|---:|---:|---:|---:|---|---|\n");
@@ -2339,12 +2510,18 @@ static int budget_table(struct store *st, struct fk_plot_set *set, const char *o
             fk_sb_printf(&tex, "\\hline\n");
         }
         fk_sb_printf(&tex, "\\end{tabular}\n");
+        if (uncounted)
+            fk_sb_printf(&md, "\n† %d cell(s) of this dataset use the paper's accounting "
+                         "(fadkv mem_mode = paper): their replaced atoms and the activity "
+                         "state count as free (bytes_uncounted), so their bits/elem are below "
+                         "what a sequence holds.\n", uncounted);
     }
     fk_sb_printf(&md, "\nBudget b: a codec's finished cells of the dataset with bits_per_elem "
                  "<= %.2f x b (\"about b bits\"; bits_per_elem = bytes_tok_head x 8 / (2 x "
                  "head_dim) at the end of the trace, K and V: codes, per-group metadata, the "
-                 "fp16 buffer and appended atoms; model constants such as the universal "
-                 "dictionary, bytes_model, excluded; 16 = fp16). Best: the highest attn_cos, "
+                 "fp16 buffer, appended and replaced atoms and the state their adaptation "
+                 "reads; model constants such as the universal dictionary, bytes_model, "
+                 "excluded: bits_per_elem_1k shares them among 1,000 sequences; 16 = fp16). Best: the highest attn_cos, "
                  "ties to fewer bits, then sweep order; a codec none of whose cells within the "
                  "budget has attn_cos (attention off) is ranked by the lowest rel_err_mean "
                  "(\"Chosen by\"). —: no setting of the codec within the budget. Setting: the "
@@ -2509,13 +2686,22 @@ static int table4(struct store *st, struct fk_plot_set *set, const char *out_dir
     fk_sb_printf(&tex, "\\hline\n\\end{tabular}\n");
     fk_sb_printf(&md, "\nOne row per (dataset, codec): the representative cell (options closest to "
                  "the dataset's common values). Cost and CPU time are per encoded vector, "
-                 "relative to the %s cell of the same dataset and s. Bytes/token and GB/seq are "
-                 "replay memory (codes + buffer + appended atoms; the shared universal "
-                 "dictionary excluded). Rel. error: mean over K/V, layers and sequences.%s\n",
+                 "relative to the %s cell of the same dataset and sparsity. Bytes/token and "
+                 "GB/seq are replay memory (codes + buffer + appended and replaced atoms and "
+                 "the state their adaptation reads; the shared universal dictionary "
+                 "excluded). Rel. error: mean over K/V, layers and sequences.%s\n",
             base, multi ? " ± is half the 95% bootstrap interval over sequences (2000 "
                   "resamples), shown for cells with at least " FK_STR(FK_CI_MIN_SEQ)
                   " sequences." : " No ±: no cell has the " FK_STR(FK_CI_MIN_SEQ)
                   " sequences an interval needs.");
+    int uncounted = 0;
+    for (int i = 0; i < st->n; i++)
+        uncounted += cnum(st, &st->c[i], "bytes_uncounted") > 0;
+    if (uncounted)
+        fk_sb_printf(&md, "\n%d cell(s) use the paper's accounting (fadkv mem_mode = paper): "
+                     "their replaced atoms and activity state count as free "
+                     "(bytes_uncounted), so their memory is below what a sequence holds.\n",
+                     uncounted);
     if (rc < 0 || !rows) {
         free(md.s);
         free(tex.s);
@@ -2541,6 +2727,9 @@ int fk_plotdata_export(const char *results_dir, const char *out_dir,
     struct store st;
     rc = store_load(&st, results_dir, data_dir);
     st.titles = opts ? opts->titles : NULL;
+    st.budgets = opts ? opts->budgets : NULL;
+    st.n_budgets = opts ? opts->n_budgets : 0;
+    st.budgets_from = opts && opts->budgets_from ? opts->budgets_from : "given";
     st.cost_baseline = opts && opts->cost_baseline ? opts->cost_baseline
                        : st.fs ? fk_store_cost_baseline(st.fs) : NULL;
     if (!st.cost_baseline && opts)

@@ -37,7 +37,23 @@ struct fk_plot_fig {
     char script[64];             /* gnuplot script in plots/, e.g. "fig1a_recall.gp" */
     char vars[4096];             /* gnuplot -e assignments ("data='...'; ..."), ';'-ended */
     char note[512];              /* why the figure is skipped; "" = draw it */
+    char caption[600];           /* what it shows and which paper figure it reproduces
+                                  * (fk_plot_catalogue), for the report */
 };
+
+/* The figure catalogue: every figure `plot` can draw, one row each. */
+enum fk_plot_scope { FK_SCOPE_DATASET, FK_SCOPE_CODEC };
+struct fk_plot_kind {
+    const char *stem;            /* file stem (a pareto_head_* row: every panel) and script */
+    enum fk_plot_scope scope;    /* one figure per dataset (suffix .DATASET with several) or
+                                  * per codec */
+    const char *needs;           /* the cells it needs (else it is skipped with a note) */
+    const char *caption;         /* what it shows; the paper figure it reproduces */
+};
+extern const struct fk_plot_kind fk_plot_catalogue[]; /* {NULL}-terminated */
+/* The catalogue row of a figure stem (a pareto_head_* panel: the row "pareto_head"), or
+ * NULL. */
+const struct fk_plot_kind *fk_plot_kind_of(const char *stem);
 
 struct fk_plot_set {
     struct fk_plot_fig *figs;    /* [n_figs] in drawing order */
@@ -65,13 +81,24 @@ struct fk_plot_titles {
  * tables name codecs as the plots do: FK_EIO, FK_ECORRUPT when there is none. */
 int fk_plot_titles_load(const char *gp_path, struct fk_plot_titles *t);
 
+#define FK_PLOT_MAX_BUDGETS 8
+
 struct fk_plot_opts {
     const struct fk_plot_titles *titles; /* display names; NULL: codec names */
     const char *cost_baseline;   /* codec of Table 4's cost columns; NULL: the one cells.csv
                                   * was computed with (fk_store_cost_baseline), else
                                   * default_cost_baseline */
     const char *default_cost_baseline; /* when the tables show none (no baseline cell) */
+    double budgets[FK_PLOT_MAX_BUDGETS]; /* the equal-budget table's budgets, bits per
+                                  * element, ascending; n_budgets 0: from each dataset's
+                                  * cells (every codec's smallest bits_per_elem, rounded up) */
+    int n_budgets;
+    const char *budgets_from;    /* where they come from, in words ("--budgets") */
 };
+
+/* "2,5,8" into budgets (ascending, distinct, each > 0 and <= 64; at most
+ * FK_PLOT_MAX_BUDGETS). FK_EINVAL naming the bad item. */
+int fk_plot_budgets_parse(const char *text, double *budgets, int *n);
 
 /* Writes every figure's data file into out_dir/data (created if needed), Table 4 into
  * out_dir/table4.md and out_dir/table4.tex and the equal-budget table into
@@ -81,7 +108,7 @@ int fk_plotdata_export(const char *results_dir, const char *out_dir,
                        const struct fk_plot_opts *opts, struct fk_plot_set *set);
 void fk_plotdata_free(struct fk_plot_set *set);
 
-#define FK_PLOT_STYLES 7         /* line styles of plots/common.gp (the last: other codecs) */
+#define FK_PLOT_STYLES 13        /* line styles of plots/common.gp (the last: other codecs) */
 
 /* Fixed style index of a codec: its registry position (1-based, the order of
  * plots/common.gp cstyle), FK_PLOT_STYLES for codecs past it or unknown: the same colour

@@ -17,6 +17,7 @@
 
 #include "common/fk_err.h"
 #include "common/fk_str.h"
+#include "store/fk_metrics.h"
 #include "store/fk_results.h"
 
 #define MAX_VALUES 256           /* distinct values of one axis or lines of one figure */
@@ -446,6 +447,34 @@ static void sel_text(const struct sel *q, const struct fk_plot_general *g, char 
         n += (size_t)snprintf(out + n, cap - n, "%s%s", n ? ", " : "", g->where[w]);
 }
 
+/* An axis title from the metric table: "name [unit], lower is better" (the name alone for
+ * what the table does not know, an option). */
+static void axis_title(const char *name, char *out, size_t cap)
+{
+    const struct fk_metric *m = fk_metric_find(name);
+    if (!m) {
+        snprintf(out, cap, "%s", name);
+        return;
+    }
+    snprintf(out, cap, "%s%s%s%s%s", name, *m->unit ? " [" : "", m->unit, *m->unit ? "]" : "",
+             m->better < 0 ? ", lower is better" : m->better > 0 ? ", higher is better" : "");
+}
+
+/* 1 when the positive values v[0..n-1] span two decades or more (a log axis). */
+static int wants_log(const double *v, int n)
+{
+    double lo = INFINITY, hi = 0;
+    for (int i = 0; i < n; i++) {
+        if (!isfinite(v[i]))
+            continue;
+        if (v[i] <= 0)
+            return 0;
+        lo = fmin(lo, v[i]);
+        hi = fmax(hi, v[i]);
+    }
+    return hi > 0 && lo < INFINITY && hi / lo >= 100;
+}
+
 /* ---- line plot ---------------------------------------------------------------------------- */
 
 struct line {
@@ -476,12 +505,13 @@ static int group_cols(struct sel *q, int xcol, int bycol, int *gcols)
     return ng;
 }
 
-/* The lines: distinct values of the group columns, sorted by the by value (numbers
- * ascending); *lnp is NULL when out of memory, else set (with *nlp) even on an error. */
+/* The lines: distinct values of the group columns (at most cap), sorted by the by value
+ * (numbers ascending); *lnp is NULL when out of memory, else set (with *nlp) even on an
+ * error. */
 static int collect_lines(struct sel *q, const struct fk_plot_general *g, int bycol,
-                         const int *gcols, int ng, struct line **lnp, int *nlp)
+                         const int *gcols, int ng, int cap, struct line **lnp, int *nlp)
 {
-    struct line *ln = calloc(MAX_VALUES, sizeof *ln);
+    struct line *ln = calloc((size_t)cap, sizeof *ln);
     int nl = 0, rc = FK_OK;
     *lnp = ln;
     *nlp = 0;
@@ -497,9 +527,9 @@ static int collect_lines(struct sel *q, const struct fk_plot_general *g, int byc
                 break;
         }
         if (l == nl) {
-            if (nl == MAX_VALUES) {
+            if (nl == cap) {
                 rc = fk_err(FK_EINVAL, "--by %s: more than %d lines", g->by ? g->by : "codec",
-                            MAX_VALUES);
+                            cap);
                 break;
             }
             ln[nl].key_row = r;
@@ -658,7 +688,7 @@ static int line_plot(struct sel *q, const char *stem, const struct fk_plot_gener
     FK_TRY(ng);
     /* lines: distinct group values, sorted by the by value (numbers ascending) */
     struct line *ln;
-    int nl, rc = collect_lines(q, g, bycol, gcols, ng, &ln, &nl);
+    int nl, rc = collect_lines(q, g, bycol, gcols, ng, MAX_VALUES, &ln, &nl);
     if (!ln)
         return rc;
     struct fk_sb d = {0}, sq = {0};
@@ -710,8 +740,10 @@ static int line_plot(struct sel *q, const char *stem, const struct fk_plot_gener
     double x0 = strtod(xs.v[0], NULL), x1 = strtod(xs.v[xs.n - 1], NULL);
     var_raw(o, "nci=%d; nseq=%d; cat=%d; logx=%d; ", cnt.n_ci, cnt.n_sq, !xs.numeric,
             xs.numeric && x0 > 0 && x1 / x0 >= 16);
+    char yt[200];
+    axis_title(g->y, yt, sizeof yt);
     var_str(o, "xtitle", g->x, 0);
-    var_str(o, "ytitle", g->y, 0);
+    var_str(o, "ytitle", yt, 0);
     char main_t[300];
     snprintf(main_t, sizeof main_t, "%s vs %s", g->y, g->x);
     var_str(o, "main", main_t, 1);
@@ -722,6 +754,179 @@ static int line_plot(struct sel *q, const char *stem, const struct fk_plot_gener
     snprintf(o->what, sizeof o->what, "%s vs %s: %d line(s), %d point(s) from %d cell(s), "
              "%d with an interval", g->y, g->x, nl, cnt.n_pts, q->n, cnt.n_ci);
     return FK_OK;
+}
+
+/* ---- scatter: a metric against a metric ---------------------------------------------------- */
+
+struct spt {
+    double x, y;
+    int group, row;              /* its --by group; its first cells.csv row */
+};
+
+/* Pareto order: the better x first (ties: the better y). */
+static int g_sx, g_sy;           /* +1 higher is better, -1 lower */
+static int spt_cmp(const void *a, const void *b)
+{
+    const struct spt *p = a, *q = b;
+    if (p->x != q->x)
+        return (p->x < q->x) == (g_sx < 0) ? -1 : 1;
+    if (p->y != q->y)
+        return (p->y < q->y) == (g_sy < 0) ? -1 : 1;
+    return p->row - q->row;
+}
+
+/* A metric against a metric (`--x METRIC --y METRIC [--by OPTION]`): one point per setting
+ * (its repeats together; per-sequence metrics: the mean over sequences), one colour per
+ * --by value (per codec by default), each point labelled with the options that tell the
+ * settings apart, and the Pareto frontier by the metrics' better directions (a metric that
+ * has none: lower is better). */
+static int scatter(struct sel *q, const char *stem, const struct fk_plot_general *g,
+                   struct fk_plot_gen_out *o)
+{
+    int xs_col, xc_col, ys_col, yc_col;
+    FK_TRY(metric_cols(q, "--x", g->x, &xs_col, &xc_col));
+    FK_TRY(metric_cols(q, "--y", g->y, &ys_col, &yc_col));
+    int bycol = g->by ? opt_col(q, g->by) : q->fs->c_codec;
+    if (bycol < 0) {
+        char opts[4096];
+        list_options(q, opts, sizeof opts);
+        return fk_err(FK_EINVAL, "--by %s: not an option of %s (options: %s)", g->by,
+                      q->fs->dir, opts);
+    }
+    const struct fk_metric *mx = fk_metric_find(g->x), *my = fk_metric_find(g->y);
+    g_sx = mx && mx->better > 0 ? 1 : -1;
+    g_sy = my && my->better > 0 ? 1 : -1;
+    /* settings: the cells equal in every option and dataset (repeats) */
+    int gcols[512], ng = group_cols(q, -1, bycol, gcols);
+    FK_TRY(ng);
+    struct line *ln;
+    int nl, rc = collect_lines(q, g, bycol, gcols, ng, q->n, &ln, &nl);
+    if (!ln)
+        return rc;
+    struct spt *pt = malloc(sizeof *pt * (size_t)(nl ? nl : 1));
+    double *vx = malloc(sizeof(double) * (size_t)(nl ? nl : 1));
+    double *vy = malloc(sizeof(double) * (size_t)(nl ? nl : 1));
+    struct values groups;
+    int np = 0, uncounted = 0, ucol = fk_csv_col(q->t, "bytes_uncounted");
+    if (!pt || !vx || !vy)
+        rc = fk_err(FK_ENOMEM, "out of memory");
+    if (rc == FK_OK)
+        rc = values_of(q, q->rows, q->n, bycol, &groups);
+    for (int l = 0; l < nl && rc == FK_OK; l++) {
+        struct point px, py;
+        rc = point_of(q, ln[l].cells, ln[l].n, xs_col, xc_col, &px);
+        if (rc == FK_OK)
+            rc = point_of(q, ln[l].cells, ln[l].n, ys_col, yc_col, &py);
+        free(px.seq);
+        free(py.seq);
+        if (rc < 0 || !isfinite(px.mean) || !isfinite(py.mean))
+            continue;
+        for (int i = 0; ucol >= 0 && i < ln[l].n; i++)
+            uncounted += fk_csv_num(q->t, ln[l].cells[i], ucol) > 0;
+        pt[np] = (struct spt){px.mean, py.mean,
+                              values_find(&groups, field(q, ln[l].key_row, bycol)),
+                              ln[l].key_row};
+        vx[np] = px.mean;
+        vy[np] = py.mean;
+        np++;
+    }
+    struct fk_sb d = {0};
+    if (rc == FK_OK && np == 0)
+        rc = fk_err(FK_EINVAL, "--x %s --y %s: no selected cell has both (of %d)", g->x, g->y,
+                    q->n);
+    if (rc == FK_OK) {
+        fk_sb_printf(&d, "# %s (x) against %s (y): one point per setting (repeats together; "
+                     "a per-sequence metric is the mean over sequences), one block per %s "
+                     "value, then the Pareto frontier\n# x y label style\n", g->x, g->y,
+                     q->t->head[bycol]);
+        var_raw(o, "nl=%d; array T[%d]; array S[%d]; ", groups.n, groups.n ? groups.n : 1,
+                groups.n ? groups.n : 1);
+        for (int k = 0; k < groups.n; k++) {
+            int style = bycol == q->fs->c_codec ? fk_plot_codec_style(groups.v[k])
+                                                : k % FK_PLOT_STYLES + 1;
+            char nm[16];
+            snprintf(nm, sizeof nm, "T[%d]", k + 1);
+            var_str(o, nm, bycol == q->fs->c_codec ? display(q, groups.v[k]) : groups.v[k], 0);
+            var_raw(o, "S[%d]=%d; ", k + 1, style);
+            fk_sb_printf(&d, "%s# %s %s\n", k ? "\n\n" : "", q->t->head[bycol], groups.v[k]);
+            /* the label: the options that vary among this group's settings */
+            int rows[MAX_VALUES], nr = 0, lab[64], nlab = 0;
+            for (int i = 0; i < np && nr < MAX_VALUES; i++)
+                if (pt[i].group == k)
+                    rows[nr++] = pt[i].row;
+            for (int c = 0; c < ng && nlab < 64; c++) {
+                struct values vs;
+                if (gcols[c] != bycol && values_of(q, rows, nr, gcols[c], &vs) == FK_OK &&
+                    vs.n > 1)
+                    lab[nlab++] = gcols[c];
+            }
+            for (int i = 0; i < np; i++) {
+                if (pt[i].group != k)
+                    continue;
+                char label[512] = "";
+                size_t n = 0;
+                for (int c = 0; c < nlab && n + 1 < sizeof label; c++)
+                    if (field(q, pt[i].row, lab[c])[0])
+                        n += (size_t)snprintf(label + n, sizeof label - n, "%s%s=%s",
+                                              n ? " " : "", q->t->head[lab[c]],
+                                              field(q, pt[i].row, lab[c]));
+                num(&d, pt[i].x);
+                num(&d, pt[i].y);
+                qstr(&d, label);
+                fk_sb_printf(&d, " %d\n", style);
+            }
+        }
+        qsort(pt, (size_t)np, sizeof *pt, spt_cmp);
+        fk_sb_printf(&d, "\n\n# Pareto frontier (no other setting is better on both)\n");
+        int nfront = 0;
+        double best = NAN;
+        for (int i = 0; i < np; i++)
+            if (isnan(best) || (g_sy < 0 ? pt[i].y < best : pt[i].y > best)) {
+                best = pt[i].y;
+                num(&d, pt[i].x);
+                num(&d, pt[i].y);
+                fk_sb_printf(&d, " \"\" 0\n");
+                nfront++;
+            }
+        char path[4200], xt[200], yt[200], main_t[300], sub[1024], st[600];
+        snprintf(path, sizeof path, "%s.dat", stem);
+        var_str(o, "data", path, 0);
+        rc = write_file(path, &d);
+        axis_title(g->x, xt, sizeof xt);
+        axis_title(g->y, yt, sizeof yt);
+        var_str(o, "xtitle", xt, 0);
+        var_str(o, "ytitle", yt, 0);
+        int lx = wants_log(vx, np), ly = wants_log(vy, np);
+        double minx = INFINITY, miny = INFINITY;
+        for (int i = 0; i < np; i++)
+            minx = fmin(minx, vx[i]), miny = fmin(miny, vy[i]);
+        var_raw(o, "logx=%d; logy=%d; ", lx, ly);
+        if (!lx && minx >= 0)
+            var_raw(o, "xmin0=0; ");
+        if (!ly && miny >= 0)
+            var_raw(o, "ymin0=0; ");
+        snprintf(main_t, sizeof main_t, "%s against %s", g->y, g->x);
+        var_str(o, "main", main_t, 1);
+        sel_text(q, g, st, sizeof st);
+        size_t n = (size_t)snprintf(sub, sizeof sub, "%s%s%d settings of %d cells; Pareto "
+                                    "frontier dashed", st, st[0] ? "; " : "", np, q->n);
+        if (uncounted && n < sizeof sub)
+            snprintf(sub + n, sizeof sub - n, "; %d cell(s) in the paper's accounting "
+                     "(replaced atoms free, bytes_uncounted)", uncounted);
+        var_str(o, "subtitle", sub, 1);
+        snprintf(o->script, sizeof o->script, "scatter_general.gp");
+        snprintf(o->what, sizeof o->what, "%s against %s: %d setting(s) in %d group(s), %d on "
+                 "the Pareto frontier, from %d cell(s)", g->y, g->x, np, groups.n, nfront, q->n);
+    } else {
+        fk_sb_free(&d);
+    }
+    for (int l = 0; l < nl; l++)
+        free(ln[l].cells);
+    free(ln);
+    free(pt);
+    free(vx);
+    free(vy);
+    return rc;
 }
 
 /* ---- heatmap ------------------------------------------------------------------------------ */
@@ -808,7 +1013,9 @@ static int heatmap(struct sel *q, const char *stem, const struct fk_plot_general
     var_raw(o, "nx=%d; ny=%d; ", xs.n, ys.n);
     var_str(o, "xtitle", g->heat_x, 0);
     var_str(o, "ytitle", g->heat_y, 0);
-    var_str(o, "ztitle", g->y, 0);
+    char zt_title[200];
+    axis_title(g->y, zt_title, sizeof zt_title);
+    var_str(o, "ztitle", zt_title, 0);
     char main_t[300];
     snprintf(main_t, sizeof main_t, "%s over %s and %s", g->y, g->heat_x, g->heat_y);
     var_str(o, "main", main_t, 1);
@@ -833,8 +1040,13 @@ int fk_plot_general(const char *dir, const char *data_stem, const struct fk_plot
                       g->heat_x ? "--heatmap" : "--x");
     struct sel q;
     int rc = sel_open(&q, dir, g);
+    /* --x names a metric, not an option: a scatter of two metrics */
+    int x_metric = !g->heat_x && g->x && rc == FK_OK && opt_col(&q, g->x) < 0 &&
+                   (fk_csv_col(q.t, g->x) >= q.fs->c_end_opt || fk_csv_col(q.s, g->x) >= 0);
     if (rc == FK_OK)
-        rc = g->heat_x ? heatmap(&q, data_stem, g, out) : line_plot(&q, data_stem, g, out);
+        rc = g->heat_x ? heatmap(&q, data_stem, g, out)
+             : x_metric ? scatter(&q, data_stem, g, out)
+                        : line_plot(&q, data_stem, g, out);
     sel_free(&q);
     return rc;
 }

@@ -48,7 +48,8 @@ static void base64(struct fk_sb *b, const unsigned char *p, size_t n)
     }
 }
 
-/* A Markdown file of `### heading` lines and pipe tables (as plot writes them) as HTML. */
+/* A Markdown file of `### heading` lines, pipe tables and one-line paragraphs (as plot
+ * writes them) as HTML; HTML comments are left out. */
 static void markdown_tables(struct fk_sb *b, const char *md)
 {
     int in_table = 0, row = 0;
@@ -91,6 +92,10 @@ static void markdown_tables(struct fk_sb *b, const char *md)
                 fk_sb_printf(b, "<h3>");
                 esc(b, l + 3, n - 3);
                 fk_sb_printf(b, "</h3>\n");
+            } else if (n > 0 && strncmp(l, "<!--", 4)) { /* a paragraph: notes, budgets */
+                fk_sb_printf(b, "<p>");
+                esc(b, l, n);
+                fk_sb_printf(b, "</p>\n");
             }
         }
         l = e ? e + 1 : NULL;
@@ -105,8 +110,9 @@ static const char style[] =
     "table.t{border-collapse:collapse;font-size:.85em;margin:.5em 0}"
     "table.t td,table.t th{border:1px solid #ccc;padding:2px 6px;text-align:right}"
     "table.t th{background:#eee;cursor:pointer}"
-    "figure{display:inline-block;margin:.5em;vertical-align:top}"
+    "figure{display:inline-block;margin:.5em;vertical-align:top;max-width:640px}"
     "figure img{max-width:640px;border:1px solid #ddd}figcaption{font-size:.8em}"
+    "nav ol{columns:3;font-size:.85em}tr.groups th{background:#dde}"
     "#cells{overflow-x:auto}pre{background:#f6f6f6;padding:.5em;overflow-x:auto}";
 
 /* Sorting (click a header; numbers compare as numbers), filtering (every cell's text), and
@@ -137,8 +143,9 @@ static const char *column_group(const char *col)
 }
 
 /* The cells table of cells.csv, its columns grouped as the metric table groups them (the
- * cell's identity and options first, then each group in fk_metric_groups order, columns
- * empty or nan in every row left out), each metric's unit, better direction and
+ * cell's identity and the options that vary first, then each group in fk_metric_groups
+ * order; columns empty or nan in every row left out, identity and option columns every
+ * cell shares said once above the table), each metric's unit, better direction and
  * definition in its header's tooltip. */
 static int cells_table(struct fk_sb *b, const struct fk_store *st)
 {
@@ -146,20 +153,33 @@ static int cells_table(struct fk_sb *b, const struct fk_store *st)
     int *order = malloc(sizeof(int) * (size_t)(c->n_cols ? c->n_cols : 1)), n = 0;
     if (!order)
         return fk_err(FK_ENOMEM, "out of memory (report)");
+    struct fk_sb common = {0};
     for (int g = -1; fk_metric_groups[g < 0 ? 0 : g]; g++)
         for (int j = 0; j < c->n_cols; j++) {
-            int used = 0;
-            for (int i = 0; i < c->n_rows && !used; i++)
-                used = c->rows[i][j][0] != 0 && strcmp(c->rows[i][j], "nan");
-            if (used && !strcmp(column_group(c->head[j]), g < 0 ? "cell" : fk_metric_groups[g]))
-                order[n++] = j;
+            int used = 0, same = 1;
+            for (int i = 0; i < c->n_rows; i++) {
+                used |= c->rows[i][j][0] != 0 && strcmp(c->rows[i][j], "nan");
+                same &= !strcmp(c->rows[i][j], c->rows[0][j]);
+            }
+            if (!used || strcmp(column_group(c->head[j]), g < 0 ? "cell" : fk_metric_groups[g]))
+                continue;
+            if (g < 0 && same && c->n_rows > 1 && strcmp(c->head[j], "cell_id")) {
+                /* an identity or option column every cell shares: said once, above */
+                fk_sb_printf(&common, "%s%s = ", common.n ? ", " : "", c->head[j]);
+                esc0(&common, c->rows[0][j]);
+                continue;
+            }
+            order[n++] = j;
         }
     fk_sb_printf(b, "<p><input id=\"filter\" placeholder=\"filter rows (any text)\" "
                     "oninput=\"filterRows(this.value)\" size=\"40\"> %d cell(s); click a "
-                    "column to sort; columns empty (or nan) in every cell are left out (cells.csv has "
-                    "them all); hover a header for its definition</p>\n<div id=\"cells\">"
-                    "<table class=\"t\" id=\"celltab\"><thead><tr class=\"groups\">",
-                 c->n_rows);
+                    "column to sort; hover a header for its definition. Columns empty (or "
+                    "nan) in every cell are left out (cells.csv has them all)", c->n_rows);
+    if (common.n)
+        fk_sb_printf(b, "; every cell has <span id=\"common\">%s</span>", common.s);
+    fk_sb_free(&common);
+    fk_sb_printf(b, "</p>\n<div id=\"cells\"><table class=\"t\" id=\"celltab\"><thead>"
+                    "<tr class=\"groups\">");
     for (int k = 0; k < n;) {
         const char *g = column_group(c->head[order[k]]);
         int span = 1;
@@ -216,12 +236,16 @@ static int figures(struct fk_sb *b, const char *fig_dir, const struct fk_plot_se
         char *png = fk_slurp(p, &n);
         if (!png)
             continue; /* not drawn as PNG (--format pdf or svg only, or no gnuplot) */
-        fk_sb_printf(b, "<figure><img alt=\"");
+        fk_sb_printf(b, "<figure id=\"fig-");
+        esc0(b, f->name);
+        fk_sb_printf(b, "\"><img alt=\"");
         esc0(b, f->name);
         fk_sb_printf(b, "\" src=\"data:image/png;base64,");
         base64(b, (const unsigned char *)png, n);
-        fk_sb_printf(b, "\"><figcaption>");
+        fk_sb_printf(b, "\"><figcaption><b>");
         esc0(b, f->name);
+        fk_sb_printf(b, "</b>. ");
+        esc0(b, f->caption);
         fk_sb_printf(b, "</figcaption></figure>\n");
         free(png);
         (*n_figs)++;
@@ -265,26 +289,44 @@ int fk_report_write(const char *dir, const char *fig_dir, const struct fk_plot_s
         esc0(&b, st->damaged[i]);
         fk_sb_printf(&b, "</p>\n");
     }
-    fk_sb_printf(&b, "<h2>Figures</h2>\n");
-    int rc = figures(&b, fig_dir, set, n_figs);
-    const char *tables[2][2] = {{"Equal-budget tables", set->budget_md},
-                                {"Table 4: cost and memory", set->table_md}};
-    for (int k = 0; rc == FK_OK && k < 2; k++) {
-        char *md = tables[k][1][0] ? fk_slurp(tables[k][1], NULL) : NULL;
-        if (!md)
+    /* contents: the sections, then every drawn figure */
+    fk_sb_printf(&b, "<nav><h2>Contents</h2><ol><li><a href=\"#figures\">Figures</a></li>"
+                     "<li><a href=\"#budget\">Equal-budget tables</a></li><li><a "
+                     "href=\"#table4\">Table 4: cost and memory</a></li><li><a "
+                     "href=\"#cells\">Cells</a></li><li><a href=\"#provenance\">"
+                     "Provenance</a></li></ol><ol>");
+    for (int i = 0; i < set->n_figs; i++) {
+        if (set->figs[i].note[0])
             continue;
-        fk_sb_printf(&b, "<h2>%s</h2>\n", tables[k][0]);
+        fk_sb_printf(&b, "<li><a href=\"#fig-");
+        esc0(&b, set->figs[i].name);
+        fk_sb_printf(&b, "\">");
+        esc0(&b, set->figs[i].name);
+        fk_sb_printf(&b, "</a></li>");
+    }
+    fk_sb_printf(&b, "</ol></nav>\n<h2 id=\"figures\">Figures</h2>\n");
+    int rc = figures(&b, fig_dir, set, n_figs);
+    const char *tables[2][3] = {
+        {"budget", "Equal-budget tables", set->budget_md},
+        {"table4", "Table 4: cost and memory (paper Table 4)", set->table_md}};
+    for (int k = 0; rc == FK_OK && k < 2; k++) {
+        char *md = tables[k][2][0] ? fk_slurp(tables[k][2], NULL) : NULL;
+        fk_sb_printf(&b, "<h2 id=\"%s\">%s</h2>\n", tables[k][0], tables[k][1]);
+        if (!md) {
+            fk_sb_printf(&b, "<p>Not written for these results.</p>\n");
+            continue;
+        }
         markdown_tables(&b, md);
         free(md);
     }
-    fk_sb_printf(&b, "<h2>Cells</h2>\n");
+    fk_sb_printf(&b, "<h2 id=\"cells\">Cells</h2>\n");
     if (rc == FK_OK)
         rc = cells_table(&b, st);
     char *prov = NULL;
     if (fk_store_path(&prov, dir, "provenance.json") == FK_OK) {
         char *json = fk_slurp(prov, NULL);
         if (json) {
-            fk_sb_printf(&b, "<h2>Provenance</h2>\n<pre>");
+            fk_sb_printf(&b, "<h2 id=\"provenance\">Provenance</h2>\n<pre>");
             esc0(&b, json);
             fk_sb_printf(&b, "</pre>\n");
             free(json);

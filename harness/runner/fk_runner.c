@@ -153,7 +153,7 @@ static int write_provenance(const struct fk_sweep *s)
         .cpu = cpu_model(cpu, sizeof cpu), .online_cpus = sysconf(_SC_NPROCESSORS_ONLN),
         .precision = "float32 data, float32 BLAS dot products, double triangular solves and "
                      "energies",
-        .cost_baseline = s->cost_baseline};
+        .cost_baseline = s->cost_baseline, .budgets = s->budgets};
     FK_TRY(fk_store_provenance_write(s->output, &p));
     return fk_store_resolved_write(s->output, s->resolved, strlen(s->resolved));
 }

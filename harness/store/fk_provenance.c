@@ -25,7 +25,7 @@ static const struct pkey pkeys[] = {
     PS(harness), PS(git), PS(config), PS(config_hash), PS(sweep), PN(cells), PN(jobs),
     PS(hdf5), PS(gsl), PS(blas), PS(blas_config), PS(blas_kernels), PS(simd), PS(compiler),
     PN(blas_threads_per_worker),
-    PS(cpu), PN(online_cpus), PS(precision), PS(cost_baseline), {NULL, 0, 0},
+    PS(cpu), PN(online_cpus), PS(precision), PS(cost_baseline), PS(budgets), {NULL, 0, 0},
 };
 #undef PS
 #undef PN

@@ -197,6 +197,8 @@ struct fk_provenance {
     long online_cpus;
     const char *precision;       /* arithmetic used */
     const char *cost_baseline;   /* codec of the relative cost columns ([sweep] cost_baseline) */
+    const char *budgets;         /* [sweep] budgets of the equal-budget table ("2,5,8"), or
+                                  * NULL */
     void *owned;                 /* what fk_store_provenance_read allocated */
 };
 
