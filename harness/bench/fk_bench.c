@@ -631,14 +631,19 @@ static int screen_pass(int which, const struct fk_dict_view *v, const struct fk_
     return FK_OK;
 }
 
-static int same_code(const struct fk_code *a, const struct fk_code *b)
+/* 1 when a and b have the same support (order included); the largest coefficient
+ * difference relative to 1 + |b's| goes to *diff when it is larger. */
+static int gm_agrees(const struct fk_code *a, const struct fk_code *b, double *diff)
 {
-    if (a->k != b->k || a->flags != b->flags || a->iters != b->iters ||
-        memcmp(&a->err2, &b->err2, sizeof a->err2) || memcmp(&a->xx, &b->xx, sizeof a->xx))
+    if (a->k != b->k)
         return 0;
     for (int l = 0; l < a->k; l++)
-        if (a->idx[l] != b->idx[l] || memcmp(&a->coef[l], &b->coef[l], sizeof a->coef[l]))
+        if (a->idx[l] != b->idx[l])
             return 0;
+    for (int l = 0; l < a->k; l++) {
+        double e = fabs(a->coef[l] - b->coef[l]) / (1 + fabs(b->coef[l]));
+        *diff = e > *diff ? e : *diff;
+    }
     return 1;
 }
 
@@ -683,9 +688,10 @@ int fk_bench_screen_run(const struct fk_bench_omp_cfg *cfg, const struct fk_benc
         rc = screen_pass(SC_GM, &v, data, s, pool, B, abuf, work, cand, codes, &dt);
         if (rc == FK_OK)
             rc = screen_pass(SC_GM_OLD, &v, data, s, pool, B, abuf, work, cand, codes2, &dt);
-        res->gm_same = 1;
+        int same = 0;
         for (int i = 0; rc == FK_OK && i < n; i++)
-            res->gm_same &= same_code(&codes[i], &codes2[i]);
+            same += gm_agrees(&codes[i], &codes2[i], &res->gm_coef_diff);
+        res->gm_support_same = n ? (double)same / n : 1;
     }
     if (rc == FK_OK) {
         for (int r = 0; r < R; r++) {

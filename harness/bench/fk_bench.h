@@ -94,15 +94,18 @@ int fk_bench_omp_codes_write(const char *path, const struct fk_code *codes, int 
  *   pl   Top-s support, ridge refinement,
  * with the codecs' default ridge (lambda0 1e-4, rho 0.2, one step). The three are timed in
  * turn within each of cfg->repeats rounds; each ratio is taken within a round and its median
- * reported. gm_same: gm's codes are bit-identical to fk_omp_naive + fk_refine (the coder's
- * path before G_SS was shared). */
+ * reported. gm's codes (fk_omp_pool + fk_refine_gss, G_SS shared) against the unshared
+ * path (fk_omp_naive + fk_refine) on the same pools: the share of codes with the same
+ * support and the largest coefficient difference relative to 1 + |coefficient| (today the
+ * same arithmetic: 100 % and 0; a change of gm's kernels shows here). */
 struct fk_bench_screen_result {
     int pool;                      /* n */
     double omp_vps, gm_vps, pl_vps; /* vectors per second, median of rounds */
     double gm_rel, pl_rel;          /* time per vector relative to omp, median of rounds */
     double gm_rel_r[8], pl_rel_r[8]; /* per round (first 8) */
     int rounds;
-    int gm_same;
+    double gm_support_same;         /* share of codes with gm's support equal to naive's */
+    double gm_coef_diff;            /* max |coef - naive coef| / (1 + |naive coef|) over them */
 };
 
 int fk_bench_screen_run(const struct fk_bench_omp_cfg *cfg, const struct fk_bench_omp_data *data,

@@ -277,8 +277,9 @@ int fk_cli_bench_omp(int argc, char **argv)
         printf(")\n  %-34s %12.0f %12.3f  (rounds", "pl (Top-s, ridge)", sr.pl_vps, sr.pl_rel);
         for (int r = 0; r < sr.rounds && r < 8; r++)
             printf(" %.3f", sr.pl_rel_r[r]);
-        printf(")\n  gm codes %s the unshared path (fk_omp_naive + fk_refine)\n",
-               sr.gm_same ? "bit-identical to" : "DIFFER from");
+        printf(")\n  gm codes against the naive pool OMP (fk_omp_naive + fk_refine): the same "
+               "support in %.2f%%, coefficients within %.2g\n", 100 * sr.gm_support_same,
+               sr.gm_coef_diff);
     }
     struct fk_cli_figs own;
     if (rc == FK_OK)

@@ -209,7 +209,7 @@ struct cell {
     int n_rep;
 };
 
-struct store {
+struct fk_plot_store {
     const char *dir;             /* results directory */
     const char *data_dir;        /* output directory of data files */
     struct fk_store *fs;         /* the results directory's tables */
@@ -227,7 +227,7 @@ struct store {
     int col_first_opt, col_end_opt; /* option columns [first, end) of cells.csv */
 };
 
-static double cnum(const struct store *st, const struct cell *c, const char *col)
+static double cnum(const struct fk_plot_store *st, const struct cell *c, const char *col)
 {
     int j = fk_csv_col(st->cells, col);
     if (c->n_rep < 2)
@@ -244,7 +244,7 @@ static double cnum(const struct store *st, const struct cell *c, const char *col
     return k ? s / k : fk_csv_num(st->cells, c->row, j);
 }
 
-static const char *cstr(const struct store *st, const struct cell *c, const char *col)
+static const char *cstr(const struct fk_plot_store *st, const struct cell *c, const char *col)
 {
     return fk_csv_str(st->cells, c->row, fk_csv_col(st->cells, col));
 }
@@ -258,13 +258,13 @@ static const char *role_name(const char *codec, int role)
 }
 
 /* Cell c's value of its codec's option with role `role`: text ("" when none), number. */
-static const char *rstr(const struct store *st, const struct cell *c, int role)
+static const char *rstr(const struct fk_plot_store *st, const struct cell *c, int role)
 {
     const char *n = role_name(c->codec, role);
     return *n ? cstr(st, c, n) : "";
 }
 
-static double rnum(const struct store *st, const struct cell *c, int role)
+static double rnum(const struct fk_plot_store *st, const struct cell *c, int role)
 {
     const char *n = role_name(c->codec, role);
     return *n ? cnum(st, c, n) : NAN;
@@ -278,7 +278,7 @@ static const struct fk_codec_ops *find_ops(const char *name)
     return NULL;
 }
 
-static int count_nondefault(const struct store *st, const struct cell *c)
+static int count_nondefault(const struct fk_plot_store *st, const struct cell *c)
 {
     const struct fk_codec_ops *ops = find_ops(c->codec);
     if (!ops)
@@ -301,7 +301,7 @@ static int count_nondefault(const struct store *st, const struct cell *c)
 
 /* The most common non-empty value of column j among the finished cells of dataset ds
  * (first such value in sweep order on ties), NULL when every one is empty. */
-static const char *col_mode(const struct store *st, const char *ds, int j)
+static const char *col_mode(const struct fk_plot_store *st, const char *ds, int j)
 {
     const struct fk_csv *t = st->cells;
     const char *mode = NULL;
@@ -323,7 +323,7 @@ static const char *col_mode(const struct store *st, const char *ds, int j)
 
 /* Options of a cell that differ from the most common value of that option among the
  * finished cells of its dataset (first such value in sweep order on ties). */
-static int count_offmode(const struct store *st, const struct cell *c)
+static int count_offmode(const struct fk_plot_store *st, const struct cell *c)
 {
     int n = 0;
     for (int j = st->col_first_opt; j < st->col_end_opt; j++) {
@@ -336,7 +336,7 @@ static int count_offmode(const struct store *st, const struct cell *c)
     return n;
 }
 
-static int load_seqs(struct store *st)
+static int load_seqs(struct fk_plot_store *st)
 {
     const struct fk_csv *s = st->sum;
     int ci = fk_csv_col(s, "cell_id"), ct = fk_csv_col(s, "trace"), ck = fk_csv_col(s, "kind");
@@ -396,7 +396,7 @@ static int load_seqs(struct store *st)
 
 /* The cell (index in st->c) of repeat 0 of the setting of cells.csv row i (same codec,
  * dataset and options), or -1. */
-static int repeat_zero(const struct store *st, int i, int cr)
+static int repeat_zero(const struct fk_plot_store *st, int i, int cr)
 {
     const struct fk_csv *t = st->cells;
     for (int a = 0; a < st->n; a++) {
@@ -423,7 +423,7 @@ static int add_repeat(struct cell *c, int row)
     return FK_OK;
 }
 
-static int store_load(struct store *st, const char *dir, const char *data_dir)
+static int store_load(struct fk_plot_store *st, const char *dir, const char *data_dir)
 {
     memset(st, 0, sizeof *st);
     st->dir = dir;
@@ -476,7 +476,7 @@ static int store_load(struct store *st, const char *dir, const char *data_dir)
     return load_seqs(st);
 }
 
-static void store_free(struct store *st)
+static void store_free(struct fk_plot_store *st)
 {
     for (int i = 0; i < st->n; i++) {
         free(st->c[i].seq);
@@ -489,7 +489,7 @@ static void store_free(struct store *st)
 }
 
 /* The representative cell of (dataset, codec): lowest n_diff, then first. */
-static struct cell *representative(struct store *st, const char *ds, const char *codec)
+static struct cell *representative(struct fk_plot_store *st, const char *ds, const char *codec)
 {
     struct cell *best = NULL;
     for (int i = 0; i < st->n; i++) {
@@ -503,7 +503,7 @@ static struct cell *representative(struct store *st, const char *ds, const char 
 }
 
 /* Codecs present in a dataset, registry order first, then unknown ones in sweep order. */
-static int codecs_in(struct store *st, const char *ds, const char **out, int cap)
+static int codecs_in(struct fk_plot_store *st, const char *ds, const char **out, int cap)
 {
     int n = 0;
     for (int k = 0; fk_codec_at(k); k++)
@@ -523,7 +523,7 @@ static int codecs_in(struct store *st, const char *ds, const char **out, int cap
 }
 
 /* The display name of a codec (plots/common.gp ctitle), else its name. */
-static const char *codec_display(const struct store *st, const char *codec)
+static const char *codec_display(const struct fk_plot_store *st, const char *codec)
 {
     for (int i = 0; st->titles && i < st->titles->n; i++)
         if (!strcmp(st->titles->name[i], codec))
@@ -532,59 +532,6 @@ static const char *codec_display(const struct store *st, const char *codec)
 }
 
 /* ---- figure bookkeeping ----------------------------------------------------------------- */
-
-const struct fk_plot_kind fk_plot_catalogue[] = {
-    {"fig1a_recall", FK_SCOPE_DATASET, "a dictionary codec cell with recall = true",
-     "Paper Fig. 1a: the share of full OMP's atoms (sparsity s, base dictionary) that rank "
-     "in the top n by |D^T x|, keys and values, against the pool size n; band: 95% interval "
-     "over sequences."},
-    {"fig1b_corr", FK_SCOPE_DATASET, "a dictionary codec cell",
-     "Paper Fig. 1b: the sorted correlations |D^T x| / max of the top atoms, mean over "
-     "streams, band 10-90%: how concentrated a vector's correlations are."},
-    {"fig1c_inactive", FK_SCOPE_DATASET, "a dictionary codec cell with coded prefill",
-     "Paper Fig. 1c: the share of the base atoms no prefill code used, per layer, keys and "
-     "values: the room FAD-KV's replacement has."},
-    {"fig1d_overlap", FK_SCOPE_DATASET, "dictionary codec cells on two or more traces",
-     "Paper Fig. 1d: the Jaccard overlap of the inactive atom sets between prompts, one bar "
-     "per codec: whether inactivity is a property of the dictionary or of the prompt."},
-    {"fig3a_dict_size", FK_SCOPE_DATASET, "dictionary codec cells",
-     "Paper Fig. 3a: dictionary size N_t / N against the decode step, one line per codec "
-     "(append codecs grow, FAD-KV stays at 1)."},
-    {"fig3b_err_steps", FK_SCOPE_DATASET, "cells with decode-time coding",
-     "Paper Fig. 3b: the relative error of the vectors coded in each bin of decode steps, one "
-     "line per codec: how the error evolves as the decode goes on."},
-    {"fig3c_tau_delta", FK_SCOPE_DATASET, "FAD-KV cells varying tau_c and (delta_k, delta_v)",
-     "Paper Fig. 3c: FAD-KV's encode-time error, error with the final dictionary and "
-     "attention KL over the coherence threshold tau_c (x) and the error thresholds "
-     "delta_k/delta_v (y)."},
-    {"fig3c_tau_delta_e2e", FK_SCOPE_DATASET, "a model dataset (closed loop)",
-     "Paper Fig. 3c in the closed loop: replay attention KL, attention KL in the loop and "
-     "end-to-end next-token KL on the same squares."},
-    {"fig3d_N_s", FK_SCOPE_CODEC, "a codec's cells varying N and s (or two options)",
-     "Paper Fig. 3d: the same heatmap over the dictionary size N and the sparsity s, or over "
-     "the two options the codec's cells vary together."},
-    {"pareto_bytes_kl", FK_SCOPE_DATASET, "cells with attention",
-     "KV memory per token (every byte a sequence needs) against attention KL, every cell "
-     "labelled with its setting; dashed: the Pareto front."},
-    {"pareto_head", FK_SCOPE_DATASET, "cells with bytes_tok_head and the panel's metric",
-     "The equal-memory comparison across families: bytes per token per KV head (top axis: "
-     "bits per element; dotted: fp16) against the panel's quality metric, every cell of "
-     "every codec; dashed: the Pareto frontier. Teacher-forced replay."},
-    {"loop_gap", FK_SCOPE_DATASET, "a model dataset (closed loop)",
-     "Open loop against closed loop: each cell's replay attention KL (x) against its "
-     "attention KL with the model in the loop (y); points above the diagonal are what the "
-     "replay understates."},
-    {NULL, FK_SCOPE_DATASET, NULL, NULL},
-};
-
-const struct fk_plot_kind *fk_plot_kind_of(const char *stem)
-{
-    for (const struct fk_plot_kind *k = fk_plot_catalogue; k->stem; k++)
-        if (!strcmp(k->stem, stem) ||
-            (!strcmp(k->stem, "pareto_head") && !strncmp(stem, "pareto_head_", 12)))
-            return k;
-    return NULL;
-}
 
 static struct fk_plot_fig *fig_add(struct fk_plot_set *set, const char *stem, const char *ds,
                                    int n_ds, const char *script)
@@ -660,7 +607,7 @@ static void fig_skip(struct fk_plot_fig *f, const char *fmt, ...)
 }
 
 /* Writes b (freed) as the figure's data file, data/<name>.dat, and sets `data` to it. */
-static int fig_data(const struct store *st, struct fk_plot_fig *f, struct fk_sb *b)
+static int fig_data(const struct fk_plot_store *st, struct fk_plot_fig *f, struct fk_sb *b)
 {
     char p[4400];
     snprintf(p, sizeof p, "%s/%s.dat", st->data_dir, f->name);
@@ -672,7 +619,8 @@ static int fig_data(const struct store *st, struct fk_plot_fig *f, struct fk_sb 
 /* ---- HDF5 cell files -------------------------------------------------------------------- */
 
 /* Opens the cell's series file (fk_store_series_open). */
-static int h5cell_open(const struct store *st, const struct cell *c, struct fk_cell_series *h)
+static int h5cell_open(const struct fk_plot_store *st, const struct cell *c,
+                       struct fk_cell_series *h)
 {
     int rc = fk_store_series_open(st->dir, c->id, h);
     if (rc < 0)
@@ -681,7 +629,7 @@ static int h5cell_open(const struct store *st, const struct cell *c, struct fk_c
 }
 
 static long dict_atoms(const char *path);
-static int has_loop(const struct store *st, const char *ds);
+static int has_loop(const struct fk_plot_store *st, const char *ds);
 
 /* ---- Fig. 1 ----------------------------------------------------------------------------- */
 
@@ -696,7 +644,7 @@ static int diag_rank(const struct fk_codec_ops *ops, int index)
 }
 
 /* The cell of the Fig. 1 diagnostics: the representative cell of the best-ranked codec. */
-static struct cell *diag_cell(struct store *st, const char *ds)
+static struct cell *diag_cell(struct fk_plot_store *st, const char *ds)
 {
     struct cell *best = NULL;
     int best_rank = -1;
@@ -716,7 +664,7 @@ static struct cell *diag_cell(struct store *st, const char *ds)
 static const int recall_ns[8] = {8, 16, 32, 64, 128, 256, 512, 1024};
 
 /* Fig. 1a: recall@n, per sequence the mean over layers, K and V. */
-static int fig1a(struct store *st, struct fk_plot_set *set, const char *ds, struct cell *c)
+static int fig1a(struct fk_plot_store *st, struct fk_plot_set *set, const char *ds, struct cell *c)
 {
     struct fk_plot_fig *f = fig_add(set, "fig1a_recall", ds, st->n_ds, "fig1a_recall");
     if (!f)
@@ -803,7 +751,7 @@ static int cmp_dbl(const void *a, const void *b)
 }
 
 /* Fig. 1b: correlation profile, mean over streams with a 10-90% band over streams. */
-static int fig1b(struct store *st, struct fk_plot_set *set, const char *ds, struct cell *c)
+static int fig1b(struct fk_plot_store *st, struct fk_plot_set *set, const char *ds, struct cell *c)
 {
     struct fk_plot_fig *f = fig_add(set, "fig1b_corr", ds, st->n_ds, "fig1b_corr");
     if (!f)
@@ -883,7 +831,8 @@ static int fig1b(struct store *st, struct fk_plot_set *set, const char *ds, stru
 }
 
 /* Per-layer summary.csv values of one cell: vals[(k * L + l) * T + t]. */
-static int layer_values(struct store *st, const struct cell *c, const char *metric, int *n_l,
+static int layer_values(struct fk_plot_store *st, const struct cell *c, const char *metric,
+                        int *n_l,
                         int *n_t, double **out)
 {
     const struct fk_csv *s = st->sum;
@@ -923,7 +872,7 @@ static int layer_values(struct store *st, const struct cell *c, const char *metr
 }
 
 /* Fig. 1c: inactive fraction after prefill per layer, K and V. */
-static int fig1c(struct store *st, struct fk_plot_set *set, const char *ds, struct cell *c)
+static int fig1c(struct fk_plot_store *st, struct fk_plot_set *set, const char *ds, struct cell *c)
 {
     struct fk_plot_fig *f = fig_add(set, "fig1c_inactive", ds, st->n_ds, "fig1c_inactive");
     if (!f)
@@ -969,7 +918,7 @@ static int fig1c(struct store *st, struct fk_plot_set *set, const char *ds, stru
 }
 
 /* Fig. 1d: inactive-set overlap (Jaccard) across prompts, per codec (cells.csv). */
-static int fig1d(struct store *st, struct fk_plot_set *set, const char *ds)
+static int fig1d(struct fk_plot_store *st, struct fk_plot_set *set, const char *ds)
 {
     struct fk_plot_fig *f = fig_add(set, "fig1d_overlap", ds, st->n_ds, "fig1d_overlap");
     if (!f)
@@ -1012,7 +961,8 @@ static int fig1d(struct store *st, struct fk_plot_set *set, const char *ds)
  * per step (mean over streams); mode 1: rel. error per bin of *bin decode steps (per stream
  * sum err / sum n in the bin, then mean over streams). *bin is BIN, halved while that gives
  * fewer than 8 bins (short traces); *steps is the common number of decode steps. */
-static int cell_series(struct store *st, const struct cell *c, int mode, double **out, int *n,
+static int cell_series(struct fk_plot_store *st, const struct cell *c, int mode, double **out,
+                       int *n,
                        int *n_t, int *bin, int *steps)
 {
     struct fk_cell_series h;
@@ -1089,7 +1039,7 @@ static int cell_series(struct store *st, const struct cell *c, int mode, double 
     return FK_OK;
 }
 
-static int fig3_series(struct store *st, struct fk_plot_set *set, const char *ds, int mode)
+static int fig3_series(struct fk_plot_store *st, struct fk_plot_set *set, const char *ds, int mode)
 {
     struct fk_plot_fig *f = fig_add(set, mode ? "fig3b_err_steps" : "fig3a_dict_size", ds,
                                     st->n_ds, "");
@@ -1202,7 +1152,7 @@ static int axis_rank(const struct axis *a, int i)
 }
 
 /* The options of a cell other than `skip` (comma list), as one string. */
-static void other_opts(const struct store *st, const struct cell *c, const char *skip,
+static void other_opts(const struct fk_plot_store *st, const struct cell *c, const char *skip,
                        char *out, size_t cap)
 {
     size_t n = 0;
@@ -1276,7 +1226,7 @@ static void hm_text(char *t, size_t cap, double v)
 }
 
 /* Writes a heatmap data file: blocks per y (ascending), rows per x (ascending). */
-static int heat_write(struct store *st, struct fk_plot_fig *f, const struct axis *ax,
+static int heat_write(struct fk_plot_store *st, struct fk_plot_fig *f, const struct axis *ax,
                       const struct axis *ay, const struct hm_pt *pt, int np, const char *what)
 {
     struct fk_sb b = {0};
@@ -1311,7 +1261,7 @@ static int heat_write(struct store *st, struct fk_plot_fig *f, const struct axis
 
 /* Writes the closed-loop heatmap data of a model dataset, squares as heat_write: per square
  * the replay attention KL, the end-to-end KL and the attention KL in the loop. */
-static int heat_write_e2e(struct store *st, struct fk_plot_fig *f, const struct axis *ax,
+static int heat_write_e2e(struct fk_plot_store *st, struct fk_plot_fig *f, const struct axis *ax,
                           const struct axis *ay, const struct hm_pt *pt, int np,
                           const char *what)
 {
@@ -1359,7 +1309,7 @@ static const char *fig3c_skip(const char *codec, char *buf, size_t cap)
 
 /* Number of distinct tau_c x (delta_k/delta_v) points of the group of cell c (same dataset,
  * codec and other options). */
-static int fig3c_score(const struct store *st, const struct cell *c, const char *key)
+static int fig3c_score(const struct fk_plot_store *st, const struct cell *c, const char *key)
 {
     struct axis ax = {0}, ay = {0};
     for (int j = 0; j < st->n; j++) {
@@ -1382,7 +1332,7 @@ static int fig3c_score(const struct store *st, const struct cell *c, const char 
 
 /* Fig. 3c: cells of the tau_c / delta codec varying tau_c and (delta_k, delta_v), per
  * dataset. */
-static int fig3c(struct store *st, struct fk_plot_set *set, const char *ds)
+static int fig3c(struct fk_plot_store *st, struct fk_plot_set *set, const char *ds)
 {
     struct fk_plot_fig *f = fig_add(set, "fig3c_tau_delta", ds, st->n_ds, "fig3c_tau_delta");
     if (!f)
@@ -1450,7 +1400,7 @@ static int fig3c(struct store *st, struct fk_plot_set *set, const char *ds)
 }
 
 /* Distinct non-empty values of option column j among the cells of codec on dataset ds. */
-static int n_values(const struct store *st, const char *ds, const char *codec, int j)
+static int n_values(const struct fk_plot_store *st, const char *ds, const char *codec, int j)
 {
     struct axis a = {0};
     for (int i = 0; i < st->n; i++) {
@@ -1465,7 +1415,7 @@ static int n_values(const struct store *st, const char *ds, const char *codec, i
 /* The group (cells of codec on ds sharing every option but ja and jb) with the most
  * distinct (ja, jb) settings, both axes with two or more values: their count (0: none) and
  * the group's key into key (cap bytes). */
-static int pair_squares(const struct store *st, const char *ds, const char *codec, int ja,
+static int pair_squares(const struct fk_plot_store *st, const char *ds, const char *codec, int ja,
                         int jb, char *key, size_t cap)
 {
     char skip[160], k1[2048], k2[2048];
@@ -1504,7 +1454,7 @@ static int pair_squares(const struct store *st, const char *ds, const char *code
  * order), on the dataset where the codec has most cells. Options of the Fig. 3c grid
  * (tau_c, delta_k, delta_v) are left to Fig. 3c. Skipped with a note naming the option when
  * only one varies. */
-static int heat_two_options(struct store *st, struct fk_plot_fig *f, const char *codec)
+static int heat_two_options(struct fk_plot_store *st, struct fk_plot_fig *f, const char *codec)
 {
     const char *ds = NULL;
     int most = 0;
@@ -1589,7 +1539,7 @@ static int heat_two_options(struct store *st, struct fk_plot_fig *f, const char 
 
 /* Fig. 3d: N (dictionary atoms; dataset name when unknown) by the sparsity s
  * (FK_ROLE_SPARSITY), one figure per sweep. */
-static int fig3d(struct store *st, struct fk_plot_set *set, const char *codec)
+static int fig3d(struct fk_plot_store *st, struct fk_plot_set *set, const char *codec)
 {
     struct fk_plot_fig *f = fig_add(set, "fig3d_N_s", codec, 2, "fig3d_N_s");
     if (!f)
@@ -1678,9 +1628,9 @@ static int fig3d(struct store *st, struct fk_plot_set *set, const char *codec)
 
 /* ---- Pareto ------------------------------------------------------------------------------ */
 
-static int label_cols(const struct store *st, const char *ds, const char *codec, int *cols,
+static int label_cols(const struct fk_plot_store *st, const char *ds, const char *codec, int *cols,
                       int *n_cols);
-static void cell_label(const struct store *st, const struct cell *c, const int *cols, int n,
+static void cell_label(const struct fk_plot_store *st, const struct cell *c, const int *cols, int n,
                        char *out, size_t cap);
 
 /* Label placement without overlap: boxes of labels placed so far in axis fractions (x
@@ -1725,7 +1675,7 @@ static void accounting_note(int n, char *t, size_t cap)
                  "free (bytes_uncounted)", n);
 }
 
-static int pareto(struct store *st, struct fk_plot_set *set, const char *ds)
+static int pareto(struct fk_plot_store *st, struct fk_plot_set *set, const char *ds)
 {
     struct fk_plot_fig *f = fig_add(set, "pareto_bytes_kl", ds, st->n_ds, "pareto_bytes_kl");
     if (!f)
@@ -1896,7 +1846,7 @@ static void opt_abbrev(const char *name, char *out, size_t cap)
  * those the codec's finished cells of the dataset set to two or more values (swept), and
  * those some of them set off both the codec's default and the dataset's most common value
  * (col_mode). Options every cell of the codec shares with the dataset are left out. */
-static int label_cols(const struct store *st, const char *ds, const char *codec, int *cols,
+static int label_cols(const struct fk_plot_store *st, const char *ds, const char *codec, int *cols,
                       int *n_cols)
 {
     const struct fk_codec_ops *ops = fk_codec_find(codec);
@@ -1941,7 +1891,7 @@ static int label_cols(const struct store *st, const char *ds, const char *codec,
  * e.g. "b2 g32", "s8", "nb16"; a value that is not a number follows an '=' ("c=fp16"); two
  * columns with the same abbreviation are written as name=value ("bits=2 block=16"). ""
  * when the codec has no label column (its one setting on the dataset). */
-static void cell_label(const struct store *st, const struct cell *c, const int *cols, int n,
+static void cell_label(const struct fk_plot_store *st, const struct cell *c, const int *cols, int n,
                        char *out, size_t cap)
 {
     size_t len = 0;
@@ -1971,7 +1921,7 @@ static void cell_label(const struct store *st, const struct cell *c, const int *
 /* The fp16 level of a dataset in bytes per token per KV head: 4 x head_dim (K and V, 2
  * bytes per element), from the first cell with bytes_tok_head and bits_per_elem
  * (head_dim = bytes_tok_head x 8 / (2 bits_per_elem)); NaN when none has both. */
-static double fp16_level(const struct store *st, const char *ds)
+static double fp16_level(const struct fk_plot_store *st, const char *ds)
 {
     for (int i = 0; i < st->n; i++) {
         const struct cell *c = &st->c[i];
@@ -2077,7 +2027,7 @@ static void block_start(struct fk_sb *b, const char *codec, int blocks, char *na
 
 /* The points of dataset ds for metric m (ppt_cmp_block order): *np points, *n_x cells with
  * bytes, *n_y of them with the metric, *n_zero left out for y <= 0 on a log axis. */
-static int pareto_points(const struct store *st, const char *ds, const struct pmetric *m,
+static int pareto_points(const struct fk_plot_store *st, const char *ds, const struct pmetric *m,
                          const char *const *cod, int nc, struct ppt *pt, int *np, int *n_x,
                          int *n_y, int *n_zero)
 {
@@ -2112,7 +2062,7 @@ static int pareto_points(const struct store *st, const char *ds, const struct pm
 
 /* The cross-family Pareto figure of metric m on dataset ds: bytes per token per KV head
  * (x) vs m (y) of every finished cell, one block per codec, then the frontier. */
-static int pareto_head(struct store *st, struct fk_plot_set *set, const char *ds,
+static int pareto_head(struct fk_plot_store *st, struct fk_plot_set *set, const char *ds,
                        const struct pmetric *m)
 {
     struct fk_plot_fig *f = fig_add(set, m->stem, ds, st->n_ds, "pareto_head");
@@ -2213,7 +2163,7 @@ static int pareto_head(struct store *st, struct fk_plot_set *set, const char *ds
 /* ---- open loop vs closed loop ------------------------------------------------------------ */
 
 /* 1 when a finished cell of dataset ds ran in the loop (a model dataset). */
-static int has_loop(const struct store *st, const char *ds)
+static int has_loop(const struct fk_plot_store *st, const char *ds)
 {
     if (fk_csv_col(st->cells, "loop_attn_kl") < 0)
         return 0;
@@ -2227,7 +2177,7 @@ static int has_loop(const struct store *st, const char *ds)
  * queries on the compressed copy of the exact cache) against the same codec's attention KL in
  * the loop (y, the model decoding from the compressed cache), log-log with the diagonal:
  * points above it are what the replay proxy understates. */
-static int loop_gap(struct store *st, struct fk_plot_set *set, const char *ds)
+static int loop_gap(struct fk_plot_store *st, struct fk_plot_set *set, const char *ds)
 {
     struct fk_plot_fig *f = fig_add(set, "loop_gap", ds, st->n_ds, "loop_gap");
     if (!f)
@@ -2315,12 +2265,12 @@ int fk_plot_budgets_parse(const char *text, double *budgets, int *n)
  * rounded up to a tenth (so that the codec's cell is within it), distinct and ascending;
  * past AUTO_BUDGETS, that many spread from the smallest to the largest. Every codec
  * with bits_per_elem has a row within the largest. Returns their number (0: none). */
-static int budgets_of(const struct store *st, const char *ds, double *out)
+static int budgets_of(const struct fk_plot_store *st, const char *ds, double *out)
 {
     double v[64];
     int n = 0;
     const char *cod[64];
-    int nc = codecs_in((struct store *)st, ds, cod, 64);
+    int nc = codecs_in((struct fk_plot_store *)st, ds, cod, 64);
     for (int k = 0; k < nc; k++) {
         double lo = INFINITY;
         for (int i = 0; i < st->n; i++)
@@ -2354,7 +2304,7 @@ static int budgets_of(const struct store *st, const char *ds, double *out)
  * fewer bits, then sweep order); when none of them has attn_cos, the lowest rel_err_mean
  * (same ties); when none has either, the fewest bits. *by names the column ranked. NULL when
  * no cell is within the budget. */
-static const struct cell *budget_best(const struct store *st, const char *ds,
+static const struct cell *budget_best(const struct fk_plot_store *st, const char *ds,
                                       const char *codec, double budget, const char **by)
 {
     static const struct {
@@ -2417,7 +2367,7 @@ static void bt_num(struct fk_sb *md, struct fk_sb *tex, const char *fmt, double 
 }
 
 /* One row of the equal-budget table: codec within budget on dataset ds. */
-static int budget_row(const struct store *st, const char *ds, const char *codec,
+static int budget_row(const struct fk_plot_store *st, const char *ds, const char *codec,
                       double budget, struct fk_sb *md, struct fk_sb *tex)
 {
     int colour, marker;
@@ -2456,7 +2406,7 @@ static int budget_row(const struct store *st, const char *ds, const char *codec,
 }
 
 /* The equal-budget table of every dataset: out_dir/table_budget.md and .tex. */
-static int budget_table(struct store *st, struct fk_plot_set *set, const char *out_dir)
+static int budget_table(struct fk_plot_store *st, struct fk_plot_set *set, const char *out_dir)
 {
     struct fk_sb md = {0}, tex = {0};
     int tables = 0, rc = FK_OK;
@@ -2521,7 +2471,8 @@ static int budget_table(struct store *st, struct fk_plot_set *set, const char *o
                  "head_dim) at the end of the trace, K and V: codes, per-group metadata, the "
                  "fp16 buffer, appended and replaced atoms and the state their adaptation "
                  "reads; model constants such as the universal dictionary, bytes_model, "
-                 "excluded: bits_per_elem_1k shares them among 1,000 sequences; 16 = fp16). Best: the highest attn_cos, "
+                 "excluded: bits_per_elem_1k shares them among 1,000 sequences; 16 = fp16). "
+                 "Best: the highest attn_cos, "
                  "ties to fewer bits, then sweep order; a codec none of whose cells within the "
                  "budget has attn_cos (attention off) is ranked by the lowest rel_err_mean "
                  "(\"Chosen by\"). —: no setting of the codec within the budget. Setting: the "
@@ -2544,7 +2495,7 @@ static int budget_table(struct store *st, struct fk_plot_set *set, const char *o
 /* ---- Table 4 ------------------------------------------------------------------------------ */
 
 /* A per-sequence value of a cell for Table 4 (NaN when not defined). */
-static double seq_value(const struct store *st, const struct cell *c, const struct seqv *q,
+static double seq_value(const struct fk_plot_store *st, const struct cell *c, const struct seqv *q,
                         int what, double full_per_token)
 {
     (void)st;
@@ -2610,7 +2561,7 @@ static void t4_cell(struct fk_sb *md, struct fk_sb *tex, const struct t4col *col
         fk_sb_printf(tex, " & $%s$", a);
 }
 
-static int table4(struct store *st, struct fk_plot_set *set, const char *out_dir)
+static int table4(struct fk_plot_store *st, struct fk_plot_set *set, const char *out_dir)
 {
     struct fk_sb md = {0}, tex = {0};
     int nc = (int)(sizeof t4cols / sizeof t4cols[0]), rows = 0, rc = FK_OK;
@@ -2713,60 +2664,67 @@ static int table4(struct store *st, struct fk_plot_set *set, const char *out_dir
 
 /* ---- entry ------------------------------------------------------------------------------- */
 
-int fk_plotdata_export(const char *results_dir, const char *out_dir,
-                       const struct fk_plot_opts *opts, struct fk_plot_set *set)
+/* ---- the figure catalogue ---------------------------------------------------------------- */
+
+/* The exporters of the catalogue (one signature: the store, the set, the dataset, the row's
+ * argument). */
+static int ex_fig1(struct fk_plot_store *st, struct fk_plot_set *set, const char *ds,
+                   const void *arg)
 {
-    memset(set, 0, sizeof *set);
-    char *data_dir;
-    FK_TRY(fk_store_path(&data_dir, out_dir, "data"));
-    int rc = fk_store_mkdir_p(data_dir);
-    if (rc < 0) {
-        free(data_dir);
-        return rc;
-    }
-    struct store st;
-    rc = store_load(&st, results_dir, data_dir);
-    st.titles = opts ? opts->titles : NULL;
-    st.budgets = opts ? opts->budgets : NULL;
-    st.n_budgets = opts ? opts->n_budgets : 0;
-    st.budgets_from = opts && opts->budgets_from ? opts->budgets_from : "given";
-    st.cost_baseline = opts && opts->cost_baseline ? opts->cost_baseline
-                       : st.fs ? fk_store_cost_baseline(st.fs) : NULL;
-    if (!st.cost_baseline && opts)
-        st.cost_baseline = opts->default_cost_baseline;
-    set->n_cells = st.n;
-    set->n_datasets = st.n_ds;
-    for (int d = 0; d < st.n_ds && rc == FK_OK; d++) {
-        const char *ds = st.datasets[d];
-        struct cell *c = diag_cell(&st, ds);
-        rc = fig1a(&st, set, ds, c);
-        if (rc == FK_OK)
-            rc = fig1b(&st, set, ds, c);
-        if (rc == FK_OK)
-            rc = fig1c(&st, set, ds, c);
-        if (rc == FK_OK)
-            rc = fig1d(&st, set, ds);
-    }
-    for (int d = 0; d < st.n_ds && rc == FK_OK; d++) {
-        rc = fig3_series(&st, set, st.datasets[d], 0);
-        if (rc == FK_OK)
-            rc = fig3_series(&st, set, st.datasets[d], 1);
-        if (rc == FK_OK)
-            rc = fig3c(&st, set, st.datasets[d]);
-    }
-    /* Fig. 3d: one figure per codec with an N x s grid; one note when no codec has one */
+    int (*fig)(struct fk_plot_store *, struct fk_plot_set *, const char *, struct cell *) =
+        *(int (*const *)(struct fk_plot_store *, struct fk_plot_set *, const char *,
+                          struct cell *))arg;
+    return fig(st, set, ds, diag_cell(st, ds));
+}
+
+static int ex_ds(struct fk_plot_store *st, struct fk_plot_set *set, const char *ds,
+                 const void *arg)
+{
+    int (*fig)(struct fk_plot_store *, struct fk_plot_set *, const char *) =
+        *(int (*const *)(struct fk_plot_store *, struct fk_plot_set *, const char *))arg;
+    return fig(st, set, ds);
+}
+
+static int ex_fig3_series(struct fk_plot_store *st, struct fk_plot_set *set, const char *ds,
+                          const void *arg)
+{
+    return fig3_series(st, set, ds, *(const int *)arg);
+}
+
+static int ex_pareto_head(struct fk_plot_store *st, struct fk_plot_set *set, const char *ds,
+                          const void *arg)
+{
+    const struct pmetric *m = arg;
+    if (!strcmp(m->key, "e2e") && !has_loop(st, ds))
+        return FK_OK; /* a model dataset's only */
+    return pareto_head(st, set, ds, m);
+}
+
+static int ex_loop_gap(struct fk_plot_store *st, struct fk_plot_set *set, const char *ds,
+                       const void *arg)
+{
+    (void)arg;
+    return has_loop(st, ds) ? loop_gap(st, set, ds) : FK_OK;
+}
+
+/* Fig. 3d: one figure per codec with an N x s grid; one note when no codec has one. */
+static int ex_fig3d(struct fk_plot_store *st, struct fk_plot_set *set, const char *unused,
+                    const void *arg)
+{
+    (void)unused;
+    (void)arg;
     const char *cod[64];
-    int n_cod = 0;
-    for (int i = 0; i < st.n; i++) {
+    int n_cod = 0, rc = FK_OK;
+    for (int i = 0; i < st->n; i++) {
         int seen = 0;
         for (int j = 0; j < n_cod; j++)
-            seen |= !strcmp(cod[j], st.c[i].codec);
+            seen |= !strcmp(cod[j], st->c[i].codec);
         if (!seen && n_cod < 64)
-            cod[n_cod++] = st.c[i].codec;
+            cod[n_cod++] = st->c[i].codec;
     }
     int first3d = set->n_figs, drawn3d = 0;
     for (int i = 0; i < n_cod && rc == FK_OK; i++)
-        rc = fig3d(&st, set, cod[i]);
+        rc = fig3d(st, set, cod[i]);
     for (int i = first3d; i < set->n_figs; i++)
         drawn3d += !set->figs[i].note[0];
     int k3d = first3d;
@@ -2793,15 +2751,144 @@ int fk_plotdata_export(const char *results_dir, const char *out_dir,
     }
     if (rc == FK_OK)
         set->n_figs = k3d;
-    for (int d = 0; d < st.n_ds && rc == FK_OK; d++)
-        rc = pareto(&st, set, st.datasets[d]);
-    for (int d = 0; d < st.n_ds && rc == FK_OK; d++)
-        for (size_t k = 0; k < sizeof pmetrics / sizeof pmetrics[0] && rc == FK_OK; k++)
-            if (strcmp(pmetrics[k].key, "e2e") || has_loop(&st, st.datasets[d]))
-                rc = pareto_head(&st, set, st.datasets[d], &pmetrics[k]);
-    for (int d = 0; d < st.n_ds && rc == FK_OK; d++)
-        if (has_loop(&st, st.datasets[d]))
-            rc = loop_gap(&st, set, st.datasets[d]);
+    return rc;
+}
+
+static int (*const f1a)(struct fk_plot_store *, struct fk_plot_set *, const char *,
+                        struct cell *) = fig1a;
+static int (*const f1b)(struct fk_plot_store *, struct fk_plot_set *, const char *,
+                        struct cell *) = fig1b;
+static int (*const f1c)(struct fk_plot_store *, struct fk_plot_set *, const char *,
+                        struct cell *) = fig1c;
+static int (*const f1d)(struct fk_plot_store *, struct fk_plot_set *, const char *) = fig1d;
+static int (*const f3c)(struct fk_plot_store *, struct fk_plot_set *, const char *) = fig3c;
+static int (*const fpareto)(struct fk_plot_store *, struct fk_plot_set *, const char *) = pareto;
+static const int series_err = 1, series_dict = 0;
+
+const struct fk_plot_kind fk_plot_catalogue[] = {
+    {"fig1a_recall", FK_SCOPE_DATASET, "a dictionary codec cell with recall = true",
+     "Paper Fig. 1a: the share of full OMP's atoms (sparsity s, base dictionary) that rank "
+     "in the top n by |D^T x|, keys and values, against the pool size n; band: 95% interval "
+     "over sequences.",
+     ex_fig1, &f1a},
+    {"fig1b_corr", FK_SCOPE_DATASET, "a dictionary codec cell",
+     "Paper Fig. 1b: the sorted correlations |D^T x| / max of the top atoms, mean over "
+     "streams, band 10-90%: how concentrated a vector's correlations are.",
+     ex_fig1, &f1b},
+    {"fig1c_inactive", FK_SCOPE_DATASET, "a dictionary codec cell with coded prefill",
+     "Paper Fig. 1c: the share of the base atoms no prefill code used, per layer, keys and "
+     "values: the room FAD-KV's replacement has.",
+     ex_fig1, &f1c},
+    {"fig1d_overlap", FK_SCOPE_DATASET, "dictionary codec cells on two or more traces",
+     "Paper Fig. 1d: the Jaccard overlap of the inactive atom sets between prompts, one bar "
+     "per codec: whether inactivity is a property of the dictionary or of the prompt.",
+     ex_ds, &f1d},
+    {"fig3a_dict_size", FK_SCOPE_DATASET, "dictionary codec cells",
+     "Paper Fig. 3a: dictionary size N_t / N against the decode step, one line per codec "
+     "(append codecs grow, FAD-KV stays at 1).",
+     ex_fig3_series, &series_dict},
+    {"fig3b_err_steps", FK_SCOPE_DATASET, "cells with decode-time coding",
+     "Paper Fig. 3b: the relative error of the vectors coded in each bin of decode steps, one "
+     "line per codec: how the error evolves as the decode goes on.",
+     ex_fig3_series, &series_err},
+    {"fig3c_tau_delta", FK_SCOPE_DATASET, "FAD-KV cells varying tau_c and (delta_k, delta_v)",
+     "Paper Fig. 3c: FAD-KV's encode-time error, error with the final dictionary and "
+     "attention KL over the coherence threshold tau_c (x) and the error thresholds "
+     "delta_k/delta_v (y).",
+     ex_ds, &f3c},
+    {"fig3c_tau_delta_e2e", FK_SCOPE_DATASET, "a model dataset (closed loop)",
+     "Paper Fig. 3c in the closed loop: replay attention KL, attention KL in the loop and "
+     "end-to-end next-token KL on the same squares.",
+     NULL, NULL},
+    {"fig3d_N_s", FK_SCOPE_CODEC, "a codec's cells varying N and s (or two options)",
+     "Paper Fig. 3d: the same heatmap over the dictionary size N and the sparsity s, or over "
+     "the two options the codec's cells vary together.",
+     ex_fig3d, NULL},
+    {"pareto_bytes_kl", FK_SCOPE_DATASET, "cells with attention",
+     "KV memory per token (every byte a sequence needs) against attention KL, every cell "
+     "labelled with its setting; dashed: the Pareto front.",
+     ex_ds, &fpareto},
+    {"pareto_head_cos", FK_SCOPE_DATASET, "cells with attention",
+     "The equal-memory comparison across families: bytes per token per KV head (top axis: "
+      "bits per element; dotted: fp16) against the panel's quality metric, every cell of "
+      "every codec; dashed: the Pareto frontier. Teacher-forced replay.",
+     ex_pareto_head, &pmetrics[0]},
+    {"pareto_head_kl", FK_SCOPE_DATASET, "cells with attention",
+     "The equal-memory comparison across families: bytes per token per KV head (top axis: "
+      "bits per element; dotted: fp16) against the panel's quality metric, every cell of "
+      "every codec; dashed: the Pareto frontier. Teacher-forced replay.",
+     ex_pareto_head, &pmetrics[1]},
+    {"pareto_head_err", FK_SCOPE_DATASET, "cells with bytes_tok_head",
+     "The equal-memory comparison across families: bytes per token per KV head (top axis: "
+      "bits per element; dotted: fp16) against the panel's quality metric, every cell of "
+      "every codec; dashed: the Pareto frontier. Teacher-forced replay.",
+     ex_pareto_head, &pmetrics[2]},
+    {"pareto_head_rkl", FK_SCOPE_DATASET, "cells with attention",
+     "The equal-memory comparison across families: bytes per token per KV head (top axis: "
+      "bits per element; dotted: fp16) against the panel's quality metric, every cell of "
+      "every codec; dashed: the Pareto frontier. Teacher-forced replay.",
+     ex_pareto_head, &pmetrics[3]},
+    {"pareto_head_mass", FK_SCOPE_DATASET, "cells with attention and an eviction policy",
+     "The equal-memory comparison across families: bytes per token per KV head (top axis: "
+      "bits per element; dotted: fp16) against the panel's quality metric, every cell of "
+      "every codec; dashed: the Pareto frontier. Teacher-forced replay.",
+     ex_pareto_head, &pmetrics[4]},
+    {"pareto_head_e2e", FK_SCOPE_DATASET, "a model dataset (closed loop)",
+     "The equal-memory comparison across families: bytes per token per KV head (top axis: "
+      "bits per element; dotted: fp16) against the panel's quality metric, every cell of "
+      "every codec; dashed: the Pareto frontier. Teacher-forced replay.",
+     ex_pareto_head, &pmetrics[5]},
+    {"loop_gap", FK_SCOPE_DATASET, "a model dataset (closed loop)",
+     "Open loop against closed loop: each cell's replay attention KL (x) against its "
+     "attention KL with the model in the loop (y); points above the diagonal are what the "
+     "replay understates.",
+     ex_loop_gap, NULL},
+    {NULL, FK_SCOPE_DATASET, NULL, NULL, NULL, NULL},
+};
+
+const struct fk_plot_kind *fk_plot_kind_of(const char *stem)
+{
+    for (const struct fk_plot_kind *k = fk_plot_catalogue; k->stem; k++)
+        if (!strcmp(k->stem, stem))
+            return k;
+    return NULL;
+}
+
+
+int fk_plotdata_export(const char *results_dir, const char *out_dir,
+                       const struct fk_plot_opts *opts, struct fk_plot_set *set)
+{
+    memset(set, 0, sizeof *set);
+    char *data_dir;
+    FK_TRY(fk_store_path(&data_dir, out_dir, "data"));
+    int rc = fk_store_mkdir_p(data_dir);
+    if (rc < 0) {
+        free(data_dir);
+        return rc;
+    }
+    struct fk_plot_store st;
+    rc = store_load(&st, results_dir, data_dir);
+    st.titles = opts ? opts->titles : NULL;
+    st.budgets = opts ? opts->budgets : NULL;
+    st.n_budgets = opts ? opts->n_budgets : 0;
+    st.budgets_from = opts && opts->budgets_from ? opts->budgets_from : "given";
+    st.cost_baseline = opts && opts->cost_baseline ? opts->cost_baseline
+                       : st.fs ? fk_store_cost_baseline(st.fs) : NULL;
+    if (!st.cost_baseline && opts)
+        st.cost_baseline = opts->default_cost_baseline;
+    set->n_cells = st.n;
+    set->n_datasets = st.n_ds;
+    /* every figure of the catalogue, in its order: per dataset, or per codec */
+    for (const struct fk_plot_kind *k = fk_plot_catalogue; k->stem && rc == FK_OK; k++) {
+        if (!k->export)
+            continue; /* drawn by another row's exporter */
+        if (k->scope == FK_SCOPE_CODEC) {
+            rc = k->export(&st, set, NULL, k->arg);
+            continue;
+        }
+        for (int d = 0; d < st.n_ds && rc == FK_OK; d++)
+            rc = k->export(&st, set, st.datasets[d], k->arg);
+    }
     if (rc == FK_OK)
         rc = table4(&st, set, out_dir);
     if (rc == FK_OK)

@@ -41,18 +41,26 @@ struct fk_plot_fig {
                                   * (fk_plot_catalogue), for the report */
 };
 
-/* The figure catalogue: every figure `plot` can draw, one row each. */
+/* The figure catalogue: every figure `plot` can draw, one row each, in drawing order.
+ * Adding a figure: a row, its exporter (report/fk_plotdata.c) and its gnuplot script. */
 enum fk_plot_scope { FK_SCOPE_DATASET, FK_SCOPE_CODEC };
+struct fk_plot_store;            /* the results as the exporters read them */
+struct fk_plot_set;
 struct fk_plot_kind {
-    const char *stem;            /* file stem (a pareto_head_* row: every panel) and script */
-    enum fk_plot_scope scope;    /* one figure per dataset (suffix .DATASET with several) or
-                                  * per codec */
+    const char *stem;            /* file stem and gnuplot script (plots/STEM.gp) */
+    enum fk_plot_scope scope;    /* one figure per dataset (suffix .DATASET with several), or
+                                  * per codec with the right cells */
     const char *needs;           /* the cells it needs (else it is skipped with a note) */
     const char *caption;         /* what it shows; the paper figure it reproduces */
+    /* Writes its data for dataset ds (NULL for FK_SCOPE_CODEC: every codec) and adds the
+     * figure (or its skip note) to set; arg: the row's. NULL: another row's exporter draws
+     * it. */
+    int (*export)(struct fk_plot_store *st, struct fk_plot_set *set, const char *ds,
+                  const void *arg);
+    const void *arg;
 };
 extern const struct fk_plot_kind fk_plot_catalogue[]; /* {NULL}-terminated */
-/* The catalogue row of a figure stem (a pareto_head_* panel: the row "pareto_head"), or
- * NULL. */
+/* The catalogue row of a figure stem, or NULL. */
 const struct fk_plot_kind *fk_plot_kind_of(const char *stem);
 
 struct fk_plot_set {
