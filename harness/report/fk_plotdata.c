@@ -2765,6 +2765,12 @@ static int (*const f3c)(struct fk_plot_store *, struct fk_plot_set *, const char
 static int (*const fpareto)(struct fk_plot_store *, struct fk_plot_set *, const char *) = pareto;
 static const int series_err = 1, series_dict = 0;
 
+/* The caption of the cross-family Pareto panels (pareto_head adds the panel's metric). */
+#define PARETO_HEAD                                                                       \
+    "The equal-memory comparison across families: bytes per token per KV head (top axis: " \
+    "bits per element; dotted: fp16) against the panel's quality metric, every cell of "  \
+    "every codec; dashed: the Pareto frontier. Teacher-forced replay."
+
 const struct fk_plot_kind fk_plot_catalogue[] = {
     {"fig1a_recall", FK_SCOPE_DATASET, "a dictionary codec cell with recall = true",
      "Paper Fig. 1a: the share of full OMP's atoms (sparsity s, base dictionary) that rank "
@@ -2809,34 +2815,22 @@ const struct fk_plot_kind fk_plot_catalogue[] = {
      "labelled with its setting; dashed: the Pareto front.",
      ex_ds, &fpareto},
     {"pareto_head_cos", FK_SCOPE_DATASET, "cells with attention",
-     "The equal-memory comparison across families: bytes per token per KV head (top axis: "
-      "bits per element; dotted: fp16) against the panel's quality metric, every cell of "
-      "every codec; dashed: the Pareto frontier. Teacher-forced replay.",
+     PARETO_HEAD,
      ex_pareto_head, &pmetrics[0]},
     {"pareto_head_kl", FK_SCOPE_DATASET, "cells with attention",
-     "The equal-memory comparison across families: bytes per token per KV head (top axis: "
-      "bits per element; dotted: fp16) against the panel's quality metric, every cell of "
-      "every codec; dashed: the Pareto frontier. Teacher-forced replay.",
+     PARETO_HEAD,
      ex_pareto_head, &pmetrics[1]},
     {"pareto_head_err", FK_SCOPE_DATASET, "cells with bytes_tok_head",
-     "The equal-memory comparison across families: bytes per token per KV head (top axis: "
-      "bits per element; dotted: fp16) against the panel's quality metric, every cell of "
-      "every codec; dashed: the Pareto frontier. Teacher-forced replay.",
+     PARETO_HEAD,
      ex_pareto_head, &pmetrics[2]},
     {"pareto_head_rkl", FK_SCOPE_DATASET, "cells with attention",
-     "The equal-memory comparison across families: bytes per token per KV head (top axis: "
-      "bits per element; dotted: fp16) against the panel's quality metric, every cell of "
-      "every codec; dashed: the Pareto frontier. Teacher-forced replay.",
+     PARETO_HEAD,
      ex_pareto_head, &pmetrics[3]},
     {"pareto_head_mass", FK_SCOPE_DATASET, "cells with attention and an eviction policy",
-     "The equal-memory comparison across families: bytes per token per KV head (top axis: "
-      "bits per element; dotted: fp16) against the panel's quality metric, every cell of "
-      "every codec; dashed: the Pareto frontier. Teacher-forced replay.",
+     PARETO_HEAD,
      ex_pareto_head, &pmetrics[4]},
     {"pareto_head_e2e", FK_SCOPE_DATASET, "a model dataset (closed loop)",
-     "The equal-memory comparison across families: bytes per token per KV head (top axis: "
-      "bits per element; dotted: fp16) against the panel's quality metric, every cell of "
-      "every codec; dashed: the Pareto frontier. Teacher-forced replay.",
+     PARETO_HEAD,
      ex_pareto_head, &pmetrics[5]},
     {"loop_gap", FK_SCOPE_DATASET, "a model dataset (closed loop)",
      "Open loop against closed loop: each cell's replay attention KL (x) against its "
@@ -2845,6 +2839,7 @@ const struct fk_plot_kind fk_plot_catalogue[] = {
      ex_loop_gap, NULL},
     {NULL, FK_SCOPE_DATASET, NULL, NULL, NULL, NULL},
 };
+#undef PARETO_HEAD
 
 const struct fk_plot_kind *fk_plot_kind_of(const char *stem)
 {
