@@ -11,6 +11,10 @@ Run as:  PYENV_VERSION=system python3 tests/sklearn_omp.py --bench build/fadkv-b
 4. Checks: supports identical as sets on >= 99.9 % of the subset, and relative errors
    ||x - D c|| / ||x|| equal to 1e-5 where supports agree. Prints the speed ratio measured
    in this run. Exit 0 = pass, 1 = fail, 77 = skipped (numpy/h5py/sklearn missing).
+5. With --lexico-src DIR (a checkout of krafton-ai/lexico, read from there at run time and
+   never copied here): Lexico's own batched coder, lexico/omp.py omp_v0 (torch on the CPU,
+   float32, one batch of the same signals against the same Gram, --torch-threads threads),
+   timed in this process, its supports compared with ours; the ratio is printed, not gated.
 """
 import argparse
 import os
@@ -32,6 +36,10 @@ def main():
                     help="subset coded by sklearn (it copies the Gram per target)")
     ap.add_argument("--seed", type=int, default=3)
     ap.add_argument("--threads", type=int, default=1, help="fadkv-bench worker threads")
+    ap.add_argument("--lexico-src", help="a checkout of krafton-ai/lexico: time its omp_v0 too")
+    ap.add_argument("--lexico-signals", type=int, default=4096,
+                    help="signals coded by Lexico's omp_v0 in one batch")
+    ap.add_argument("--torch-threads", type=int, default=1)
     args = ap.parse_args()
 
     try:
@@ -97,8 +105,35 @@ def main():
     print(f"max |relative error ours - sklearn| on agreeing supports: {worst:.2e} "
           "(target <= 1e-5)")
     ok = frac >= 0.999 and worst <= 1e-5
+    if args.lexico_src:
+        lexico_side_by_side(args, D, X, idx, k, ours_vps)
     print("PASS" if ok else "FAIL")
     return 0 if ok else 1
+
+
+def lexico_side_by_side(args, D, X, idx, k, ours_vps):
+    """Lexico's omp_v0 on the same dictionary and signals, timed here (torch, CPU)."""
+    import numpy as np
+    import torch
+    sys.path.insert(0, os.path.abspath(args.lexico_src))
+    from lexico.omp import omp_v0   # the user's checkout, never vendored
+    torch.set_num_threads(args.torch_threads)
+    n = min(args.lexico_signals, X.shape[0])
+    s = args.sparsity
+    Dt = torch.from_numpy(D.T.astype(np.float32)).unsqueeze(0)          # (1, m, N)
+    y = torch.from_numpy(X[:n].astype(np.float32)).unsqueeze(0)         # (1, n, m)
+    with torch.no_grad():
+        xtx = torch.bmm(Dt.transpose(1, 2), Dt)                         # once, as Lexico
+        omp_v0(Dt, y[:, :8], xtx, n_nonzero_coefs=s)                    # warm-up
+        t0 = time.perf_counter()
+        sets = omp_v0(Dt, y, xtx, n_nonzero_coefs=s)[0][0].numpy()      # (n, s)
+        t_lx = time.perf_counter() - t0
+    lx_vps = n / t_lx
+    agree = sum(set(sets[i].tolist()) == set(idx[i, :k[i]].tolist()) for i in range(n))
+    print(f"Lexico omp_v0 (torch {torch.__version__}, {args.torch_threads} thread(s), float32): "
+          f"{n} signals in {t_lx:.2f} s = {lx_vps:.0f} vectors/s")
+    print(f"speed ratio fadkv-bench / Lexico omp_v0: {ours_vps / lx_vps:.2f}x; supports "
+          f"identical as sets: {agree} / {n} = {100 * agree / n:.2f}%")
 
 
 if __name__ == "__main__":
