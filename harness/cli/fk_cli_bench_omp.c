@@ -6,6 +6,7 @@
 #include "cli/fk_cli.h"
 #include "common/fk_err.h"
 #include "kernels/fk_blas.h"
+#include "kernels/fk_simd.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -286,6 +287,9 @@ int fk_cli_bench_omp(int argc, char **argv)
         own_figs(&res, &a.cfg, pool > 0 ? &sr : NULL, &own);
     for (int i = 0; rc == FK_OK && a.tsv && i < own.n; i++)
         printf("%s\t%s\n", own.name[i], own.value[i]);
+    if (rc == FK_OK && !a.tsv) /* which of our kernels' clones ran */
+        printf("SIMD path: %s (meson -Dsimd=generic|avx2 builds the others)\n",
+               fk_simd_build());
     if (rc == FK_OK && !a.tsv && fk_cli_kernels_wanted(a.kernels)) {
         fk_cli_kernels_compare(a.kernels, argc, argv, &own, figs);
     } else if (rc == FK_OK && !a.tsv) {

@@ -9,6 +9,7 @@
 #include "bench/fk_bench_replay.h"
 #include "cli/fk_cli.h"
 #include "common/fk_err.h"
+#include "kernels/fk_simd.h"
 
 static void usage(FILE *f)
 {
@@ -323,7 +324,8 @@ int fk_cli_bench_replay(int argc, char **argv)
     if (r->rounds && rc == FK_OK)
         print_rounds(&cfg, r);
     if (rc == FK_OK)
-        printf("peak resident memory of the whole benchmark: %.0f MiB\n", r->peak_rss_kib / 1024.0);
+        printf("peak resident memory of the whole benchmark: %.0f MiB\nSIMD path: %s\n",
+               r->peak_rss_kib / 1024.0, fk_simd_build());
     if (rc == FK_OK && fk_cli_kernels_wanted(kernels)) {
         printf("\n");
         fk_cli_kernels_compare(kernels, argc, argv, &p->figs, NULL);
