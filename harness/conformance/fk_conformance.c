@@ -386,6 +386,15 @@ static void rule_options(struct cx *cx, const struct fk_codec_ops *ops)
                 "applied (reads %g)", o[i].name, o[i].def, fk_opts_get(buf, &o[i]));
         REQUIRE(fk_codec_option(ops, o[i].name) == &o[i], "option %s: lookup by name finds "
                 "another entry", o[i].name);
+        /* a name the sweep language or cells.csv already uses would collide there */
+        static const char *const reserved[] = {"name", "preset", "datasets", "grid", "zip",
+                                               "evict", "cell_id", "codec", "dataset",
+                                               "status", "n_traces", "traces", "dictionary",
+                                               "basis", "seed", "attn_stride", "repeat",
+                                               "error", NULL};
+        for (int r = 0; reserved[r]; r++)
+            REQUIRE(strcmp(o[i].name, reserved[r]), "option %s: the name is the sweep's or "
+                    "cells.csv's own (a [[codec]] key or a column)", o[i].name);
         lint_option(cx, ops, &o[i], buf);
     }
     REQUIRE(fk_codec_option(ops, "no_such_option") == NULL, "an unknown option name is found");
