@@ -32,6 +32,7 @@
 #include "core/fk_codec.h"
 #include "kernels/fk_kvfmt.h"
 #include "kernels/fk_sparse.h"
+#include "quant/fk_quant_rows.h"
 
 enum { F_E4M3, F_E5M2, F_TOKEN_HEAD, F_Q8_0, F_Q4_0, F_Q4_1, F_Q5_0, F_Q5_1, F_IQ4_NL };
 enum { S_VLLM, S_HEAD, S_UNIT };
@@ -122,10 +123,8 @@ static int engine_check(const void *opts, int head_dim, int n_atoms)
 
 struct engine {
     struct engine_opts o;
-    int m, n_heads, n_tokens, kind, rot;
-    float *rec;                  /* [n_heads][n_tokens][m] the rows as read back */
-    int32_t *n_rows;             /* [n_heads] rows stored */
-    int32_t *last;               /* [n_heads] last token stored, -1: none */
+    struct fkr_rows r;           /* the rows as read back */
+    int m, n_heads, kind, rot;
     float *scale;                /* [n_heads] fp8_e4m3/e5m2 scale (set at the first event) */
     int scaled;                  /* the scales are set */
     float *work;                 /* [m] */
@@ -138,9 +137,7 @@ static void engine_close(void *state)
     struct engine *e = state;
     if (!e)
         return;
-    free(e->rec);
-    free(e->n_rows);
-    free(e->last);
+    fkr_free(&e->r);
     free(e->scale);
     free(e->work);
     free(e);
@@ -155,22 +152,16 @@ static int engine_open(const void *opts, const struct fk_stream_env *env, void *
     memcpy(&e->o, opts, sizeof e->o);
     e->m = env->head_dim;
     e->n_heads = env->n_heads;
-    e->n_tokens = env->n_tokens;
     e->kind = env->kind;
     FK_TRY(engine_check(opts, e->m, 0));
     e->rot = rot_block(&e->o, e->kind, e->m);
-    size_t rows = (size_t)e->n_heads * (size_t)e->n_tokens;
-    e->rec = malloc(sizeof(float) * rows * (size_t)e->m + 1);
-    e->n_rows = calloc((size_t)e->n_heads + 1, sizeof(int32_t));
-    e->last = malloc(sizeof(int32_t) * ((size_t)e->n_heads + 1));
+    FK_TRY(fkr_init(&e->r, env, "engine"));
     e->scale = malloc(sizeof(float) * ((size_t)e->n_heads + 1));
     e->work = malloc(sizeof(float) * ((size_t)e->m + FK_GGML_QK));
-    if (!e->rec || !e->n_rows || !e->last || !e->scale || !e->work)
+    if (!e->scale || !e->work)
         return fk_err(FK_ENOMEM, "out of memory (engine state)");
-    for (int h = 0; h < e->n_heads; h++) {
-        e->last[h] = -1;
+    for (int h = 0; h < e->n_heads; h++)
         e->scale[h] = 1.0f;
-    }
     return FK_OK;
 }
 
@@ -259,37 +250,15 @@ static void code_row(struct engine *e, int h, const float *x, float *y)
 static int engine_encode(void *state, const struct fk_event *ev, struct fk_vec_out *out)
 {
     struct engine *e = state;
-    for (int i = 0; i < ev->n; i++) { /* checked before anything is stored */
-        int h = ev->head[i], t = ev->token[i];
-        if (h < 0 || h >= e->n_heads || t < 0 || t >= e->n_tokens || t <= e->last[h])
-            return fk_err(FK_EINVAL, "engine: event row (head %d, token %d) out of order", h,
-                          t);
-        const float *x = ev->x + (size_t)i * e->m;
-        for (int j = 0; j < e->m; j++)
-            if (!isfinite(x[j]))
-                return fk_err(FK_EINVAL, "engine: vector (head %d, token %d) is not finite",
-                              h, t);
-    }
+    FK_TRY(fkr_check(&e->r, "engine", ev));
     if (!e->scaled)
         set_scales(e, ev);
     float rb = (float)row_bytes(&e->o, e->m);
     for (int i = 0; i < ev->n; i++) {
         int h = ev->head[i], t = ev->token[i];
         const float *x = ev->x + (size_t)i * e->m;
-        float *y = e->rec + ((size_t)h * e->n_tokens + t) * e->m;
-        code_row(e, h, x, y);
-        e->last[h] = t;
-        e->n_rows[h]++;
-        double err2 = 0, xx = 0;
-        for (int j = 0; j < e->m; j++) {
-            double r = (double)x[j] - y[j];
-            err2 += r * r;
-            xx += (double)x[j] * x[j];
-        }
-        int zero = xx <= 1e-30;
-        float err = zero ? 0.0f : (float)sqrt(err2 / xx);
-        out[i] = (struct fk_vec_out){.err_enc = err, .err = err, .nnz = e->m, .bytes = rb,
-                                     .flags = zero ? FK_VEC_ZERO : 0};
+        code_row(e, h, x, fkr_slot(&e->r, h, t));
+        fkr_done(&e->r, h, t, x, rb, &out[i]);
     }
     return FK_OK;
 }
@@ -297,21 +266,14 @@ static int engine_encode(void *state, const struct fk_event *ev, struct fk_vec_o
 static int engine_reconstruct(const void *state, int head, int token, float *out)
 {
     const struct engine *e = state;
-    if (head < 0 || head >= e->n_heads || token < 0 || token > e->last[head])
-        return fk_err(FK_EINVAL, "engine: row (head %d, token %d) not stored", head, token);
-    memcpy(out, e->rec + ((size_t)head * e->n_tokens + token) * e->m,
-           sizeof(float) * (size_t)e->m);
-    return FK_OK;
+    return fkr_reconstruct(&e->r, "engine", head, token, out);
 }
 
 static void engine_stats(const void *state, struct fk_stream_stats *st)
 {
     const struct engine *e = state;
     memset(st, 0, sizeof *st);
-    double rows = 0;
-    for (int h = 0; h < e->n_heads; h++)
-        rows += e->n_rows[h];
-    st->bytes_codes = rows * row_bytes(&e->o, e->m);
+    st->bytes_codes = fkr_rows_stored(&e->r) * row_bytes(&e->o, e->m);
     st->saturated = e->saturated;
     int f = e->o.format;
     if ((f == F_E4M3 || f == F_E5M2) && e->o.fp8_scale != S_UNIT) /* model constants */

@@ -36,6 +36,7 @@
 #include "core/fk_codec.h"
 #include "kernels/fk_kvfmt.h"
 #include "kernels/fk_sparse.h"
+#include "quant/fk_quant_rows.h"
 
 enum { Q_LLOYD, Q_UNIFORM };
 enum { K_MSE, K_PROD };
@@ -274,9 +275,8 @@ static void codebook(int which, int d, int b, float *cent, float *mid)
 
 struct rotq {
     struct rotq_opts o;
-    int m, n_heads, n_tokens, kind, b_mse, prod;
-    float *rec;                  /* [n_heads][n_tokens][m] the rows as read back */
-    int32_t *n_rows, *last;      /* [n_heads] */
+    struct fkr_rows rows;        /* the rows as read back */
+    int m, kind, b_mse, prod;
     float *sign;                 /* [m] hadamard: the random signs */
     float *Q;                    /* [m][m] haar: rows of Pi */
     float *S;                    /* [m][m] prod keys: the Gaussian sketch */
@@ -290,7 +290,8 @@ static void rotq_close(void *state)
     struct rotq *q = state;
     if (!q)
         return;
-    free(q->rec), free(q->n_rows), free(q->last), free(q->sign), free(q->Q), free(q->S);
+    fkr_free(&q->rows);
+    free(q->sign), free(q->Q), free(q->S);
     free(q->u), free(q->y), free(q->r), free(q->t), free(q->fy);
     free(q);
 }
@@ -327,26 +328,19 @@ static int rotq_open(const void *opts, const struct fk_stream_env *env, void **s
     *state = q;
     memcpy(&q->o, opts, sizeof q->o);
     q->m = env->head_dim;
-    q->n_heads = env->n_heads;
-    q->n_tokens = env->n_tokens;
     q->kind = env->kind;
     FK_TRY(rotq_check(opts, q->m, 0));
     q->prod = q->kind == 0 && q->o.keys == K_PROD;
     q->b_mse = q->prod ? q->o.bits - 1 : q->o.bits;
     int m = q->m;
-    size_t rows = (size_t)q->n_heads * (size_t)q->n_tokens;
-    q->rec = malloc(sizeof(float) * rows * (size_t)m + 1);
-    q->n_rows = calloc((size_t)q->n_heads + 1, sizeof(int32_t));
-    q->last = malloc(sizeof(int32_t) * ((size_t)q->n_heads + 1));
+    FK_TRY(fkr_init(&q->rows, env, "rotq"));
     q->u = malloc(sizeof(double) * (size_t)m);
     q->y = malloc(sizeof(double) * (size_t)m);
     q->r = malloc(sizeof(double) * (size_t)m);
     q->t = malloc(sizeof(double) * (size_t)m);
     q->fy = malloc(sizeof(float) * (size_t)m);
-    if (!q->rec || !q->n_rows || !q->last || !q->u || !q->y || !q->r || !q->t || !q->fy)
+    if (!q->u || !q->y || !q->r || !q->t || !q->fy)
         return fk_err(FK_ENOMEM, "out of memory (rotq state)");
-    for (int h = 0; h < q->n_heads; h++)
-        q->last[h] = -1;
     if (q->b_mse > 0 && q->o.quantiser == Q_LLOYD)
         codebook(q->o.codebook, m, q->b_mse, q->cent, q->mid);
     /* the model constants of this (layer, kind), from the seed */
@@ -504,34 +498,13 @@ static void code_row(struct rotq *q, const float *x, float *xh)
 static int rotq_encode(void *state, const struct fk_event *ev, struct fk_vec_out *out)
 {
     struct rotq *q = state;
-    for (int i = 0; i < ev->n; i++) {
-        int h = ev->head[i], t = ev->token[i];
-        if (h < 0 || h >= q->n_heads || t < 0 || t >= q->n_tokens || t <= q->last[h])
-            return fk_err(FK_EINVAL, "rotq: event row (head %d, token %d) out of order", h, t);
-        const float *x = ev->x + (size_t)i * q->m;
-        for (int j = 0; j < q->m; j++)
-            if (!isfinite(x[j]))
-                return fk_err(FK_EINVAL, "rotq: vector (head %d, token %d) is not finite", h,
-                              t);
-    }
+    FK_TRY(fkr_check(&q->rows, "rotq", ev));
     float rb = (float)row_bytes(q);
     for (int i = 0; i < ev->n; i++) {
         int h = ev->head[i], t = ev->token[i];
         const float *x = ev->x + (size_t)i * q->m;
-        float *y = q->rec + ((size_t)h * q->n_tokens + t) * q->m;
-        code_row(q, x, y);
-        q->last[h] = t;
-        q->n_rows[h]++;
-        double e = 0, xx = 0;
-        for (int j = 0; j < q->m; j++) {
-            double d = (double)x[j] - y[j];
-            e += d * d;
-            xx += (double)x[j] * x[j];
-        }
-        int zero = xx <= 1e-30;
-        float err = zero ? 0.0f : (float)sqrt(e / xx);
-        out[i] = (struct fk_vec_out){.err_enc = err, .err = err, .nnz = q->m, .bytes = rb,
-                                     .flags = zero ? FK_VEC_ZERO : 0};
+        code_row(q, x, fkr_slot(&q->rows, h, t));
+        fkr_done(&q->rows, h, t, x, rb, &out[i]);
     }
     return FK_OK;
 }
@@ -539,21 +512,14 @@ static int rotq_encode(void *state, const struct fk_event *ev, struct fk_vec_out
 static int rotq_reconstruct(const void *state, int head, int token, float *out)
 {
     const struct rotq *q = state;
-    if (head < 0 || head >= q->n_heads || token < 0 || token > q->last[head])
-        return fk_err(FK_EINVAL, "rotq: row (head %d, token %d) not stored", head, token);
-    memcpy(out, q->rec + ((size_t)head * q->n_tokens + token) * q->m,
-           sizeof(float) * (size_t)q->m);
-    return FK_OK;
+    return fkr_reconstruct(&q->rows, "rotq", head, token, out);
 }
 
 static void rotq_stats(const void *state, struct fk_stream_stats *st)
 {
     const struct rotq *q = state;
     memset(st, 0, sizeof *st);
-    double rows = 0;
-    for (int h = 0; h < q->n_heads; h++)
-        rows += q->n_rows[h];
-    st->bytes_codes = rows * row_bytes(q);
+    st->bytes_codes = fkr_rows_stored(&q->rows) * row_bytes(q);
     double m = q->m, model = 0;
     if (q->o.rotation == R_HAAR)
         model += 2 * m * m; /* the rotation, fp16 */
