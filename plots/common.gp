@@ -27,8 +27,9 @@ set datafile missing 'NaN'
 
 # Codec map, one colour per built-in codec (Okabe-Ito and Tol colours, distinguishable in
 # colour-blind vision) and its family by the marker: filled for the dictionary codecs, open
-# for the quantisers, low rank and the rest. Linetypes 1..15 = the registry's order (full,
-# lexico, lexico-adp, gm, pl, fadkv, topk, uniform, kivi, quant, pca, external, engine, rotq),
+# for the quantisers, low rank and the rest. Linetypes 1..16 = the registry's order (full,
+# lexico, lexico-adp, gm, pl, fadkv, topk, uniform, kivi, quant, pca, external, engine, rotq,
+# gear),
 # then every other codec (plugins, codec+policy) in grey: FK_PLOT_STYLES of
 # report/fk_plotdata.h.
 set linetype 1  lc rgb '#000000' lw 2 pt 1  ps 1.6 dt 1
@@ -45,11 +46,12 @@ set linetype 11 lc rgb '#117733' lw 2 pt 10 ps 1.5 dt 1
 set linetype 12 lc rgb '#332288' lw 2 pt 12 ps 1.5 dt 1
 set linetype 13 lc rgb '#44AA99' lw 2 pt 14 ps 1.5 dt 1
 set linetype 14 lc rgb '#DDCC77' lw 2 pt 15 ps 1.6 dt 1
-set linetype 15 lc rgb '#777777' lw 2 pt 3  ps 1.4 dt 1
+set linetype 15 lc rgb '#AA4499' lw 2 pt 16 ps 1.4 dt 1
+set linetype 16 lc rgb '#777777' lw 2 pt 3  ps 1.4 dt 1
 cstyle(c) = c eq 'full' ? 1 : c eq 'lexico' ? 2 : c eq 'lexico-adp' ? 3 : c eq 'gm' ? 4 : \
             c eq 'pl' ? 5 : c eq 'fadkv' ? 6 : c eq 'topk' ? 7 : c eq 'uniform' ? 8 : \
             c eq 'kivi' ? 9 : c eq 'quant' ? 10 : c eq 'pca' ? 11 : c eq 'external' ? 12 : \
-            c eq 'engine' ? 13 : c eq 'rotq' ? 14 : 15
+            c eq 'engine' ? 13 : c eq 'rotq' ? 14 : c eq 'gear' ? 15 : 16
 ctitle(c) = c eq 'full' ? 'Full KV' : c eq 'lexico' ? 'Lexico' : c eq 'lexico-adp' ? \
             'Lexico-ADP' : c eq 'gm' ? 'GM' : c eq 'pl' ? 'PL' : c eq 'fadkv' ? 'FAD-KV' : c
 # Keys and values (Fig. 1): styles 11 and 12.

@@ -250,7 +250,7 @@ static void code_row(struct engine *e, int h, const float *x, float *y)
 static int engine_encode(void *state, const struct fk_event *ev, struct fk_vec_out *out)
 {
     struct engine *e = state;
-    FK_TRY(fkr_check(&e->r, "engine", ev));
+    FK_TRY(fkr_check(&e->r, "engine", ev, 1));
     if (!e->scaled)
         set_scales(e, ev);
     float rb = (float)row_bytes(&e->o, e->m);

@@ -49,14 +49,21 @@ static inline int fkr_init(struct fkr_rows *r, const struct fk_stream_env *env,
     return FK_OK;
 }
 
-/* Every row of ev in range, after its head's last stored token, finite: checked before
- * anything is stored. */
+/* Every row of ev in range, after its head's last stored token (gaps: any later token, a
+ * FK_CAP_SKIPS codec; else the next one, each head's tokens in order within the event),
+ * finite: checked before anything is stored. */
 static inline int fkr_check(const struct fkr_rows *r, const char *codec,
-                            const struct fk_event *ev)
+                            const struct fk_event *ev, int gaps)
 {
     for (int i = 0; i < ev->n; i++) {
-        int h = ev->head[i], t = ev->token[i];
-        if (h < 0 || h >= r->n_heads || t < 0 || t >= r->n_tokens || t <= r->last[h])
+        int h = ev->head[i], t = ev->token[i], next = -1;
+        for (int p = i - 1; !gaps && next < 0 && p >= 0; p--) /* head h's last in ev */
+            if (ev->head[p] == h)
+                next = ev->token[p] + 1;
+        if (!gaps && next < 0)
+            next = r->last[h] + 1;
+        if (h < 0 || h >= r->n_heads || t < 0 || t >= r->n_tokens || t <= r->last[h] ||
+            (!gaps && t != next))
             return fk_err(FK_EINVAL, "%s: event row (head %d, token %d) out of order", codec,
                           h, t);
         const float *x = ev->x + (size_t)i * r->m;

@@ -498,7 +498,7 @@ static void code_row(struct rotq *q, const float *x, float *xh)
 static int rotq_encode(void *state, const struct fk_event *ev, struct fk_vec_out *out)
 {
     struct rotq *q = state;
-    FK_TRY(fkr_check(&q->rows, "rotq", ev));
+    FK_TRY(fkr_check(&q->rows, "rotq", ev, 1));
     float rb = (float)row_bytes(q);
     for (int i = 0; i < ev->n; i++) {
         int h = ev->head[i], t = ev->token[i];

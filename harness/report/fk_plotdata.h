@@ -116,7 +116,7 @@ int fk_plotdata_export(const char *results_dir, const char *out_dir,
                        const struct fk_plot_opts *opts, struct fk_plot_set *set);
 void fk_plotdata_free(struct fk_plot_set *set);
 
-#define FK_PLOT_STYLES 15        /* line styles of plots/common.gp (the last: other codecs) */
+#define FK_PLOT_STYLES 16        /* line styles of plots/common.gp (the last: other codecs) */
 
 /* Fixed style index of a codec: its registry position (1-based, the order of
  * plots/common.gp cstyle), FK_PLOT_STYLES for codecs past it or unknown: the same colour
