@@ -386,6 +386,16 @@ group = 8
 evict = "scope"
 decode_budget = 64
 recent = 100' "evict-bad-option-value.toml:" "scope: recent = 100 must not exceed decode_budget = 64"
+cfg_case evict-zero-budget '[[codec]]
+name = "full"
+evict = "knorm"
+ratio = 0.99' "aidreams-260k-00.h5" "knorm: layer 0, KV head 0" "would keep no token" \
+    "raise the budget"
+cfg_case evict-ada-empty-head '[[codec]]
+name = "full"
+evict = "knorm"
+alloc = "ada"
+safeguard = 0' "knorm: layer 0, KV head 0" "safeguard" "may empty a head"
 cfg_case evict-grouped-heads-codec "basis = \"$BASIS\"
 [[codec]]
 name = \"pca\"

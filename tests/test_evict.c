@@ -12,6 +12,7 @@
 #include "core/fk_evict.h"
 #include "core/fk_registry.h"
 #include "evict/fk_evict_attn.h"
+#include "evict/fk_evict_budget.h"
 #include "fk_check_main.h"
 
 #include <check.h>
@@ -69,14 +70,18 @@ static void set_opt(const struct fk_evict_ops *ops, void *opts, const char *name
     ck_assert_int_eq(fk_evict_opts_set(ops, opts, o, v), FK_OK);
 }
 
+/* The layer drive() runs and the model's layers (per-layer budgets). */
+static int g_layer = 0, g_n_layers = 1;
+
 /* Runs the policy; with poison, the view's rows after the hook's token are NaN. */
 static void drive(const struct fk_evict_ops *ops, const void *opts, const struct data *d,
                   int poison, masks_t out)
 {
     uint8_t keep[H][T];
     memset(keep, 0, sizeof keep);
-    struct fk_evict_env env = {.layer = 0, .n_kv_heads = H, .n_q_heads = HQ, .head_dim = M,
-                               .n_tokens = T, .prompt_len = P, .keep = &keep[0][0]};
+    struct fk_evict_env env = {.layer = g_layer, .n_layers = g_n_layers, .n_kv_heads = H,
+                               .n_q_heads = HQ, .head_dim = M, .n_tokens = T, .prompt_len = P,
+                               .keep = &keep[0][0]};
     void *st = NULL;
     ck_assert_int_eq(ops->open(opts, &env, &st), FK_OK);
     struct data *w = malloc(sizeof *w);
@@ -190,15 +195,11 @@ static void ref_streaming(const struct data *d, int sinks, int recent, masks_t o
     }
 }
 
-static void ref_snapkv(const struct data *d, int W, int kern, int keep, masks_t out)
+/* SnapKV's scores of every head (window tokens P-W .. P-1: +INFINITY, protected). */
+static void ref_snapkv_scores(const struct data *d, int W, int kern, double sc[H][T])
 {
-    uint8_t mk[H][T];
-    memset(mk, 0, sizeof mk);
     for (int h = 0; h < H; h++) {
-        memset(mk[h], 1, P);
-        double raw[T] = {0}, sc[T];
-        uint8_t all[T], cand[T] = {0};
-        memset(all, 1, sizeof all);
+        double raw[T] = {0};
         for (int g = 0; g < G; g++)
             for (int i = P - W; i < P; i++) {
                 /* query i, head h*G+g, over keys 0..i */
@@ -216,19 +217,86 @@ static void ref_snapkv(const struct data *d, int W, int kern, int keep, masks_t 
             double a = 0;
             for (int dd = -kern / 2; dd <= kern / 2; dd++)
                 a += i + dd >= 0 && i + dd < P - W ? raw[i + dd] : 0;
-            sc[i] = a / kern;
-            cand[i] = 1;
+            sc[h][i] = a / kern;
         }
-        keep_best(mk[h], cand, sc, P, keep - W);
-        (void)all;
+        for (int i = P - W; i < P; i++)
+            sc[h][i] = INFINITY;
     }
+}
+
+/* The prefill's mask mk, then every decode token appended. */
+static void ref_append_decode(uint8_t mk[H][T], masks_t out)
+{
     for (int s = 0; s <= T - P; s++) {
-        int t = s == 0 ? P - 1 : P + s - 1;
         if (s > 0)
             for (int h = 0; h < H; h++)
-                mk[h][t] = 1;
-        memcpy(out[s], mk, sizeof mk);
+                mk[h][P + s - 1] = 1;
+        memcpy(out[s], mk, (size_t)H * T);
     }
+}
+
+static void ref_snapkv(const struct data *d, int W, int kern, int keep, masks_t out)
+{
+    static double sc[H][T];
+    uint8_t mk[H][T], cand[T];
+    memset(mk, 0, sizeof mk);
+    memset(cand, 0, sizeof cand);
+    memset(cand, 1, P);
+    ref_snapkv_scores(d, W, kern, sc);
+    for (int h = 0; h < H; h++) {
+        memset(mk[h], 1, P);
+        keep_best(mk[h], cand, sc[h], P, keep < W ? W : keep);
+    }
+    ref_append_decode(mk, out);
+}
+
+/* Ada-KV as kvpress's AdaKVPress reads (spec families-budgets-2026.md 2.1): each head's
+ * top int(n alpha) tokens protected, then the H n best (head, token) pairs of the layer,
+ * protected first, then by score, then the lower head, then the lower token. */
+static void ref_ada(double sc[H][T], int n, double alpha, uint8_t mk[H][T])
+{
+    uint8_t prot[H][T], chosen[H][T], cand[T];
+    memset(prot, 0, sizeof prot);
+    memset(chosen, 0, sizeof chosen);
+    memset(cand, 0, sizeof cand);
+    memset(cand, 1, P);
+    for (int h = 0; h < H; h++) {
+        memset(prot[h], 1, P);
+        keep_best(prot[h], cand, sc[h], P, (int)(n * alpha));
+    }
+    for (int r = 0; r < H * n; r++) {
+        int bh = -1, bj = -1;
+        for (int h = 0; h < H; h++)
+            for (int j = 0; j < P; j++) {
+                if (chosen[h][j])
+                    continue;
+                int better = bh < 0 || prot[h][j] > prot[bh][bj] ||
+                             (prot[h][j] == prot[bh][bj] && sc[h][j] > sc[bh][bj]);
+                if (better)
+                    bh = h, bj = j;
+            }
+        chosen[bh][bj] = 1;
+    }
+    for (int h = 0; h < H; h++) {
+        memset(mk[h], 0, T);
+        memcpy(mk[h], chosen[h], P);
+    }
+}
+
+/* PyramidKV's tokens per head of layer l (kvpress get_layer_budget, spec 1.1): the mean
+ * per layer n = P (1 - r) or the budget, min n / beta, max 2 n - min clamped to P - W,
+ * uniform round(n) where infeasible; Python's round is half to even. */
+static int ref_pyramid(int Pp, int W, double n, double beta, int n_layers, int l)
+{
+    double mean = (W + n) - W; /* as kvpress: cap = W + L (1 - r), then cap - W */
+    double mn = mean / beta, mx = 2 * mean - mn;
+    if (mx >= Pp - W) {
+        mx = Pp - W;
+        mn = 2 * mean - mx;
+    }
+    if (!(Pp >= mx && mx >= mn && mn >= W))
+        return (int)nearbyint(mean);
+    return (int)nearbyint(mx - l * (n_layers > 1 ? (mx - mn) / (n_layers - 1) : 0));
 }
 
 static void ref_knorm(const struct data *d, int keep, masks_t out)
@@ -593,10 +661,17 @@ START_TEST(test_knorm)
     ref_knorm(&d, 13, want);
     expect_same(ops, got, want, "lowest norms");
     set_opt(ops, o, "budget", 0);
-    set_opt(ops, o, "ratio", 1.0); /* keeps int(0) -> clamped to 1 token (kvpress PR #264) */
+    set_opt(ops, o, "ratio", 1.0); /* keeps int(0): refused (kvpress PR #264 floors it to 1) */
+    ck_assert_int_eq(ops->check_prompt(o, 3, H, P), FK_ECONFIG);
+    ck_assert_ptr_nonnull(strstr(fk_errmsg(), "layer 0, KV head 0"));
+    ck_assert_ptr_nonnull(strstr(fk_errmsg(), "knorm"));
+    set_opt(ops, o, "ratio", 0.99); /* int(40 x 0.01) = 0 too; 0.975 keeps 1 */
+    ck_assert_int_eq(ops->check_prompt(o, 3, H, P), FK_ECONFIG);
+    set_opt(ops, o, "ratio", 0.975);
+    ck_assert_int_eq(ops->check_prompt(o, 3, H, P), FK_OK);
     drive(ops, o, &d, 0, got);
     ref_knorm(&d, 1, want);
-    expect_same(ops, got, want, "n_kept >= 1");
+    expect_same(ops, got, want, "1 token");
     ck_assert_int_eq(count_kept(got, 0, 1), 1);
     /* ties go to the lower token: every key of head 1 has the same norm */
     for (int j = 0; j < T; j++)
@@ -607,6 +682,152 @@ START_TEST(test_knorm)
     for (int j = 0; j < P; j++)
         ck_assert_int_eq(got[0][1][j], j < 7);
     free(o);
+}
+END_TEST
+
+/* The budget arithmetic against the spec's worked vectors (families-budgets-2026.md T1,
+ * kvpress PyramidKVPress) and Ada-KV's split of T2. */
+START_TEST(test_budget_vectors)
+{
+    struct fk_evict_budget b = {.ratio = 0.5, .alloc = FK_ALLOC_PYRAMID, .safeguard = 0.2,
+                                .pyramid_beta = 20};
+    static const int t11[] = {3994, 2697, 1399, 102}, t12[] = {1984, 1344, 704, 64};
+    for (int l = 0; l < 4; l++) {
+        ck_assert_int_eq(fk_evict_budget_layer(&b, 4096, 64, 4, l), t11[l]);
+        ck_assert_int_eq(fk_evict_budget_layer(&b, 2048, 64, 4, l), t12[l]);
+    }
+    /* T1.4: 32 layers */
+    static const int t14a[] = {960, 931, 902, 122, 93, 64}, t14b[] = {3994, 3868, 3743, 353,
+                                                                      228, 102};
+    long sa = 0, sb = 0;
+    for (int l = 0; l < 32; l++) {
+        int a = fk_evict_budget_layer(&b, 1024, 64, 32, l), c = fk_evict_budget_layer(&b, 4096,
+                                                                                     64, 32, l);
+        sa += a, sb += c;
+        int i = l < 3 ? l : l >= 29 ? l - 26 : -1;
+        if (i >= 0) {
+            ck_assert_int_eq(a, t14a[i]);
+            ck_assert_int_eq(c, t14b[i]);
+        }
+    }
+    ck_assert_int_eq(sa, 16384);
+    ck_assert_int_eq(sb, 65536);
+    /* T1.3: infeasible pyramids fall back to uniform round(n): 1024; 205 where int gives 204 */
+    b.ratio = 0.75;
+    for (int l = 0; l < 4; l++)
+        ck_assert_int_eq(fk_evict_budget_layer(&b, 4096, 64, 4, l), 1024);
+    b.ratio = 0.8;
+    ck_assert_int_eq(fk_evict_budget_layer(&b, 1024, 64, 32, 7), 205);
+    b.alloc = FK_ALLOC_UNIFORM;
+    ck_assert_int_eq(fk_evict_budget_layer(&b, 1024, 64, 32, 7), 204);
+    /* ... and L = 10, r = 0.96 (kvpress #265): without a window the pyramid is feasible,
+     * round(0.78) = 1 and round(0.02) = 0 tokens: refused, naming the layer and head */
+    b.alloc = FK_ALLOC_PYRAMID;
+    b.ratio = 0.96;
+    ck_assert_int_eq(fk_evict_budget_check(&b, "knorm", 0, 2, 4, 10), FK_ECONFIG);
+    ck_assert_ptr_nonnull(strstr(fk_errmsg(), "layer 1, KV head 0"));
+    ck_assert_int_eq(fk_evict_budget_check(&b, "snapkv", 2, 2, 4, 10), FK_OK); /* a window */
+
+    /* T2: one layer, 2 heads, 8 tokens, n_kept 4 */
+    static const double sc[2][8] = {{0.9, 0.8, 0.7, 0.6, 0.05, 0.04, 0.03, 0.02},
+                                    {0.5, 0.015, 0.014, 0.013, 0.012, 0.011, 0.010, 0.009}};
+    static const struct { double alpha; int kept_a, kept_b; } t2[] = {
+        {0.25, 7, 1}, {0.5, 6, 2}, {1.0, 4, 4}};
+    for (size_t c = 0; c < 3; c++) {
+        uint8_t keep[2][8];
+        memset(keep, 1, sizeof keep);
+        struct fk_evict_env env = {.n_layers = 1, .n_kv_heads = 2, .n_q_heads = 2,
+                                   .head_dim = 1, .n_tokens = 8, .prompt_len = 8,
+                                   .keep = &keep[0][0]};
+        void *st;
+        ck_assert_int_eq(fk_evict_base_open(&env, sizeof(struct fk_evict_base), 0, &st), FK_OK);
+        struct fk_evict_budget a = {.ratio = 0.5, .alloc = FK_ALLOC_ADA,
+                                    .safeguard = t2[c].alpha, .pyramid_beta = 20};
+        ck_assert_int_eq(fk_evict_budget_apply(st, &a, 0, &sc[0][0]), FK_OK);
+        fk_evict_base_close(st);
+        for (int j = 0; j < 8; j++) {
+            ck_assert_int_eq(keep[0][j], j < t2[c].kept_a);
+            ck_assert_int_eq(keep[1][j], j < t2[c].kept_b);
+        }
+    }
+    /* a safeguard of int(4 x 0.2) = 0 tokens and nothing protected: refused */
+    struct fk_evict_budget a0 = {.ratio = 0.5, .alloc = FK_ALLOC_ADA, .safeguard = 0.2,
+                                 .pyramid_beta = 20};
+    ck_assert_int_eq(fk_evict_budget_check(&a0, "knorm", 0, 1, 2, 8), FK_ECONFIG);
+    ck_assert_ptr_nonnull(strstr(fk_errmsg(), "safeguard"));
+    ck_assert_int_eq(fk_evict_budget_check(&a0, "snapkv", 1, 1, 2, 8), FK_OK);
+}
+END_TEST
+
+/* SnapKV and KNorm under PyramidKV's and Ada-KV's budgets against the references: the
+ * scores of ref_snapkv_scores / the key norms, the counts of ref_pyramid, the split of
+ * ref_ada. */
+START_TEST(test_alloc_policies)
+{
+    const struct fk_evict_ops *sn = fk_evict_find("snapkv"), *kn = fk_evict_find("knorm");
+    static struct data d;
+    static masks_t got, want;
+    static double sc[H][T];
+    uint8_t mk[H][T];
+    void *o = opts_of(sn);
+    set_opt(sn, o, "window", 8);
+    set_opt(sn, o, "kernel", 5);
+    set_opt(sn, o, "budget", 20);
+    set_opt(sn, o, "pyramid_beta", 2);
+    ck_assert_int_eq(fk_evict_opts_set_enum(sn, o, fk_evict_option(sn, "alloc"), "pyramid"),
+                     FK_OK);
+    make_data(&d, 70);
+    g_n_layers = 4;
+    int total = 0;
+    for (g_layer = 0; g_layer < 4; g_layer++) {
+        int n = ref_pyramid(P, 8, 20, 2, 4, g_layer);
+        total += n;
+        drive(sn, o, &d, 0, got);
+        ref_snapkv(&d, 8, 5, n, want);
+        expect_same(sn, got, want, "PyramidKV");
+        ck_assert_int_eq(count_kept(got, 0, 1), n);
+    }
+    ck_assert_int_eq(total, 4 * 20); /* 30, 23, 17, 10: the mean is the budget */
+    /* Ada-KV: the heads' counts differ, the layer's total is H n */
+    ck_assert_int_eq(fk_evict_opts_set_enum(sn, o, fk_evict_option(sn, "alloc"), "ada"), FK_OK);
+    set_opt(sn, o, "window", 4);
+    set_opt(sn, o, "budget", 14);
+    set_opt(sn, o, "safeguard", 0.3);
+    int uneven = 0;
+    for (int seed = 0; seed < 4; seed++) {
+        make_data(&d, 80 + seed);
+        drive(sn, o, &d, 0, got);
+        ref_snapkv_scores(&d, 4, 5, sc);
+        ref_ada(sc, 14, 0.3, mk);
+        ref_append_decode(mk, want);
+        expect_same(sn, got, want, "Ada-KV");
+        ck_assert_int_eq(count_kept(got, 0, 0) + count_kept(got, 0, 1), 2 * 14);
+        uneven += count_kept(got, 0, 0) != 14;
+        ck_assert_int_ge(count_kept(got, 0, 1), 4);
+    }
+    ck_assert_msg(uneven > 0, "Ada-KV never moved budget between heads on this data");
+    free(o);
+    /* KNorm (nothing protected) under Ada-KV */
+    o = opts_of(kn);
+    ck_assert_int_eq(fk_evict_opts_set_enum(kn, o, fk_evict_option(kn, "alloc"), "ada"), FK_OK);
+    set_opt(kn, o, "budget", 10);
+    set_opt(kn, o, "safeguard", 0.25);
+    make_data(&d, 90);
+    for (int h = 0; h < H; h++)
+        for (int j = 0; j < T; j++)
+            for (int c = 0; c < M; c++)
+                d.k[h][j][c] *= h ? 0.1f : 1.0f; /* head 1's norms lower: it wins the top-k */
+    g_layer = 0;
+    drive(kn, o, &d, 0, got);
+    for (int h = 0; h < H; h++)
+        for (int j = 0; j < T; j++)
+            sc[h][j] = j < P ? -sqrt(dotd(d.k[h][j], d.k[h][j])) : 0;
+    ref_ada(sc, 10, 0.25, mk);
+    ref_append_decode(mk, want);
+    expect_same(kn, got, want, "KNorm, Ada-KV");
+    ck_assert_int_eq(count_kept(got, 0, 0), 2); /* int(10 x 0.25): the safeguard only */
+    free(o);
+    g_n_layers = 1;
 }
 END_TEST
 
@@ -761,6 +982,8 @@ int main(void)
     tcase_add_test(tc, test_streaming);
     tcase_add_test(tc, test_snapkv);
     tcase_add_test(tc, test_knorm);
+    tcase_add_test(tc, test_budget_vectors);
+    tcase_add_test(tc, test_alloc_policies);
     tcase_add_test(tc, test_h2o);
     tcase_add_test(tc, test_scope_momentum);
     tcase_add_test(tc, test_causality);

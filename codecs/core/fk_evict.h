@@ -62,6 +62,7 @@ enum fk_evict_need {
 /* Shapes of one (sequence, layer), fixed for the state's life. */
 struct fk_evict_env {
     int layer;
+    int n_layers;                /* the model's layers (per-layer budgets); 0: not known */
     int n_kv_heads;              /* H */
     int n_q_heads;               /* H_q = G * H; query head j reads KV head j / G */
     int head_dim;                /* m */
@@ -99,6 +100,10 @@ struct fk_evict_ops {
     /* (FK_EVICT_NEED_PREFILL_Q) How many of the last prefill tokens' queries prefill()
      * reads, for a prompt of P tokens (P: all of them). */
     int (*prefill_queries)(const void *opts, int prompt_len);
+    /* (optional) FK_ECONFIG, naming layer and KV head, when under these options some
+     * (layer, KV head) of a prompt of P tokens could keep no token (a budget that rounds to
+     * zero); called for every trace before any cell runs. */
+    int (*check_prompt)(const void *opts, int n_layers, int n_kv_heads, int prompt_len);
     int (*open)(const void *opts, const struct fk_evict_env *env, void **state);
     /* Once, after the prefill's attention (contract item 2). NULL: keeps the prefill. */
     int (*prefill)(void *state, const struct fk_evict_view *view);

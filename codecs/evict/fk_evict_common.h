@@ -13,7 +13,8 @@ struct fk_evict_base {
     int32_t *idx;                /* [T] candidate tokens */
     double *score;               /* [T] their scores */
     double *tmp;                 /* [2 T] fk_evict_keep_top's pairs */
-    double *acc;                 /* [H][T] accumulated scores, or NULL (acc_heads = 0) */
+    double *acc;                 /* [H][T] accumulated scores (a prefill scorer's [H][P]
+                                  * prompt scores, fk_evict_budget.h), or NULL (acc = 0) */
 };
 
 /* Allocates the base of a policy state of `size` bytes (the base its first member) with

@@ -4,22 +4,22 @@
  * keys (softmax over every key each query sees), the mean over the W queries of the
  * attention on the P-W tokens before the window, avg_pool1d(kernel, padding kernel/2,
  * stride 1, zero padding counted), the mean over each KV head's query group (SnapKV issue
- * #22: never repeat_kv), the W window tokens scored above every other token (always kept),
- * then the top n_kept per KV head, n_kept = int(P (1 - ratio)) or `budget`; at least 1 and
- * at least the window (choices of ours: kvpress pads the window with the maximum score,
- * which ties). A prompt of P <= W tokens is kept whole (kvpress asserts P > W). Decode
- * tokens are appended uncompressed.
+ * #22: never repeat_kv), the W window tokens protected (always kept, counted in the
+ * budget), then the tokens each head keeps under the budget allocation
+ * (fk_evict_budget.h: uniform int(P (1 - ratio)) or `budget`, PyramidKV's per-layer or
+ * Ada-KV's per-head budgets); at least the window (a choice of ours: kvpress pads the
+ * window with the maximum score, which ties). A prompt of P <= W tokens is kept whole
+ * (kvpress asserts P > W). Decode tokens are appended uncompressed.
  */
 #include <math.h>
 #include <stddef.h>
 
 #include "common/fk_err.h"
-#include "evict/fk_evict_common.h"
+#include "evict/fk_evict_budget.h"
 
 struct snapkv_opts {
     int window, kernel;
-    double ratio;
-    int budget;
+    struct fk_evict_budget b;
 };
 
 static const struct fk_option snapkv_options[] = {
@@ -27,11 +27,7 @@ static const struct fk_option snapkv_options[] = {
      "observation window: the last prefill queries scoring the prompt, always kept (tokens)"},
     {"kernel", FK_OPT_INT, offsetof(struct snapkv_opts, kernel), 5, 1, 255, NULL,
      "average-pooling kernel over tokens (odd; zero padding counted)"},
-    {"ratio", FK_OPT_DOUBLE, offsetof(struct snapkv_opts, ratio), 0.5, 0, 1, NULL,
-     "compression ratio of the prefill: keep int(P (1 - ratio)) tokens (fraction; unused "
-     "when budget > 0)"},
-    {"budget", FK_OPT_INT, offsetof(struct snapkv_opts, budget), 0, 0, 1 << 24, NULL,
-     "prefill tokens kept per KV head, window included (tokens; 0: use ratio)"},
+    FK_EVICT_BUDGET_OPTIONS(struct snapkv_opts, b),
     {NULL, 0, 0, 0, 0, 0, NULL, NULL},
 };
 
@@ -56,14 +52,20 @@ static int snapkv_prefill_queries(const void *opts, int prompt_len)
     return w < prompt_len ? w : prompt_len;
 }
 
+static int snapkv_check_prompt(const void *opts, int n_layers, int n_kv_heads, int prompt_len)
+{
+    const struct snapkv_opts *o = opts;
+    return fk_evict_budget_check(&o->b, "snapkv", o->window, n_layers, n_kv_heads, prompt_len);
+}
+
 struct snapkv {
-    struct fk_evict_base b;
+    struct fk_evict_base b;      /* b.acc: [H][P] the scores of every head of the layer */
     struct snapkv_opts o;
 };
 
 static int snapkv_open(const void *opts, const struct fk_evict_env *env, void **state)
 {
-    FK_TRY(fk_evict_base_open(env, sizeof(struct snapkv), 0, state));
+    FK_TRY(fk_evict_base_open(env, sizeof(struct snapkv), 1, state));
     ((struct snapkv *)*state)->o = *(const struct snapkv_opts *)opts;
     return FK_OK;
 }
@@ -73,49 +75,43 @@ static int snapkv_prefill(void *state, const struct fk_evict_view *v)
     struct snapkv *s = state;
     const struct fk_evict_env *e = &s->b.env;
     int P = e->prompt_len, W = s->o.window, G = e->n_q_heads / e->n_kv_heads;
-    int keep = s->o.budget > 0 ? s->o.budget : (int)(P * (1.0 - s->o.ratio));
-    if (P <= W || keep >= P)
+    if (P <= W)
         return FK_OK;
-    if (keep < W)
-        keep = W;
     int L = P - W, half = s->o.kernel / 2;
     int32_t *qtok = s->b.idx;
-    double *raw = s->b.tmp, *sc = s->b.score;
+    double *raw = s->b.tmp;
     for (int h = 0; h < e->n_kv_heads; h++) {
+        double *sc = s->b.acc + (size_t)h * P;
         for (int i = 0; i < W; i++)
             qtok[i] = L + i;
         for (int j = 0; j < P; j++)
             raw[j] = 0;
         FK_TRY(fk_evict_attn_causal_sum(e, v, h, qtok, W, P, 1.0 / ((double)W * G), &s->b.sc,
                                         raw));
-        double mx = -INFINITY;
         for (int i = 0; i < L; i++) {
             double a = 0;
             for (int d = -half; d <= half; d++)
                 if (i + d >= 0 && i + d < L)
                     a += raw[i + d];
             sc[i] = a / s->o.kernel;
-            if (sc[i] > mx)
-                mx = sc[i];
         }
         for (int i = L; i < P; i++)
-            sc[i] = mx + 1; /* the window: above every other score */
-        for (int j = 0; j < P; j++)
-            qtok[j] = j;
-        fk_evict_keep_top(sc, qtok, P, keep, e->keep + (size_t)h * e->n_tokens, s->b.tmp);
+            sc[i] = INFINITY; /* the window: protected */
     }
-    return FK_OK;
+    return fk_evict_budget_apply(&s->b, &s->o.b, W, s->b.acc);
 }
 
 const struct fk_evict_ops fk_evict_snapkv = {
     .name = "snapkv",
     .summary = "SnapKV, kvpress semantics: the last `window` prefill queries score the prompt "
-               "(pooled, GQA group mean), top tokens + window kept at the prefill's end",
+               "(pooled, GQA group mean), top tokens + window kept at the prefill's end; "
+               "budgets uniform, PyramidKV or Ada-KV (`alloc`)",
     .opts_size = sizeof(struct snapkv_opts),
     .options = snapkv_options,
     .check = snapkv_check,
     .needs = snapkv_needs,
     .prefill_queries = snapkv_prefill_queries,
+    .check_prompt = snapkv_check_prompt,
     .open = snapkv_open,
     .prefill = snapkv_prefill,
     .close = fk_evict_base_close,

@@ -210,7 +210,8 @@ static int policy_open(struct fk_drive *d, struct fk_unit *u)
     memset(d->prev, 0, n);
     d->n_dropped = 0;
     d->seen = -1;
-    struct fk_evict_env env = {.layer = u->layer, .n_kv_heads = u->n_kv_heads,
+    struct fk_evict_env env = {.layer = u->layer, .n_layers = u->n_layers,
+                               .n_kv_heads = u->n_kv_heads,
                                .n_q_heads = u->n_q_heads, .head_dim = u->head_dim,
                                .n_tokens = u->n_tokens, .prompt_len = u->prompt_len,
                                .keep = u->keep, .inv_scale = u->attn_inv_scale,

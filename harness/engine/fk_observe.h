@@ -35,7 +35,7 @@ struct fk_unit {
     const void *opts;                 /* ops->opts_size bytes, starts with fk_common_opts */
     const struct fk_replay_opts *ro;
     const char *path;                 /* the trace's file, for messages */
-    int layer;
+    int layer, n_layers;
     int n_kv_heads, n_q_heads;        /* H, H_q */
     int n_tokens, prompt_len;         /* T, P */
     int head_dim;                     /* m */

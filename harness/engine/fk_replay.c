@@ -308,6 +308,15 @@ int fk_replay_check_evict(const struct fk_cell_input *in)
         return fk_err(FK_ECONFIG, "codec %s codes the KV heads of a group together, so a "
                       "per-head kept set of eviction policy '%s' cannot drop one head's row "
                       "from it", in->ops->name, ev->name);
+    /* a budget that rounds to no token anywhere, refused before any cell */
+    for (int t = 0; t < in->n_traces && ev->check_prompt; t++) {
+        const struct fk_trace_info *info = fk_trace_get_info(in->traces[t]);
+        if (ev->check_prompt(in->evict_opts, info->n_layers, info->n_kv_heads,
+                             info->prompt_len) < 0)
+            return fk_err_context(FK_ECONFIG, "%s (a prompt of %d tokens, %d layers of %d KV "
+                                  "heads)", fk_trace_path(in->traces[t]), info->prompt_len,
+                                  info->n_layers, info->n_kv_heads);
+    }
     unsigned nd = ev->needs ? ev->needs(in->evict_opts) : 0;
     if (!(nd & (FK_EVICT_NEED_DECODE_Q | FK_EVICT_NEED_PREFILL_Q)))
         return FK_OK;
@@ -402,7 +411,7 @@ static int replay_layer(struct worker *w, int ti, int layer, const struct fk_bas
     const struct fk_trace_info *info = fk_trace_get_info(tr);
     const struct fk_replay_opts *ro = w->ro;
     struct fk_unit u = {.ops = w->in->ops, .opts = w->in->opts, .ro = ro,
-                        .path = fk_trace_path(tr), .layer = layer,
+                        .path = fk_trace_path(tr), .layer = layer, .n_layers = info->n_layers,
                         .n_kv_heads = info->n_kv_heads, .n_q_heads = info->n_q_heads,
                         .n_tokens = info->n_tokens, .prompt_len = info->prompt_len,
                         .head_dim = info->head_dim, .bases = bases, .times = &w->times,

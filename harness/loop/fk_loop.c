@@ -561,6 +561,8 @@ static int policy_open(struct loop *lp, const struct fk_loop_codec *c)
     FK_TRY(fk_evict_check_names(ev, c->ops));
     if (ev->check)
         FK_TRY(ev->check(c->evict_opts));
+    if (ev->check_prompt)
+        FK_TRY(ev->check_prompt(c->evict_opts, lp->L, lp->H, lp->P));
     size_t L = (size_t)lp->L, T = (size_t)lp->T;
     lp->pol = ev;
     lp->Hq = cfg->n_heads;
@@ -575,7 +577,8 @@ static int policy_open(struct loop *lp, const struct fk_loop_codec *c)
         lp->qrow[t] = (int32_t)t;
     for (int l = 0; l < lp->L; l++) {
         lp->keep[l] = lp->keep_all + (size_t)l * lp->H * T;
-        struct fk_evict_env env = {.layer = l, .n_kv_heads = lp->H, .n_q_heads = lp->Hq,
+        struct fk_evict_env env = {.layer = l, .n_layers = lp->L, .n_kv_heads = lp->H,
+                                   .n_q_heads = lp->Hq,
                                    .head_dim = lp->m_dim, .n_tokens = lp->T,
                                    .prompt_len = lp->P, .keep = lp->keep[l]};
         int rc = ev->open(c->evict_opts, &env, &lp->pol_st[l]);
