@@ -423,6 +423,131 @@ static void ref_decode_phase(const struct data *d, int budget0, int recent, int 
     }
 }
 
+/* R-KV (spec families-budgets-2026.md 4.3), one compression of the kept tokens 0 .. tau of
+ * mk: the full cosine matrix, plain loops. */
+static void ref_rkv_compress(const struct data *d, uint8_t mk[H][T], int tau, int B, int W,
+                             int kern, double lam, double thr)
+{
+    for (int h = 0; h < H; h++) {
+        int idx[T], N = 0;
+        for (int j = 0; j <= tau; j++)
+            if (mk[h][j])
+                idx[N++] = j;
+        if (N <= B)
+            continue;
+        int Np = N - W;
+        double imp[T] = {0}, pooled[T], red[T], sc[T];
+        for (int w = tau - W + 1; w <= tau; w++) {
+            double z[T], mx = -INFINITY, sum = 0;
+            for (int i = 0; i < Np; i++) {
+                z[i] = -INFINITY;
+                for (int g = 0; g < G; g++) {
+                    double l = dotd(d->q[h * G + g][w], d->k[h][idx[i]]) / sqrt((double)M);
+                    z[i] = l > z[i] ? l : z[i];
+                }
+                mx = z[i] > mx ? z[i] : mx;
+            }
+            for (int i = 0; i < Np; i++)
+                sum += exp(z[i] - mx);
+            for (int i = 0; i < Np; i++)
+                imp[i] += exp(z[i] - mx) / sum / W;
+        }
+        for (int i = 0; i < Np; i++) {
+            pooled[i] = -INFINITY;
+            for (int dd = -kern / 2; dd <= kern / 2; dd++)
+                if (i + dd >= 0 && i + dd < Np && imp[i + dd] > pooled[i])
+                    pooled[i] = imp[i + dd];
+        }
+        static double S[T][T];
+        for (int i = 0; i < N; i++)
+            for (int j = 0; j < N; j++) {
+                double ni = sqrt(dotd(d->k[h][idx[i]], d->k[h][idx[i]])) + 1e-8;
+                double nj = sqrt(dotd(d->k[h][idx[j]], d->k[h][idx[j]])) + 1e-8;
+                S[i][j] = i == j ? 0 : dotd(d->k[h][idx[i]], d->k[h][idx[j]]) / (ni * nj);
+            }
+        for (int i = 0; i < N; i++) {
+            int last = 0;
+            for (int j = 0; j < N; j++)
+                if (S[i][j] > thr)
+                    last = j;
+            S[i][last] = 0;
+        }
+        double mx = -INFINITY, sum = 0;
+        for (int j = 0; j < N; j++) {
+            red[j] = 0;
+            for (int i = 0; i < N; i++)
+                red[j] += S[i][j];
+            red[j] /= N;
+            mx = red[j] > mx ? red[j] : mx;
+        }
+        for (int j = 0; j < N; j++)
+            sum += exp(red[j] - mx);
+        uint8_t cand[T] = {0};
+        double byt[T] = {0};
+        for (int i = 0; i < Np; i++) {
+            sc[i] = lam * pooled[i] - (1 - lam) * exp(red[i] - mx) / sum;
+            cand[idx[i]] = 1;
+            byt[idx[i]] = sc[i];
+        }
+        keep_best(mk[h], cand, byt, tau + 1, B - W);
+    }
+}
+
+/* R-KV's schedule: at the prefill's end when P > budget, then in the forward of every
+ * decode token tau with tau % period = 0, visible from tau + 1. */
+static void ref_rkv(const struct data *d, int B, int W, int kern, int period, double lam,
+                    masks_t out)
+{
+    uint8_t mk[H][T];
+    memset(mk, 0, sizeof mk);
+    for (int h = 0; h < H; h++)
+        memset(mk[h], 1, P);
+    if (P > B)
+        ref_rkv_compress(d, mk, P - 1, B, W, kern, lam, 0.5);
+    memcpy(out[0], mk, sizeof mk);
+    for (int s = 1; s <= T - P; s++) {
+        int t = P + s - 1;
+        if (t - 1 >= P && (t - 1) % period == 0)
+            ref_rkv_compress(d, mk, t - 1, B, W, kern, lam, 0.5);
+        for (int h = 0; h < H; h++)
+            mk[h][t] = 1;
+        memcpy(out[s], mk, sizeof mk);
+    }
+}
+
+/* DMSPress (spec 7.1): token j's score -||k_j|| (over the head's mean prompt key norm when
+ * rel), judged once when it leaves the window: at the prefill's end the tokens up to P - 1 -
+ * window, at decode token t those up to t - 1 - window (the reference's forward hook runs
+ * after the step's attention). */
+static void ref_dms(const struct data *d, double thr, int window, int decoding, int rel,
+                    masks_t out)
+{
+    uint8_t mk[H][T];
+    double sc[H][T];
+    memset(mk, 0, sizeof mk);
+    for (int h = 0; h < H; h++) {
+        double mean = 0;
+        for (int j = 0; j < P; j++)
+            mean += sqrt(dotd(d->k[h][j], d->k[h][j])) / P;
+        for (int j = 0; j < T; j++)
+            sc[h][j] = -sqrt(dotd(d->k[h][j], d->k[h][j])) / (rel ? mean : 1);
+        memset(mk[h], 1, P);
+        for (int j = 0; j <= P - 1 - window; j++)
+            mk[h][j] = !(sc[h][j] < thr);
+    }
+    memcpy(out[0], mk, sizeof mk);
+    for (int s = 1; s <= T - P; s++) {
+        int t = P + s - 1;
+        for (int h = 0; h < H; h++) {
+            mk[h][t] = 1;
+            int j = t - 1 - window;
+            if (decoding && j >= P - window && j >= 0)
+                mk[h][j] = !(sc[h][j] < thr);
+        }
+        memcpy(out[s], mk, sizeof mk);
+    }
+}
+
 /* ---- tests ----------------------------------------------------------------------------- */
 
 static void expect_same(const struct fk_evict_ops *ops, masks_t got, masks_t want,
@@ -740,7 +865,7 @@ START_TEST(test_budget_vectors)
                                    .head_dim = 1, .n_tokens = 8, .prompt_len = 8,
                                    .keep = &keep[0][0]};
         void *st;
-        ck_assert_int_eq(fk_evict_base_open(&env, sizeof(struct fk_evict_base), 0, &st), FK_OK);
+        ck_assert_int_eq(fk_evict_base_open(&env, sizeof(struct fk_evict_base), 0, 0, &st), FK_OK);
         struct fk_evict_budget a = {.ratio = 0.5, .alloc = FK_ALLOC_ADA,
                                     .safeguard = t2[c].alpha, .pyramid_beta = 20};
         ck_assert_int_eq(fk_evict_budget_apply(st, &a, 0, &sc[0][0]), FK_OK);
@@ -828,6 +953,122 @@ START_TEST(test_alloc_policies)
     ck_assert_int_eq(count_kept(got, 0, 0), 2); /* int(10 x 0.25): the safeguard only */
     free(o);
     g_n_layers = 1;
+}
+END_TEST
+
+/* R-KV: the spec's worked example T4.1 (one head, 2-D keys: the duplicate of a later key
+ * goes), then the policy against ref_rkv on the random data, prefill and decode. */
+START_TEST(test_rkv)
+{
+    const struct fk_evict_ops *ops = fk_evict_find("rkv");
+    ck_assert_ptr_nonnull(ops);
+    void *o = opts_of(ops);
+    static const float k6[6][2] = {{1, 0}, {0.96f, 0.28f}, {0, 1}, {0.6f, 0.8f}, {1, 0},
+                                   {-1, 0}};
+    static const float q6[6][2] = {{0, 0}, {0, 0}, {0, 0}, {0, 0}, {1, 0}, {0, 1}};
+    static const int32_t qr6[6] = {0, 1, 2, 3, 4, 5};
+    for (int kern = 1; kern <= 7; kern += 6) {
+        uint8_t keep[6];
+        memset(keep, 1, sizeof keep);
+        struct fk_evict_env env = {.n_layers = 1, .n_kv_heads = 1, .n_q_heads = 1,
+                                   .head_dim = 2, .n_tokens = 6, .prompt_len = 6, .keep = keep};
+        set_opt(ops, o, "budget", 4);
+        set_opt(ops, o, "window", 2);
+        set_opt(ops, o, "kernel", kern);
+        void *st;
+        ck_assert_int_eq(ops->open(o, &env, &st), FK_OK);
+        struct fk_evict_view v = {.t = 5, .k = &k6[0][0], .q = &q6[0][0], .n_qrows = 6,
+                                  .qrow = qr6};
+        ck_assert_int_eq(ops->prefill(st, &v), FK_OK);
+        ops->close(st);
+        for (int j = 0; j < 6; j++)
+            ck_assert_msg(keep[j] == (j >= 2), "kernel %d: token %d kept %d", kern, j, keep[j]);
+    }
+    static struct data d;
+    static masks_t got, want;
+    int cases[][4] = {{20, 4, 7, 16}, {12, 3, 1, 5}, {30, 8, 3, 32}, {50, 2, 5, 7}};
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        make_data(&d, 100 + c);
+        set_opt(ops, o, "budget", cases[c][0]);
+        set_opt(ops, o, "window", cases[c][1]);
+        set_opt(ops, o, "kernel", cases[c][2]);
+        set_opt(ops, o, "period", cases[c][3]);
+        set_opt(ops, o, "mix_lambda", 0.1 + 0.2 * c);
+        drive(ops, o, &d, 0, got);
+        ref_rkv(&d, cases[c][0], cases[c][1], cases[c][2], cases[c][3], 0.1 + 0.2 * c, want);
+        expect_same(ops, got, want, "R-KV");
+        /* right after a compression a head holds the budget and the arriving token; the
+         * cache never grows beyond budget + period between compressions */
+        int at_budget = 0;
+        for (int s = 1; s <= T - P; s++) {
+            int n = count_kept(got, s, 0);
+            at_budget += n == cases[c][0] + 1;
+            ck_assert_int_le(n, (P > cases[c][0] ? cases[c][0] : P) + cases[c][3] + 1 +
+                                    (P > cases[c][0] ? 0 : cases[c][0]));
+        }
+        ck_assert_msg(at_budget > 0, "case %zu: never compressed to the budget", c);
+    }
+    set_opt(ops, o, "budget", 8);
+    set_opt(ops, o, "window", 8);
+    ck_assert_int_eq(ops->check(o), FK_ECONFIG);
+    ck_assert_ptr_nonnull(strstr(fk_errmsg(), "budget = 8 must exceed window = 8"));
+    free(o);
+}
+END_TEST
+
+/* DMSPress: the spec's worked example T7.1 (scores s_j as key norms 1 - s_j, threshold -1
+ * on -||k||), then against ref_dms on the random data. */
+START_TEST(test_dms)
+{
+    const struct fk_evict_ops *ops = fk_evict_find("dms");
+    ck_assert_ptr_nonnull(ops);
+    void *o = opts_of(ops);
+    static const double s8[8] = {0.9, -0.5, 0.3, -0.2, 0.1, -0.7, 0.4, -1.0};
+    float k8[8][2];
+    for (int j = 0; j < 8; j++)
+        k8[j][0] = (float)(1 - s8[j]), k8[j][1] = 0;
+    set_opt(ops, o, "threshold", -1);
+    set_opt(ops, o, "window", 2);
+    ck_assert_int_eq(fk_evict_opts_set_enum(ops, o, fk_evict_option(ops, "scorer"), "knorm"),
+                     FK_OK);
+    uint8_t keep[8] = {0};
+    memset(keep, 1, 5);
+    struct fk_evict_env env = {.n_layers = 1, .n_kv_heads = 1, .n_q_heads = 1, .head_dim = 2,
+                               .n_tokens = 8, .prompt_len = 5, .keep = keep};
+    void *st;
+    ck_assert_int_eq(ops->open(o, &env, &st), FK_OK);
+    struct fk_evict_view v = {.t = 4, .k = &k8[0][0]};
+    ck_assert_int_eq(ops->prefill(st, &v), FK_OK);
+    static const char *const want8[] = {"10111", "101111", "1010111", "10101111"};
+    for (int t = 4; t < 8; t++) {
+        if (t > 4) {
+            keep[t] = 1;
+            v.t = t;
+            ck_assert_int_eq(ops->decode(st, &v), FK_OK);
+        }
+        for (int j = 0; j <= t; j++)
+            ck_assert_msg(keep[j] == want8[t - 4][j] - '0', "token %d at %d: %d", j, t, keep[j]);
+    }
+    ops->close(st);
+    static struct data d;
+    static masks_t got, want;
+    static const struct { double thr; int window, decoding, rel; } cases[] = {
+        {-1.1, 8, 1, 1}, {-0.9, 1, 1, 1}, {-1.0, 30, 0, 1}, {-4.5, 3, 1, 0}};
+    int dropped = 0;
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        make_data(&d, 120 + c);
+        set_opt(ops, o, "threshold", cases[c].thr);
+        set_opt(ops, o, "window", cases[c].window);
+        set_opt(ops, o, "decoding", cases[c].decoding);
+        ck_assert_int_eq(fk_evict_opts_set_enum(ops, o, fk_evict_option(ops, "scorer"),
+                                                cases[c].rel ? "knorm_rel" : "knorm"), FK_OK);
+        drive(ops, o, &d, 0, got);
+        ref_dms(&d, cases[c].thr, cases[c].window, cases[c].decoding, cases[c].rel, want);
+        expect_same(ops, got, want, "DMSPress");
+        dropped += T - count_kept(got, T - P, 0);
+    }
+    ck_assert_msg(dropped > 20, "the thresholds drop %d tokens: the cases test nothing", dropped);
+    free(o);
 }
 END_TEST
 
@@ -985,6 +1226,8 @@ int main(void)
     tcase_add_test(tc, test_budget_vectors);
     tcase_add_test(tc, test_alloc_policies);
     tcase_add_test(tc, test_h2o);
+    tcase_add_test(tc, test_rkv);
+    tcase_add_test(tc, test_dms);
     tcase_add_test(tc, test_scope_momentum);
     tcase_add_test(tc, test_causality);
     tcase_add_test(tc, test_options_and_names);

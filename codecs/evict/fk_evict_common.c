@@ -8,7 +8,8 @@
 
 #include "common/fk_err.h"
 
-int fk_evict_base_open(const struct fk_evict_env *env, size_t size, int acc, void **state)
+int fk_evict_base_open(const struct fk_evict_env *env, size_t size, int acc, size_t n_extra,
+                       void **state)
 {
     *state = NULL;
     if (env->n_kv_heads < 1 || env->n_q_heads < env->n_kv_heads ||
@@ -26,7 +27,8 @@ int fk_evict_base_open(const struct fk_evict_env *env, size_t size, int acc, voi
     b->score = malloc(sizeof(double) * T);
     b->tmp = malloc(sizeof(double) * 2 * T);
     b->acc = acc ? calloc(T * (size_t)env->n_kv_heads, sizeof(double)) : NULL;
-    if (!b->idx || !b->score || !b->tmp || (acc && !b->acc)) {
+    b->extra = n_extra ? calloc(n_extra, sizeof(double)) : NULL;
+    if (!b->idx || !b->score || !b->tmp || (acc && !b->acc) || (n_extra && !b->extra)) {
         fk_evict_base_close(b);
         return fk_err(FK_ENOMEM, "out of memory (eviction policy, %zu tokens)", T);
     }
@@ -44,6 +46,7 @@ void fk_evict_base_close(void *state)
     free(b->score);
     free(b->tmp);
     free(b->acc);
+    free(b->extra);
     free(b);
 }
 

@@ -15,11 +15,14 @@ struct fk_evict_base {
     double *tmp;                 /* [2 T] fk_evict_keep_top's pairs */
     double *acc;                 /* [H][T] accumulated scores (a prefill scorer's [H][P]
                                   * prompt scores, fk_evict_budget.h), or NULL (acc = 0) */
+    double *extra;               /* [n_extra] a policy's own work array, zeroed, or NULL */
 };
 
 /* Allocates the base of a policy state of `size` bytes (the base its first member) with
- * accumulators when acc is 1; FK_ENOMEM or FK_EINVAL (bad shapes) otherwise. */
-int fk_evict_base_open(const struct fk_evict_env *env, size_t size, int acc, void **state);
+ * accumulators when acc is 1 and n_extra doubles in `extra`; FK_ENOMEM or FK_EINVAL (bad
+ * shapes) otherwise. */
+int fk_evict_base_open(const struct fk_evict_env *env, size_t size, int acc, size_t n_extra,
+                       void **state);
 void fk_evict_base_close(void *state);
 
 /* Keeps token range [lo, hi) and clears every other mask bit of head h below `end`. */

@@ -46,7 +46,7 @@ struct h2o {
 
 static int h2o_open(const void *opts, const struct fk_evict_env *env, void **state)
 {
-    FK_TRY(fk_evict_base_open(env, sizeof(struct h2o), 1, state));
+    FK_TRY(fk_evict_base_open(env, sizeof(struct h2o), 1, 0, state));
     ((struct h2o *)*state)->o = *(const struct h2o_opts *)opts;
     return FK_OK;
 }

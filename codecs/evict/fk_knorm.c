@@ -35,7 +35,7 @@ struct knorm {
 
 static int knorm_open(const void *opts, const struct fk_evict_env *env, void **state)
 {
-    FK_TRY(fk_evict_base_open(env, sizeof(struct knorm), 1, state));
+    FK_TRY(fk_evict_base_open(env, sizeof(struct knorm), 1, 0, state));
     ((struct knorm *)*state)->o = *(const struct knorm_opts *)opts;
     return FK_OK;
 }

@@ -51,7 +51,7 @@ struct momentum {
 
 static int momentum_open(const void *opts, const struct fk_evict_env *env, void **state)
 {
-    FK_TRY(fk_evict_base_open(env, sizeof(struct momentum), 1, state));
+    FK_TRY(fk_evict_base_open(env, sizeof(struct momentum), 1, 0, state));
     ((struct momentum *)*state)->o = *(const struct momentum_opts *)opts;
     return FK_OK;
 }

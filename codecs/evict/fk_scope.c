@@ -74,7 +74,7 @@ static void scope_close(void *state)
 
 static int scope_open(const void *opts, const struct fk_evict_env *env, void **state)
 {
-    FK_TRY(fk_evict_base_open(env, sizeof(struct scope), 1, state));
+    FK_TRY(fk_evict_base_open(env, sizeof(struct scope), 1, 0, state));
     struct scope *s = *state;
     s->o = *(const struct scope_opts *)opts;
     s->wait = calloc((size_t)env->n_kv_heads, sizeof *s->wait);

@@ -65,7 +65,7 @@ struct snapkv {
 
 static int snapkv_open(const void *opts, const struct fk_evict_env *env, void **state)
 {
-    FK_TRY(fk_evict_base_open(env, sizeof(struct snapkv), 1, state));
+    FK_TRY(fk_evict_base_open(env, sizeof(struct snapkv), 1, 0, state));
     ((struct snapkv *)*state)->o = *(const struct snapkv_opts *)opts;
     return FK_OK;
 }

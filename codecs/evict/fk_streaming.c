@@ -30,7 +30,7 @@ struct streaming {
 
 static int streaming_open(const void *opts, const struct fk_evict_env *env, void **state)
 {
-    FK_TRY(fk_evict_base_open(env, sizeof(struct streaming), 0, state));
+    FK_TRY(fk_evict_base_open(env, sizeof(struct streaming), 0, 0, state));
     ((struct streaming *)*state)->o = *(const struct streaming_opts *)opts;
     return FK_OK;
 }
