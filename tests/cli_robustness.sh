@@ -396,6 +396,10 @@ name = "full"
 evict = "knorm"
 alloc = "ada"
 safeguard = 0' "knorm: layer 0, KV head 0" "safeguard" "may empty a head"
+cfg_case evict-needs-rope '[[codec]]
+name = "full"
+evict = "expected_attn"' "aidreams-260k-00.h5" "does not describe its RoPE" \
+    "eviction policy 'expected_attn'"
 cfg_case evict-grouped-heads-codec "basis = \"$BASIS\"
 [[codec]]
 name = \"pca\"

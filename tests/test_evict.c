@@ -13,6 +13,7 @@
 #include "core/fk_registry.h"
 #include "evict/fk_evict_attn.h"
 #include "evict/fk_evict_budget.h"
+#include "kernels/fk_rope.h"
 #include "fk_check_main.h"
 
 #include <check.h>
@@ -70,8 +71,11 @@ static void set_opt(const struct fk_evict_ops *ops, void *opts, const char *name
     ck_assert_int_eq(fk_evict_opts_set(ops, opts, o, v), FK_OK);
 }
 
-/* The layer drive() runs and the model's layers (per-layer budgets). */
+/* The layer drive() runs and the model's layers (per-layer budgets); the RoPE and
+ * positions it hands the policy (NULL: none). */
 static int g_layer = 0, g_n_layers = 1;
+static const struct fk_rope *g_rope;
+static const int32_t *g_pos;
 
 /* Runs the policy; with poison, the view's rows after the hook's token are NaN. */
 static void drive(const struct fk_evict_ops *ops, const void *opts, const struct data *d,
@@ -81,7 +85,7 @@ static void drive(const struct fk_evict_ops *ops, const void *opts, const struct
     memset(keep, 0, sizeof keep);
     struct fk_evict_env env = {.layer = g_layer, .n_layers = g_n_layers, .n_kv_heads = H,
                                .n_q_heads = HQ, .head_dim = M, .n_tokens = T, .prompt_len = P,
-                               .keep = &keep[0][0]};
+                               .keep = &keep[0][0], .rope = g_rope, .positions = g_pos};
     void *st = NULL;
     ck_assert_int_eq(ops->open(opts, &env, &st), FK_OK);
     struct data *w = malloc(sizeof *w);
@@ -545,6 +549,85 @@ static void ref_dms(const struct data *d, double thr, int window, int decoding, 
                 mk[h][j] = !(sc[h][j] < thr);
         }
         memcpy(out[s], mk, sizeof mk);
+    }
+}
+
+/* Expected Attention (spec 8.1) with dense matrices: RoPE as D x D rotations of pairs (2i,
+ * 2i+1) at angle p theta^(-2i/D), queries un-rotated by the transpose, the mean rotation
+ * the mean of the matrices, mu' = R mu, S' = R S R^T, then the expected logits, a softmax
+ * over t >= n_sink, the group mean, (s + eps) ||v||, the sinks protected. */
+static void rope_matrix(double theta, double p, double R[M][M])
+{
+    memset(R, 0, sizeof(double) * M * M);
+    for (int i = 0; i < M / 2; i++) {
+        double a = p * pow(theta, -2.0 * i / M);
+        R[2 * i][2 * i] = cos(a), R[2 * i][2 * i + 1] = -sin(a);
+        R[2 * i + 1][2 * i] = sin(a), R[2 * i + 1][2 * i + 1] = cos(a);
+    }
+}
+
+static void ref_expected(const struct data *d, const int32_t *pos, int n_future, int n_sink,
+                         int cov, int vnorm, double eps, double sc[H][T])
+{
+    static double R[M][M], Rb[M][M];
+    memset(Rb, 0, sizeof Rb);
+    for (int f = 0; f < n_future; f++) {
+        rope_matrix(10000, pos[P - 1] + 1 + f, R);
+        for (int a = 0; a < M; a++)
+            for (int b = 0; b < M; b++)
+                Rb[a][b] += R[a][b] / n_future;
+    }
+    for (int h = 0; h < H; h++) {
+        for (int t = 0; t < P; t++)
+            sc[h][t] = 0;
+        for (int g = 0; g < G; g++) {
+            static double qp[T][M];
+            double mu[M] = {0}, S[M][M] = {{0}}, mu2[M] = {0}, S2[M][M] = {{0}}, RS[M][M] = {{0}};
+            int N = P - n_sink;
+            for (int t = n_sink; t < P; t++) {
+                rope_matrix(10000, pos[t], R);
+                for (int a = 0; a < M; a++) {
+                    qp[t][a] = 0;
+                    for (int b = 0; b < M; b++) /* R^T q */
+                        qp[t][a] += R[b][a] * d->q[h * G + g][t][b];
+                    mu[a] += qp[t][a] / N;
+                }
+            }
+            for (int t = n_sink; t < P && cov; t++)
+                for (int a = 0; a < M; a++)
+                    for (int b = 0; b < M; b++)
+                        S[a][b] += (qp[t][a] - mu[a]) * (qp[t][b] - mu[b]) / N;
+            for (int a = 0; a < M; a++)
+                for (int b = 0; b < M; b++) {
+                    mu2[a] += Rb[a][b] * mu[b];
+                    for (int c = 0; c < M; c++)
+                        RS[a][b] += Rb[a][c] * S[c][b];
+                }
+            for (int a = 0; a < M; a++)
+                for (int b = 0; b < M; b++)
+                    for (int c = 0; c < M; c++)
+                        S2[a][b] += RS[a][c] * Rb[b][c];
+            double z[T], mx = -INFINITY, sum = 0;
+            for (int t = n_sink; t < P; t++) {
+                const float *k = d->k[h][t];
+                double lin = 0, quad = 0;
+                for (int a = 0; a < M; a++) {
+                    lin += k[a] * mu2[a];
+                    for (int b = 0; b < M; b++)
+                        quad += k[a] * S2[a][b] * k[b];
+                }
+                z[t] = lin / sqrt((double)M) + quad / (2.0 * M);
+                mx = z[t] > mx ? z[t] : mx;
+            }
+            for (int t = n_sink; t < P; t++)
+                sum += exp(z[t] - mx);
+            for (int t = n_sink; t < P; t++)
+                sc[h][t] += exp(z[t] - mx) / sum / G;
+        }
+        for (int t = n_sink; t < P && vnorm; t++)
+            sc[h][t] = (sc[h][t] + eps) * sqrt(dotd(d->v[h][t], d->v[h][t]));
+        for (int t = 0; t < n_sink; t++)
+            sc[h][t] = INFINITY;
     }
 }
 
@@ -1072,6 +1155,111 @@ START_TEST(test_dms)
 }
 END_TEST
 
+/* Expected Attention: the spec's worked example T8.1 (D = 2: one frequency, 1), then the
+ * policy against ref_expected on the random data (positions with a gap), uniform and
+ * Ada-KV budgets; a view without the RoPE is refused. */
+START_TEST(test_expected)
+{
+    const struct fk_evict_ops *ops = fk_evict_find("expected_attn");
+    ck_assert_ptr_nonnull(ops);
+    void *o = opts_of(ops);
+    struct fk_rope rope = {.theta = 10000, .layout = FK_ROPE_INTERLEAVED};
+    /* T8.1: pre-RoPE queries (1, 0), (1, 0.2), (1, -0.2) rotated to their positions */
+    static const double qpre[3][2] = {{1, 0}, {1, 0.2}, {1, -0.2}};
+    float q3[3][2], k3[3][2] = {{1, 0}, {0, 1}, {-1, 0}}, v3[3][2] = {{1, 0}, {0, 2}, {1, 0}};
+    for (int t = 0; t < 3; t++) {
+        q3[t][0] = (float)(qpre[t][0] * cos(t) - qpre[t][1] * sin(t));
+        q3[t][1] = (float)(qpre[t][0] * sin(t) + qpre[t][1] * cos(t));
+    }
+    static const int32_t pos3[3] = {0, 1, 2}, qr3[3] = {0, 1, 2};
+    set_opt(ops, o, "n_sink", 0);
+    set_opt(ops, o, "n_future", 2);
+    static const struct { int budget, vnorm; const char *keep; } t8[] = {
+        {2, 1, "011"}, {1, 1, "001"}, {1, 0, "001"}};
+    for (size_t c = 0; c < 3; c++) {
+        uint8_t keep[3] = {1, 1, 1};
+        struct fk_evict_env env = {.n_layers = 1, .n_kv_heads = 1, .n_q_heads = 1,
+                                   .head_dim = 2, .n_tokens = 3, .prompt_len = 3, .keep = keep,
+                                   .rope = &rope, .positions = pos3};
+        set_opt(ops, o, "budget", t8[c].budget);
+        set_opt(ops, o, "vnorm", t8[c].vnorm);
+        void *st;
+        ck_assert_int_eq(ops->open(o, &env, &st), FK_OK);
+        struct fk_evict_view v = {.t = 2, .k = &k3[0][0], .v = &v3[0][0], .q = &q3[0][0],
+                                  .n_qrows = 3, .qrow = qr3};
+        ck_assert_int_eq(ops->prefill(st, &v), FK_OK);
+        /* the scores themselves: T8.1's 0.177277, 0.511920, 0.566763 (vnorm) */
+        const double *sc = ((struct fk_evict_base *)st)->acc;
+        if (t8[c].vnorm) {
+            ck_assert_double_eq_tol(sc[0], 0.177277, 2e-6);
+            ck_assert_double_eq_tol(sc[1], 0.511920, 2e-6);
+            ck_assert_double_eq_tol(sc[2], 0.566763, 2e-6);
+        } else {
+            ck_assert_double_eq_tol(sc[1], 0.255960, 2e-6);
+        }
+        ops->close(st);
+        for (int j = 0; j < 3; j++)
+            ck_assert_int_eq(keep[j], t8[c].keep[j] - '0');
+    }
+    /* random data: positions 0 .. P-1 then a jump of 7 */
+    static struct data d;
+    static masks_t got, want;
+    static double sc[H][T];
+    static int32_t pos[T];
+    uint8_t mk[H][T];
+    for (int t = 0; t < T; t++)
+        pos[t] = t < 20 ? t : t + 7;
+    g_rope = &rope;
+    g_pos = pos;
+    static const struct { int n_future, n_sink, cov, vnorm, budget, ada; double eps; } cases[] =
+        {{16, 4, 1, 1, 15, 0, 0}, {5, 0, 0, 1, 9, 0, 0.01}, {32, 2, 1, 0, 20, 0, 0},
+         {8, 3, 1, 1, 12, 1, 0.01}};
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        make_data(&d, 140 + c);
+        set_opt(ops, o, "n_future", cases[c].n_future);
+        set_opt(ops, o, "n_sink", cases[c].n_sink);
+        set_opt(ops, o, "covariance", cases[c].cov);
+        set_opt(ops, o, "vnorm", cases[c].vnorm);
+        set_opt(ops, o, "budget", cases[c].budget);
+        set_opt(ops, o, "epsilon", cases[c].eps);
+        set_opt(ops, o, "safeguard", 0.5);
+        ck_assert_int_eq(fk_evict_opts_set_enum(ops, o, fk_evict_option(ops, "alloc"),
+                                                cases[c].ada ? "ada" : "uniform"), FK_OK);
+        drive(ops, o, &d, 0, got);
+        ref_expected(&d, pos, cases[c].n_future, cases[c].n_sink, cases[c].cov,
+                     cases[c].vnorm, cases[c].eps, sc);
+        if (cases[c].ada) {
+            ref_ada(sc, cases[c].budget, 0.5, mk);
+        } else {
+            uint8_t cand[T] = {0};
+            memset(cand, 1, P);
+            memset(mk, 0, sizeof mk);
+            for (int h = 0; h < H; h++) {
+                memset(mk[h], 1, P);
+                keep_best(mk[h], cand, sc[h], P, cases[c].budget);
+            }
+        }
+        ref_append_decode(mk, want);
+        expect_same(ops, got, want, "Expected Attention");
+    }
+    /* no RoPE in the view: refused */
+    g_rope = NULL;
+    uint8_t keep[H][T];
+    memset(keep, 1, sizeof keep);
+    struct fk_evict_env env = {.n_layers = 1, .n_kv_heads = H, .n_q_heads = HQ, .head_dim = M,
+                               .n_tokens = T, .prompt_len = P, .keep = &keep[0][0]};
+    void *st;
+    ck_assert_int_eq(ops->open(o, &env, &st), FK_OK);
+    struct fk_evict_view v = {.t = P - 1, .k = &d.k[0][0][0], .v = &d.v[0][0][0],
+                              .q = &d.q[0][0][0], .n_qrows = T, .qrow = d.qrow};
+    ck_assert_int_eq(ops->prefill(st, &v), FK_ECONFIG);
+    ops->close(st);
+    ck_assert(ops->needs(o) & FK_EVICT_NEED_ROPE);
+    g_pos = NULL;
+    free(o);
+}
+END_TEST
+
 START_TEST(test_h2o)
 {
     const struct fk_evict_ops *ops = fk_evict_find("h2o");
@@ -1146,6 +1334,12 @@ START_TEST(test_causality)
 {
     static struct data d, d2;
     static masks_t a, b;
+    static int32_t pos[T];
+    struct fk_rope rope = {.theta = 10000, .layout = FK_ROPE_HALF};
+    for (int t = 0; t < T; t++)
+        pos[t] = t;
+    g_rope = &rope; /* for the policies that read it (FK_EVICT_NEED_ROPE) */
+    g_pos = pos;
     for (int i = 0; fk_evict_policies[i]; i++) {
         const struct fk_evict_ops *ops = fk_evict_policies[i];
         void *o = opts_of(ops);
@@ -1177,6 +1371,8 @@ START_TEST(test_causality)
         }
         free(o);
     }
+    g_rope = NULL;
+    g_pos = NULL;
 }
 END_TEST
 
@@ -1228,6 +1424,7 @@ int main(void)
     tcase_add_test(tc, test_h2o);
     tcase_add_test(tc, test_rkv);
     tcase_add_test(tc, test_dms);
+    tcase_add_test(tc, test_expected);
     tcase_add_test(tc, test_scope_momentum);
     tcase_add_test(tc, test_causality);
     tcase_add_test(tc, test_options_and_names);

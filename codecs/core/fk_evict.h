@@ -57,6 +57,8 @@ enum fk_evict_need {
     FK_EVICT_NEED_PREFILL_Q = 1u << 1, /* queries of prefill tokens: the last
                                         * fk_evict_ops.prefill_queries(opts, P) of them */
     FK_EVICT_NEED_VALUES = 1u << 2,    /* the exact values (view.v) */
+    FK_EVICT_NEED_ROPE = 1u << 3,      /* the traces' RoPE with post-RoPE keys (env.rope,
+                                        * env.positions) */
 };
 
 /* Shapes of one (sequence, layer), fixed for the state's life. */
@@ -72,6 +74,8 @@ struct fk_evict_env {
     /* The layer's attention: logits q.k / inv_scale (0: sqrt(m)), soft-capped to
      * c tanh(z / c) when softcap > 0. */
     double inv_scale, softcap;
+    const struct fk_rope *rope;  /* the trace's RoPE (keys post-RoPE), or NULL */
+    const int32_t *positions;    /* [T] the tokens' position ids, or NULL */
 };
 
 /* The data a hook may read, valid during the call only. Rows of tokens > t (the hook's

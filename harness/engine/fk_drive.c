@@ -215,7 +215,8 @@ static int policy_open(struct fk_drive *d, struct fk_unit *u)
                                .n_q_heads = u->n_q_heads, .head_dim = u->head_dim,
                                .n_tokens = u->n_tokens, .prompt_len = u->prompt_len,
                                .keep = u->keep, .inv_scale = u->attn_inv_scale,
-                               .softcap = u->attn_softcap};
+                               .softcap = u->attn_softcap, .rope = u->rope,
+                               .positions = u->positions};
     int rc = u->evict->open(u->evict_opts, &env, &d->pst);
     if (rc < 0)
         return fk_err_context(rc, "%s: layer %d: opening eviction policy %s", u->path, u->layer,

@@ -318,6 +318,16 @@ int fk_replay_check_evict(const struct fk_cell_input *in)
                                   info->n_layers, info->n_kv_heads);
     }
     unsigned nd = ev->needs ? ev->needs(in->evict_opts) : 0;
+    for (int t = 0; t < in->n_traces && (nd & FK_EVICT_NEED_ROPE); t++) {
+        const struct fk_trace_info *info = fk_trace_get_info(in->traces[t]);
+        if (!info->has_rope || !info->keys_post_rope)
+            return fk_err(FK_ECONFIG, "trace %s %s, which eviction policy '%s' needs (it "
+                          "un-rotates the recorded queries)", fk_trace_path(in->traces[t]),
+                          !info->has_rope ? "does not describe its RoPE (no rope_layout "
+                          "attribute; datasets/README.md says how to stamp it)"
+                                          : "stores pre-RoPE keys, not the post-RoPE ones",
+                          ev->name);
+    }
     if (!(nd & (FK_EVICT_NEED_DECODE_Q | FK_EVICT_NEED_PREFILL_Q)))
         return FK_OK;
     int rc = FK_OK;

@@ -264,6 +264,22 @@ static void loop_free(struct loop *lp)
     fk_llama2c_run_free(&lp->run);
 }
 
+/* The tokens' positions 0 .. T-1 and the runner's RoPE: pairs (2i, 2i+1), theta 10000
+ * (fk_llama2c_write_trace's); once, for the codecs and the eviction policy. */
+static int positions_open(struct loop *lp)
+{
+    if (lp->positions)
+        return FK_OK;
+    lp->positions = malloc((size_t)lp->T * sizeof(int32_t));
+    if (!lp->positions)
+        return fk_err(FK_ENOMEM, "out of memory for %d positions", lp->T);
+    for (int t = 0; t < lp->T; t++)
+        lp->positions[t] = (int32_t)t;
+    lp->rope = (struct fk_rope){.theta = 10000.0, .layout = FK_ROPE_INTERLEAVED,
+                                .type = FK_ROPE_DEFAULT};
+    return FK_OK;
+}
+
 static int loop_open(struct loop *lp, const struct fk_loop_codec *c)
 {
     const struct fk_codec_ops *ops = c->ops;
@@ -292,14 +308,9 @@ static int loop_open(struct loop *lp, const struct fk_loop_codec *c)
     lp->st = calloc(L * 2, sizeof *lp->st);
     lp->raw = malloc(L * 2 * H * T * m * sizeof(float));
     lp->bases = calloc(L * 2, sizeof *lp->bases);
-    lp->positions = malloc(T * sizeof(int32_t));
-    if (!lp->st || !lp->raw || !lp->bases || !lp->positions)
+    if (!lp->st || !lp->raw || !lp->bases)
         return fk_err(FK_ENOMEM, "model %s: out of memory for the loop's cache copies", path);
-    for (size_t t = 0; t < T; t++)
-        lp->positions[t] = (int32_t)t;
-    /* the runner's RoPE: pairs (2i, 2i+1), theta 10000 (fk_llama2c_write_trace's) */
-    lp->rope = (struct fk_rope){.theta = 10000.0, .layout = FK_ROPE_INTERLEAVED,
-                                .type = FK_ROPE_DEFAULT};
+    FK_TRY(positions_open(lp));
     if (ops->check && ops->check(c->opts, lp->m_dim, (ops->caps & FK_CAP_DICT)
                                  ? c->dict->n_atoms : (ops->caps & FK_CAP_BASIS)
                                  ? c->basis->sh.n_comp : 0) < 0)
@@ -563,6 +574,11 @@ static int policy_open(struct loop *lp, const struct fk_loop_codec *c)
         FK_TRY(ev->check(c->evict_opts));
     if (ev->check_prompt)
         FK_TRY(ev->check_prompt(c->evict_opts, lp->L, lp->H, lp->P));
+    FK_TRY(positions_open(lp));
+    const struct fk_rope *rope = fk_llama2c_model_rope_default(lp->m) ? &lp->rope : NULL;
+    if (ev->needs && (ev->needs(c->evict_opts) & FK_EVICT_NEED_ROPE) && !rope)
+        return fk_err(FK_ECONFIG, "eviction policy %s needs the model's RoPE, which this "
+                      "model does not describe", ev->name);
     size_t L = (size_t)lp->L, T = (size_t)lp->T;
     lp->pol = ev;
     lp->Hq = cfg->n_heads;
@@ -578,7 +594,8 @@ static int policy_open(struct loop *lp, const struct fk_loop_codec *c)
     for (int l = 0; l < lp->L; l++) {
         lp->keep[l] = lp->keep_all + (size_t)l * lp->H * T;
         struct fk_evict_env env = {.layer = l, .n_layers = lp->L, .n_kv_heads = lp->H,
-                                   .n_q_heads = lp->Hq,
+                                   .n_q_heads = lp->Hq, .rope = rope,
+                                   .positions = lp->positions,
                                    .head_dim = lp->m_dim, .n_tokens = lp->T,
                                    .prompt_len = lp->P, .keep = lp->keep[l]};
         int rc = ev->open(c->evict_opts, &env, &lp->pol_st[l]);
