@@ -19,10 +19,14 @@
  * The reference compresses after the forward's attention, so the step's own attention
  * sees the cache before it: here that compression runs at the start of the next decode
  * hook, over tokens 0 .. tau (fk_evict.h). Logits are the layer's (q.k / inv_scale, soft
- * cap).
+ * cap). The two products of a compression, the window's q.k and the normalised keys'
+ * cosines, are SGEMMs (float products, double sums and softmaxes after them).
  */
+#include <cblas.h>
 #include <math.h>
 #include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "common/fk_err.h"
 #include "evict/fk_evict_common.h"
@@ -75,29 +79,45 @@ static int rkv_prefill_queries(const void *opts, int prompt_len)
 }
 
 struct rkv {
-    struct fk_evict_base b;      /* b.extra: [5][T + 1] the work arrays below */
+    struct fk_evict_base b;      /* b.extra: [4][T + 1] the work arrays below */
     struct rkv_opts o;
-    double *z, *imp, *col, *row, *nrm; /* [N] each: logits, importance, column sums, one
-                                        * row of cosines, key norms */
+    double *imp, *col, *nrm, *red; /* [N] each: importance, column sums, key norms,
+                                    * redundancy */
+    float *kn, *qg, *c;          /* normalised keys [N][m], window queries [W G][m],
+                                  * products [N][N] (grown on demand) */
+    size_t cap_kn, cap_qg, cap_c;
 };
+
+static void rkv_close(void *state)
+{
+    struct rkv *s = state;
+    if (s) {
+        free(s->kn);
+        free(s->qg);
+        free(s->c);
+    }
+    fk_evict_base_close(state);
+}
 
 static int rkv_open(const void *opts, const struct fk_evict_env *env, void **state)
 {
     size_t T = (size_t)env->n_tokens + 1;
-    FK_TRY(fk_evict_base_open(env, sizeof(struct rkv), 0, 5 * T, state));
+    FK_TRY(fk_evict_base_open(env, sizeof(struct rkv), 0, 4 * T, state));
     struct rkv *s = *state;
     s->o = *(const struct rkv_opts *)opts;
-    s->z = s->b.extra, s->imp = s->z + T, s->col = s->z + 2 * T, s->row = s->z + 3 * T;
-    s->nrm = s->z + 4 * T;
+    s->imp = s->b.extra, s->col = s->imp + T, s->nrm = s->imp + 2 * T, s->red = s->imp + 3 * T;
     return FK_OK;
 }
 
-static double dot(const float *a, const float *b, int m)
+static int grow(float **p, size_t *cap, size_t n)
 {
-    double d = 0;
-    for (int c = 0; c < m; c++)
-        d += (double)a[c] * b[c];
-    return d;
+    if (n <= *cap)
+        return FK_OK;
+    float *q = realloc(*p, sizeof(float) * n);
+    if (!q)
+        return fk_err(FK_ENOMEM, "out of memory (rkv, %zu floats)", n);
+    *p = q, *cap = n;
+    return FK_OK;
 }
 
 static double logit(const struct fk_evict_env *e, double qk)
@@ -107,27 +127,38 @@ static double logit(const struct fk_evict_env *e, double qk)
 }
 
 /* The importance of the Np older kept tokens idx[0..Np) of head h under the queries of
- * tokens tau-W+1 .. tau, max-pooled, into s->imp. */
+ * tokens tau-W+1 .. tau (the W G query rows of the group in s->qg, the keys' rows in s->kn
+ * before normalising: one SGEMM), max-pooled, into s->imp. */
 static int importance(struct rkv *s, const struct fk_evict_view *v, int h, int Np, int tau)
 {
     const struct fk_evict_env *e = &s->b.env;
     int m = e->head_dim, G = e->n_q_heads / e->n_kv_heads, W = s->o.window;
     const int32_t *idx = s->b.idx;
-    double *z = s->z, *a = s->b.score;
-    for (int i = 0; i < Np; i++)
-        a[i] = 0;
-    for (int w = tau - W + 1; w <= tau; w++) {
-        int r = v->qrow[w];
+    FK_TRY(grow(&s->qg, &s->cap_qg, (size_t)W * G * m));
+    for (int w = 0; w < W; w++) {
+        int r = v->qrow[tau - W + 1 + w];
         if (r < 0)
             return fk_err(FK_EINVAL, "rkv: layer %d: token %d's query is not in the view",
-                          e->layer, w);
+                          e->layer, tau - W + 1 + w);
+        for (int g = 0; g < G; g++)
+            memcpy(s->qg + ((size_t)w * G + g) * m,
+                   v->q + ((size_t)(h * G + g) * v->n_qrows + r) * m, sizeof(float) * m);
+    }
+    for (int i = 0; i < Np; i++)
+        memcpy(s->kn + (size_t)i * m, v->k + ((size_t)h * e->n_tokens + idx[i]) * m,
+               sizeof(float) * m);
+    /* c [W G][Np] = qg kn^T */
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, W * G, Np, m, 1.0f, s->qg, m, s->kn,
+                m, 0.0f, s->c, Np);
+    double *a = s->b.score, *z = s->red;
+    for (int i = 0; i < Np; i++)
+        a[i] = 0;
+    for (int w = 0; w < W; w++) {
         double mx = -INFINITY, sum = 0;
-        for (int i = 0; i < Np; i++) {
-            const float *k = v->k + ((size_t)h * e->n_tokens + idx[i]) * m;
+        for (int i = 0; i < Np; i++) { /* the max over the group of the logits */
             double zi = -INFINITY;
             for (int g = 0; g < G; g++) {
-                const float *q = v->q + ((size_t)(h * G + g) * v->n_qrows + r) * m;
-                double l = logit(e, dot(q, k, m));
+                double l = logit(e, s->c[((size_t)w * G + g) * Np + i]);
                 zi = l > zi ? l : zi;
             }
             z[i] = zi;
@@ -149,29 +180,38 @@ static int importance(struct rkv *s, const struct fk_evict_view *v, int h, int N
     return FK_OK;
 }
 
-/* The redundancy of the N kept tokens idx[0..N) of head h, into s->col (softmax of the
- * column means of the exempted cosine matrix). */
+/* The redundancy of the N kept tokens idx[0..N) of head h, into s->red (softmax of the
+ * column means of the exempted cosine matrix; the cosines one SGEMM of the normalised
+ * keys). */
 static void redundancy(struct rkv *s, const struct fk_evict_view *v, int h, int N)
 {
     const struct fk_evict_env *e = &s->b.env;
     int m = e->head_dim;
     const int32_t *idx = s->b.idx;
-    const float *K = v->k + (size_t)h * e->n_tokens * m;
     for (int i = 0; i < N; i++) {
-        s->nrm[i] = sqrt(dot(K + (size_t)idx[i] * m, K + (size_t)idx[i] * m, m)) + 1e-8;
+        const float *k = v->k + ((size_t)h * e->n_tokens + idx[i]) * m;
+        double nn = 0;
+        for (int c = 0; c < m; c++)
+            nn += (double)k[c] * k[c];
+        double inv = 1 / (sqrt(nn) + 1e-8);
+        for (int c = 0; c < m; c++)
+            s->kn[(size_t)i * m + c] = (float)(k[c] * inv);
         s->col[i] = 0;
     }
+    cblas_ssyrk(CblasRowMajor, CblasUpper, CblasNoTrans, N, m, 1.0f, s->kn, m, 0.0f, s->c, N);
+    for (int i = 0; i < N; i++) /* the lower triangle from the upper */
+        for (int j = 0; j < i; j++)
+            s->c[(size_t)i * N + j] = s->c[(size_t)j * N + i];
     for (int i = 0; i < N; i++) {
-        const float *ki = K + (size_t)idx[i] * m;
+        float *row = s->c + (size_t)i * N;
+        row[i] = 0;
         int last = 0;
-        for (int j = 0; j < N; j++) {
-            s->row[j] = j == i ? 0 : dot(ki, K + (size_t)idx[j] * m, m) / (s->nrm[i] * s->nrm[j]);
-            if (s->row[j] > s->o.sim_threshold)
-                last = j;
-        }
-        s->row[last] = 0;
         for (int j = 0; j < N; j++)
-            s->col[j] += s->row[j];
+            if (row[j] > s->o.sim_threshold)
+                last = j;
+        row[last] = 0;
+        for (int j = 0; j < N; j++)
+            s->col[j] += row[j];
     }
     double mx = -INFINITY, sum = 0;
     for (int j = 0; j < N; j++) {
@@ -179,9 +219,9 @@ static void redundancy(struct rkv *s, const struct fk_evict_view *v, int h, int 
         mx = s->col[j] > mx ? s->col[j] : mx;
     }
     for (int j = 0; j < N; j++)
-        sum += (s->col[j] = exp(s->col[j] - mx));
+        sum += (s->red[j] = exp(s->col[j] - mx));
     for (int j = 0; j < N; j++)
-        s->col[j] /= sum;
+        s->red[j] /= sum;
 }
 
 /* One compression of every head over the kept tokens 0 .. tau. */
@@ -194,11 +234,13 @@ static int rkv_compress(struct rkv *s, const struct fk_evict_view *v, int tau)
         int N = fk_evict_kept(e, h, 0, tau + 1, s->b.idx);
         if (N <= B)
             continue;
-        int Np = N - W;
+        int Np = N - W, m = e->head_dim, G = e->n_q_heads / e->n_kv_heads;
+        FK_TRY(grow(&s->kn, &s->cap_kn, (size_t)N * m));
+        FK_TRY(grow(&s->c, &s->cap_c, (size_t)N * (N > W * G ? N : W * G)));
         FK_TRY(importance(s, v, h, Np, tau));
         redundancy(s, v, h, N);
         for (int i = 0; i < Np; i++)
-            s->b.score[i] = lam * s->imp[i] - (1 - lam) * s->col[i];
+            s->b.score[i] = lam * s->imp[i] - (1 - lam) * s->red[i];
         fk_evict_keep_top(s->b.score, s->b.idx, Np, B - W, e->keep + (size_t)h * e->n_tokens,
                           s->b.tmp);
     }
@@ -236,5 +278,5 @@ const struct fk_evict_ops fk_evict_rkv = {
     .open = rkv_open,
     .prefill = rkv_prefill,
     .decode = rkv_decode,
-    .close = fk_evict_base_close,
+    .close = rkv_close,
 };
