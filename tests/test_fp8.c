@@ -123,6 +123,12 @@ START_TEST(fp8_random_nearest)
         ck_assert_msg((c & 0x7F) == bc, "f=%.17g: code 0x%02x, nearest 0x%02x", f, c, bc);
         ck_assert_int_eq(c >> 7, f < 0);
     }
+    /* one ulp either side of every midpoint between neighbouring codes: the nearer code */
+    for (int q = 0; q < 0x7E; q++) {
+        double mid = (fp8_formula(q) + fp8_formula(q + 1)) / 2;
+        ck_assert_int_eq(fk_fp8_encode(nextafter(mid, 0), NULL), q);
+        ck_assert_int_eq(fk_fp8_encode(nextafter(mid, INFINITY), NULL), q + 1);
+    }
 }
 END_TEST
 

@@ -35,15 +35,13 @@ uint8_t fk_fp8_encode(double f, uint64_t *saturated)
         int q = (int)round_half_even(a * 0x1p9); /* 0..8; 8 encodes 2^-6 */
         return sgn | (uint8_t)q;
     }
-    int ex;
-    double fr = frexp(a, &ex); /* a = fr * 2^ex, fr in [0.5, 1) */
-    int e = ex - 1;
-    double mant = 2.0 * fr - 1.0; /* a / 2^e - 1, exact */
-    int q = (int)round_half_even(mant * 8.0);
-    if (q == 8) {
-        e += 1;
-        q = 0;
-    }
+    /* a normal double: its 52-bit fraction rounded to 3 bits, half to even, on the bits (a
+     * carry out of the fraction moves into the exponent, as 1.1111 rounds to 10.000) */
+    uint64_t bits;
+    memcpy(&bits, &a, sizeof bits);
+    bits += ((uint64_t)1 << 48) - 1 + ((bits >> 49) & 1);
+    int e = (int)(bits >> 52) - 1023;
+    int q = (int)(bits >> 49) & 7;
     if (e > 8 || (e == 8 && q == 7)) { /* unreachable below 464; kept as the spec's guard */
         if (saturated)
             (*saturated)++;
@@ -54,15 +52,17 @@ uint8_t fk_fp8_encode(double f, uint64_t *saturated)
 
 float fk_fp8_decode(uint8_t c)
 {
-    int e = (c >> 3) & 15, mt = c & 7;
-    double v;
+    uint32_t e = (c >> 3) & 15u, mt = c & 7u;
+    float v;
     if (e == 15 && mt == 7)
         return NAN;
-    if (e == 0)
-        v = ldexp((double)mt, -9);
-    else
-        v = ldexp(1.0 + mt / 8.0, e - 7);
-    return (float)((c & 0x80) ? -v : v);
+    if (e == 0) {
+        v = (float)mt * 0x1p-9f; /* subnormal: exact */
+    } else { /* (1 + mt/8) 2^(e-7) as float bits: exponent e - 7 + 127, mantissa mt */
+        uint32_t u = ((e + 120u) << 23) | (mt << 20);
+        memcpy(&v, &u, sizeof v);
+    }
+    return (c & 0x80) ? -v : v;
 }
 
 uint16_t fk_fp16_encode(float f)
@@ -92,13 +92,15 @@ uint16_t fk_fp16_encode(float f)
 
 float fk_fp16_decode(uint16_t h)
 {
-    int e = (h >> 10) & 31, mt = h & 1023;
+    uint32_t e = (h >> 10) & 31u, mt = h & 1023u;
     float v;
-    if (e == 31)
+    if (e == 31) {
         v = mt ? NAN : INFINITY;
-    else if (e == 0)
-        v = (float)ldexp((double)mt, -24);
-    else
-        v = (float)ldexp(1.0 + mt / 1024.0, e - 15);
+    } else if (e == 0) {
+        v = (float)mt * 0x1p-24f; /* subnormal: exact */
+    } else { /* (1 + mt/1024) 2^(e-15) as float bits */
+        uint32_t u = ((e + 112u) << 23) | (mt << 13);
+        memcpy(&v, &u, sizeof v);
+    }
     return (h & 0x8000u) ? -v : v;
 }

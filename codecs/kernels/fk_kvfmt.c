@@ -3,15 +3,17 @@
  */
 #include "kernels/fk_kvfmt.h"
 
+#include <cblas.h>
 #include <float.h>
 #include <math.h>
 #include <string.h>
 
 #include "kernels/fk_sparse.h"
 
-/* iq4_nl's 16 levels (ggml-common.h kvalues_iq4nl). */
-static const int8_t iq4nl_levels[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
-                                        1,    13,   25,  38,  53,  69,  89,  113};
+/* iq4_nl's 16 levels (ggml-common.h kvalues_iq4nl), and as floats (the search's). */
+#define IQ4NL_LEVELS {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113}
+static const int8_t iq4nl_levels[16] = IQ4NL_LEVELS;
+static const float iq4nl_levels_f[16] = IQ4NL_LEVELS;
 
 size_t fk_ggml_block_bytes(enum fk_ggml_type t)
 {
@@ -89,19 +91,15 @@ static void unpack_high(const uint8_t *qh, uint8_t *q)
  * exact tie to the upper one. */
 static int best_level(float x)
 {
-    if (x <= iq4nl_levels[0])
+    const float *lv = iq4nl_levels_f;
+    if (x <= lv[0])
         return 0;
-    if (x >= iq4nl_levels[15])
+    if (x >= lv[15])
         return 15;
-    int lo = 0, hi = 15;
-    while (hi - lo > 1) {
-        int mid = (lo + hi) / 2;
-        if (x < iq4nl_levels[mid])
-            hi = mid;
-        else
-            lo = mid;
-    }
-    return x - iq4nl_levels[hi - 1] < iq4nl_levels[hi] - x ? hi - 1 : hi;
+    int hi = 0; /* the binary search's upper end: the first level above x */
+    for (int l = 0; l < 16; l++)
+        hi += x >= lv[l];
+    return x - lv[hi - 1] < lv[hi] - x ? hi - 1 : hi;
 }
 
 static void q8_0(const float *x, uint8_t *blk, int rne)
@@ -297,4 +295,9 @@ void fk_hadamard(float *x, int n)
     float s = (float)(1.0 / sqrt((double)n));
     for (int i = 0; i < n; i++)
         x[i] *= s;
+}
+
+void fk_rotate_dense(const float *A, int m, const float *x, float *y)
+{
+    cblas_sgemv(CblasRowMajor, CblasNoTrans, m, m, 1.0f, A, m, x, 1, 0.0f, y, 1);
 }

@@ -48,4 +48,7 @@ float fk_e5m2_decode(uint8_t c);
  * Butterflies in float, then the scale. */
 void fk_hadamard(float *x, int n);
 
+/* y = A x for a dense rotation A [m][m] (float, row-major): one SGEMV of the BLAS. */
+void fk_rotate_dense(const float *A, int m, const float *x, float *y);
+
 #endif

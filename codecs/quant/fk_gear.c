@@ -111,6 +111,7 @@ struct gear {
     float *x, *y;                /* [gap][H][m] one block as given, as read back */
     uint8_t *out;                /* [gap][H][m] 1: an outlier */
     double *E, *P, *Q, *T;       /* low rank scratch */
+    int *sel;                    /* [gap H m] the outliers chosen so far, best first */
     gsl_rng *rng;
 };
 
@@ -121,6 +122,7 @@ static void gear_close(void *state)
         return;
     fkr_free(&g->r);
     free(g->x), free(g->y), free(g->out), free(g->E), free(g->P), free(g->Q), free(g->T);
+    free(g->sel);
     if (g->rng)
         gsl_rng_free(g->rng);
     free(g);
@@ -148,8 +150,9 @@ static int gear_open(const void *opts, const struct fk_stream_env *env, void **s
     g->P = malloc(sizeof(double) * (size_t)g->m * r);
     g->Q = malloc(sizeof(double) * (size_t)g->o.gap * r);
     g->T = malloc(sizeof(double) * tm);
+    g->sel = malloc(sizeof(int) * blk);
     g->rng = gsl_rng_alloc(gsl_rng_mt19937);
-    if (!g->x || !g->y || !g->out || !g->E || !g->P || !g->Q || !g->T || !g->rng)
+    if (!g->x || !g->y || !g->out || !g->E || !g->P || !g->Q || !g->T || !g->sel || !g->rng)
         return fk_err(FK_ENOMEM, "out of memory (gear state)");
     gsl_rng_set(g->rng, (unsigned long)g->o.rank_seed * 1000003ul +
                             (unsigned long)env->layer * 2u + (unsigned long)env->kind);
@@ -157,9 +160,11 @@ static int gear_open(const void *opts, const struct fk_stream_env *env, void **s
 }
 
 /* The k largest and k smallest of n values at x[0], x[xs], ... marked in out[0], out[os],
- * ... (ties to the earlier position); returns their mean of the whole row. */
+ * ... (ties to the earlier position; the smallest among those not already the largest);
+ * returns the mean of the whole row. One pass per side over a list sel of the best so
+ * far (best first): a value enters when it beats the list's last, after its equals. */
 static double mark_outliers(const float *x, ptrdiff_t xs, int n, int k, uint8_t *out,
-                            ptrdiff_t os)
+                            ptrdiff_t os, int *sel)
 {
     double mean = 0;
     for (int i = 0; i < n; i++) {
@@ -167,18 +172,27 @@ static double mark_outliers(const float *x, ptrdiff_t xs, int n, int k, uint8_t 
         out[i * os] = 0;
     }
     mean /= n;
-    for (int side = 0; side < 2; side++)
-        for (int c = 0; c < k && c < n; c++) {
-            int best = -1;
-            for (int i = 0; i < n; i++) {
-                if (out[i * os])
-                    continue;
-                if (best < 0 || (side ? x[i * xs] < x[best * xs] : x[i * xs] > x[best * xs]))
-                    best = i;
+    k = k < n ? k : n;
+    for (int side = 0; side < 2 && k > 0; side++) {
+        int len = 0;
+        for (int i = 0; i < n; i++) {
+            if (out[i * os])
+                continue;
+            float v = x[i * xs];
+#define BEATS(a, b) (side ? (a) < (b) : (a) > (b))
+            if (len == k && !BEATS(v, x[sel[len - 1] * xs]))
+                continue;
+            int p = len < k ? len++ : k - 1; /* the slot freed at the end, then moved up */
+            while (p > 0 && BEATS(v, x[sel[p - 1] * xs])) {
+                sel[p] = sel[p - 1];
+                p--;
             }
-            if (best >= 0)
-                out[best * os] = 1;
+            sel[p] = i;
+#undef BEATS
         }
+        for (int c = 0; c < len; c++)
+            out[sel[c] * os] = 1;
+    }
     return mean;
 }
 
@@ -267,7 +281,7 @@ static double compress_block(struct gear *g, int T)
         int k = (int)(g->o.outliers * HD / 2);
         for (int t = 0; t < T; t++) {
             float *row = g->y + (size_t)t * HD;
-            double mean = mark_outliers(row, 1, HD, k, g->out + (size_t)t * HD, 1);
+            double mean = mark_outliers(row, 1, HD, k, g->out + (size_t)t * HD, 1, g->sel);
             for (int i = 0; i < HD; i++)
                 if (g->out[(size_t)t * HD + i])
                     row[i] = (float)mean;
@@ -278,7 +292,7 @@ static double compress_block(struct gear *g, int T)
         int k = g->o.key_sparse == KS_REFERENCE ? (int)(g->o.outliers * HD / 2)
                                                 : (int)(g->o.outliers * T / 2);
         for (int c = 0; c < HD; c++) {
-            double mean = mark_outliers(g->y + c, HD, T, k, g->out + c, HD);
+            double mean = mark_outliers(g->y + c, HD, T, k, g->out + c, HD, g->sel);
             for (int t = 0; t < T; t++)
                 if (g->out[(size_t)t * HD + c])
                     g->y[(size_t)t * HD + c] = (float)mean;

@@ -278,11 +278,12 @@ struct rotq {
     struct fkr_rows rows;        /* the rows as read back */
     int m, kind, b_mse, prod;
     float *sign;                 /* [m] hadamard: the random signs */
-    float *Q;                    /* [m][m] haar: rows of Pi */
-    float *S;                    /* [m][m] prod keys: the Gaussian sketch */
+    float *Q, *Qt;               /* [m][m] haar: rows of Pi, and Pi^T */
+    float *S, *St;               /* [m][m] prod keys: the Gaussian sketch, and S^T */
     float cent[256], mid[256];
     double *u, *y, *r, *t;       /* [m] scratch */
     float *fy;                   /* [m] */
+    float *fb;                   /* [2 m] the SGEMVs' vectors */
 };
 
 static void rotq_close(void *state)
@@ -291,9 +292,30 @@ static void rotq_close(void *state)
     if (!q)
         return;
     fkr_free(&q->rows);
-    free(q->sign), free(q->Q), free(q->S);
-    free(q->u), free(q->y), free(q->r), free(q->t), free(q->fy);
+    free(q->sign), free(q->Q), free(q->Qt), free(q->S), free(q->St);
+    free(q->u), free(q->y), free(q->r), free(q->t), free(q->fy), free(q->fb);
     free(q);
+}
+
+/* t = A v (A [m][m] float, row-major): one SGEMV (the BLAS's) on v rounded to float (the
+ * quantiser reads the rotated coordinates as floats). fb: [2 m] floats of scratch. */
+static void matvec(const float *A, const double *v, int m, double *t, float *fb)
+{
+    for (int j = 0; j < m; j++)
+        fb[j] = (float)v[j];
+    fk_rotate_dense(A, m, fb, fb + m);
+    for (int i = 0; i < m; i++)
+        t[i] = fb[m + i];
+}
+
+/* The transpose of A [m][m] (float), or NULL when out of memory. */
+static float *transposed(const float *A, int m)
+{
+    float *T = malloc(sizeof(float) * (size_t)m * m);
+    for (int i = 0; T && i < m; i++)
+        for (int j = 0; j < m; j++)
+            T[(size_t)j * m + i] = A[(size_t)i * m + j];
+    return T;
 }
 
 /* y = Pi u (fw) or u = Pi^T y (!fw), in place on v (m doubles). */
@@ -301,15 +323,8 @@ static void rotate(const struct rotq *q, double *v, int fw)
 {
     int m = q->m;
     if (q->o.rotation == R_HAAR) {
-        double *t = q->t;
-        for (int i = 0; i < m; i++) {
-            double s = 0;
-            for (int j = 0; j < m; j++)
-                s += fw ? (double)q->Q[(size_t)i * m + j] * v[j]
-                        : (double)q->Q[(size_t)j * m + i] * v[j];
-            t[i] = s;
-        }
-        memcpy(v, t, sizeof(double) * (size_t)m);
+        matvec(fw ? q->Q : q->Qt, v, m, q->t, q->fb);
+        memcpy(v, q->t, sizeof(double) * (size_t)m);
         return;
     }
     float *f = q->fy;
@@ -339,7 +354,8 @@ static int rotq_open(const void *opts, const struct fk_stream_env *env, void **s
     q->r = malloc(sizeof(double) * (size_t)m);
     q->t = malloc(sizeof(double) * (size_t)m);
     q->fy = malloc(sizeof(float) * (size_t)m);
-    if (!q->u || !q->y || !q->r || !q->t || !q->fy)
+    q->fb = malloc(sizeof(float) * 2 * (size_t)m);
+    if (!q->u || !q->y || !q->r || !q->t || !q->fy || !q->fb)
         return fk_err(FK_ENOMEM, "out of memory (rotq state)");
     if (q->b_mse > 0 && q->o.quantiser == Q_LLOYD)
         codebook(q->o.codebook, m, q->b_mse, q->cent, q->mid);
@@ -383,12 +399,16 @@ static int rotq_open(const void *opts, const struct fk_stream_env *env, void **s
             }
         }
         free(G);
+        if (rc == FK_OK && !(q->Qt = transposed(q->Q, m)))
+            rc = fk_err(FK_ENOMEM, "out of memory (rotq rotation)");
     }
     if (rc == FK_OK && q->prod) {
         if (!(q->S = malloc(sizeof(float) * (size_t)m * m)))
             rc = fk_err(FK_ENOMEM, "out of memory (rotq sketch)");
         for (size_t i = 0; rc == FK_OK && i < (size_t)m * m; i++)
             q->S[i] = (float)gsl_ran_gaussian(g, 1.0);
+        if (rc == FK_OK && !(q->St = transposed(q->S, m)))
+            rc = fk_err(FK_ENOMEM, "out of memory (rotq sketch)");
     }
     gsl_rng_free(g);
     return rc;
@@ -478,18 +498,12 @@ static void code_row(struct rotq *q, const float *x, float *xh)
         }
         float gamma16 = fk_fp16_decode(fk_fp16_encode((float)sqrt(g2)));
         double k = sqrt(RQ_PI / 2) / m * gamma16;
-        for (int i = 0; i < m; i++) { /* z_i = sign(S_i . r), sign(0) = +1 */
-            double s = 0;
-            for (int j = 0; j < m; j++)
-                s += (double)q->S[(size_t)i * m + j] * res[j];
-            q->fy[i] = s >= 0 ? 1.0f : -1.0f;
-        }
-        for (int j = 0; j < m; j++) { /* + k S^T z */
-            double s = 0;
-            for (int i = 0; i < m; i++)
-                s += (double)q->S[(size_t)i * m + j] * q->fy[i];
-            mse[j] += k * s;
-        }
+        matvec(q->S, res, m, q->t, q->fb); /* z = sign(S r), sign(0) = +1 */
+        for (int i = 0; i < m; i++)
+            q->u[i] = q->t[i] >= 0 ? 1.0 : -1.0;
+        matvec(q->St, q->u, m, q->t, q->fb); /* + k S^T z */
+        for (int j = 0; j < m; j++)
+            mse[j] += k * q->t[j];
     }
     for (int j = 0; j < m; j++)
         xh[j] = (float)(n16 * mse[j]);
