@@ -775,6 +775,76 @@ static int spt_cmp(const void *a, const void *b)
     return p->row - q->row;
 }
 
+/* Group k's points of a scatter into d, each labelled with the options that vary among
+ * the group's settings. */
+static void scatter_group(struct sel *q, struct fk_sb *d, const struct spt *pt, int np, int k,
+                          int style, const int *gcols, int ng, int bycol)
+{
+    int rows[MAX_VALUES], nr = 0, lab[64], nlab = 0;
+    for (int i = 0; i < np && nr < MAX_VALUES; i++)
+        if (pt[i].group == k)
+            rows[nr++] = pt[i].row;
+    for (int c = 0; c < ng && nlab < 64; c++) {
+        struct values vs;
+        if (gcols[c] != bycol && values_of(q, rows, nr, gcols[c], &vs) == FK_OK && vs.n > 1)
+            lab[nlab++] = gcols[c];
+    }
+    for (int i = 0; i < np; i++) {
+        if (pt[i].group != k)
+            continue;
+        char label[512] = "";
+        size_t n = 0;
+        for (int c = 0; c < nlab && n + 1 < sizeof label; c++)
+            if (field(q, pt[i].row, lab[c])[0])
+                n += (size_t)snprintf(label + n, sizeof label - n, "%s%s=%s", n ? " " : "",
+                                      q->t->head[lab[c]], field(q, pt[i].row, lab[c]));
+        num(d, pt[i].x);
+        num(d, pt[i].y);
+        qstr(d, label);
+        fk_sb_printf(d, " %d\n", style);
+    }
+}
+
+/* The Pareto frontier of the np points (sorted in place by spt_cmp) into d; returns its
+ * size. */
+static int scatter_frontier(struct fk_sb *d, struct spt *pt, int np)
+{
+    qsort(pt, (size_t)np, sizeof *pt, spt_cmp);
+    fk_sb_printf(d, "\n\n# Pareto frontier (no other setting is better on both)\n");
+    int nfront = 0;
+    double best = NAN;
+    for (int i = 0; i < np; i++)
+        if (isnan(best) || (g_sy < 0 ? pt[i].y < best : pt[i].y > best)) {
+            best = pt[i].y;
+            num(d, pt[i].x);
+            num(d, pt[i].y);
+            fk_sb_printf(d, " \"\" 0\n");
+            nfront++;
+        }
+    return nfront;
+}
+
+/* A scatter's axes: titles with unit and direction, log scales where the values span two
+ * decades, a linear axis from 0 when no value is negative. */
+static void scatter_axes(struct fk_plot_gen_out *o, const struct fk_plot_general *g,
+                         const double *vx, const double *vy, int np)
+{
+    char xt[200], yt[200];
+    axis_title(g->x, xt, sizeof xt);
+    axis_title(g->y, yt, sizeof yt);
+    var_str(o, "xtitle", xt, 0);
+    var_str(o, "ytitle", yt, 0);
+    int lx = wants_log(vx, np), ly = wants_log(vy, np);
+    double minx = INFINITY, miny = INFINITY;
+    for (int i = 0; i < np; i++)
+        minx = fmin(minx, vx[i]), miny = fmin(miny, vy[i]);
+    var_raw(o, "logx=%d; logy=%d; ", lx, ly);
+    if (!lx && minx >= 0)
+        var_raw(o, "xmin0=0; ");
+    if (!ly && miny >= 0)
+        var_raw(o, "ymin0=0; ");
+}
+
 /* A metric against a metric (`--x METRIC --y METRIC [--by OPTION]`): one point per setting
  * (its repeats together; per-sequence metrics: the mean over sequences), one colour per
  * --by value (per codec by default), each point labelled with the options that tell the
@@ -849,62 +919,14 @@ static int scatter(struct sel *q, const char *stem, const struct fk_plot_general
             var_str(o, nm, bycol == q->fs->c_codec ? display(q, groups.v[k]) : groups.v[k], 0);
             var_raw(o, "S[%d]=%d; ", k + 1, style);
             fk_sb_printf(&d, "%s# %s %s\n", k ? "\n\n" : "", q->t->head[bycol], groups.v[k]);
-            /* the label: the options that vary among this group's settings */
-            int rows[MAX_VALUES], nr = 0, lab[64], nlab = 0;
-            for (int i = 0; i < np && nr < MAX_VALUES; i++)
-                if (pt[i].group == k)
-                    rows[nr++] = pt[i].row;
-            for (int c = 0; c < ng && nlab < 64; c++) {
-                struct values vs;
-                if (gcols[c] != bycol && values_of(q, rows, nr, gcols[c], &vs) == FK_OK &&
-                    vs.n > 1)
-                    lab[nlab++] = gcols[c];
-            }
-            for (int i = 0; i < np; i++) {
-                if (pt[i].group != k)
-                    continue;
-                char label[512] = "";
-                size_t n = 0;
-                for (int c = 0; c < nlab && n + 1 < sizeof label; c++)
-                    if (field(q, pt[i].row, lab[c])[0])
-                        n += (size_t)snprintf(label + n, sizeof label - n, "%s%s=%s",
-                                              n ? " " : "", q->t->head[lab[c]],
-                                              field(q, pt[i].row, lab[c]));
-                num(&d, pt[i].x);
-                num(&d, pt[i].y);
-                qstr(&d, label);
-                fk_sb_printf(&d, " %d\n", style);
-            }
+            scatter_group(q, &d, pt, np, k, style, gcols, ng, bycol);
         }
-        qsort(pt, (size_t)np, sizeof *pt, spt_cmp);
-        fk_sb_printf(&d, "\n\n# Pareto frontier (no other setting is better on both)\n");
-        int nfront = 0;
-        double best = NAN;
-        for (int i = 0; i < np; i++)
-            if (isnan(best) || (g_sy < 0 ? pt[i].y < best : pt[i].y > best)) {
-                best = pt[i].y;
-                num(&d, pt[i].x);
-                num(&d, pt[i].y);
-                fk_sb_printf(&d, " \"\" 0\n");
-                nfront++;
-            }
-        char path[4200], xt[200], yt[200], main_t[300], sub[1024], st[600];
+        int nfront = scatter_frontier(&d, pt, np);
+        char path[4200], main_t[300], sub[1024], st[600];
         snprintf(path, sizeof path, "%s.dat", stem);
         var_str(o, "data", path, 0);
         rc = write_file(path, &d);
-        axis_title(g->x, xt, sizeof xt);
-        axis_title(g->y, yt, sizeof yt);
-        var_str(o, "xtitle", xt, 0);
-        var_str(o, "ytitle", yt, 0);
-        int lx = wants_log(vx, np), ly = wants_log(vy, np);
-        double minx = INFINITY, miny = INFINITY;
-        for (int i = 0; i < np; i++)
-            minx = fmin(minx, vx[i]), miny = fmin(miny, vy[i]);
-        var_raw(o, "logx=%d; logy=%d; ", lx, ly);
-        if (!lx && minx >= 0)
-            var_raw(o, "xmin0=0; ");
-        if (!ly && miny >= 0)
-            var_raw(o, "ymin0=0; ");
+        scatter_axes(o, g, vx, vy, np);
         snprintf(main_t, sizeof main_t, "%s against %s", g->y, g->x);
         var_str(o, "main", main_t, 1);
         sel_text(q, g, st, sizeof st);
