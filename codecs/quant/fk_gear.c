@@ -112,6 +112,9 @@ struct gear {
     uint8_t *out;                /* [gap][H][m] 1: an outlier */
     double *E, *P, *Q, *T;       /* low rank scratch */
     int *sel;                    /* [gap H m] the outliers chosen so far, best first */
+    float *yt;                   /* [H m][gap] keys: the block transposed (a channel's
+                                  * tokens contiguous) */
+    uint8_t *outt;               /* [H m][gap] its outlier marks */
     gsl_rng *rng;
 };
 
@@ -122,7 +125,7 @@ static void gear_close(void *state)
         return;
     fkr_free(&g->r);
     free(g->x), free(g->y), free(g->out), free(g->E), free(g->P), free(g->Q), free(g->T);
-    free(g->sel);
+    free(g->sel), free(g->yt), free(g->outt);
     if (g->rng)
         gsl_rng_free(g->rng);
     free(g);
@@ -151,8 +154,11 @@ static int gear_open(const void *opts, const struct fk_stream_env *env, void **s
     g->Q = malloc(sizeof(double) * (size_t)g->o.gap * r);
     g->T = malloc(sizeof(double) * tm);
     g->sel = malloc(sizeof(int) * blk);
+    g->yt = malloc(sizeof(float) * blk);
+    g->outt = malloc(blk);
     g->rng = gsl_rng_alloc(gsl_rng_mt19937);
-    if (!g->x || !g->y || !g->out || !g->E || !g->P || !g->Q || !g->T || !g->sel || !g->rng)
+    if (!g->x || !g->y || !g->out || !g->E || !g->P || !g->Q || !g->T || !g->sel || !g->yt || !g->outt ||
+        !g->rng)
         return fk_err(FK_ENOMEM, "out of memory (gear state)");
     gsl_rng_set(g->rng, (unsigned long)g->o.rank_seed * 1000003ul +
                             (unsigned long)env->layer * 2u + (unsigned long)env->kind);
@@ -291,14 +297,24 @@ static double compress_block(struct gear *g, int T)
     } else { /* keys: outliers per channel over the block, then groups of G tokens */
         int k = g->o.key_sparse == KS_REFERENCE ? (int)(g->o.outliers * HD / 2)
                                                 : (int)(g->o.outliers * T / 2);
+        for (int t = 0; t < T; t++) /* channel-major: each channel's tokens contiguous */
+            for (int c = 0; c < HD; c++)
+                g->yt[(size_t)c * T + t] = g->y[(size_t)t * HD + c];
         for (int c = 0; c < HD; c++) {
-            double mean = mark_outliers(g->y + c, HD, T, k, g->out + c, HD, g->sel);
+            float *ch = g->yt + (size_t)c * T;
+            uint8_t *oc = g->outt + (size_t)c * T;
+            double mean = mark_outliers(ch, 1, T, k, oc, 1, g->sel);
             for (int t = 0; t < T; t++)
-                if (g->out[(size_t)t * HD + c])
-                    g->y[(size_t)t * HD + c] = (float)mean;
+                if (oc[t])
+                    ch[t] = (float)mean;
             for (int t0 = 0; t0 < T; t0 += G) /* a short last group in a short block */
-                quant_group(g->y + (size_t)t0 * HD + c, HD, T - t0 < G ? T - t0 : G, b);
+                quant_group(ch + t0, 1, T - t0 < G ? T - t0 : G, b);
         }
+        for (int t = 0; t < T; t++)
+            for (int c = 0; c < HD; c++) {
+                g->y[(size_t)t * HD + c] = g->yt[(size_t)c * T + t];
+                g->out[(size_t)t * HD + c] = g->outt[(size_t)c * T + t];
+            }
     }
     for (size_t i = 0; i < n; i++) /* the outliers back, exact */
         if (g->out[i]) {
