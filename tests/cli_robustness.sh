@@ -420,6 +420,35 @@ else
     skip "config: eviction policy reading prefill queries a trace lacks" "no datasets/synth"
 fi
 
+# DuoAttention's head split reads the dataset's head_pattern (one row per layer, one column
+# per KV head): refused without it, with a malformed or mis-shaped one; runs with a good one
+cfg_case evict-duo-no-pattern '[[codec]]
+name = "full"
+evict = "duo"' "eviction policy 'duo' needs a score per layer and KV head" "head_pattern"
+duo_cfg() { # duo_cfg NAME PATTERN_FILE OUT
+    printf '[sweep]\nname = "robust"\noutput = "%s"\n[[dataset]]\nname = "d"\ntraces = ["%s"]\nhead_pattern = "%s"\n[[codec]]\nname = "full"\nevict = "duo"\nsinks = 2\nrecent = 8\n' \
+        "$3" "$TR" "$2" >"$W/$1.toml"
+}
+printf '0.9\t0.1\t0.5\t0.3\n0.2\tx\t0.4\t0.6\n' >"$W/bad.tsv"
+printf '0.9\t0.1\t0.5\t0.3\n0.2\t0.7\t0.4\t0.6\n0.1\t0.2\t0.3\t0.4\n' >"$W/three.tsv"
+printf '0.9\t0.1\t0.5\t0.3\n0.2\t0.7\t0.4\t0.6\n0.1\t0.2\t0.3\t0.4\n1\t0\t1\t0\n' >"$W/good.tsv"
+for c in "bad:bad.tsv:2: expected a number" "three:has 3 layers x 4 KV heads"; do
+    name=${c%%:*} msg=${c#*:}
+    begin "config: duo with head pattern $name.tsv refused"
+    duo_cfg "duo-$name" "$W/$name.tsv" "$R"
+    run "duo-$name" --config "$W/duo-$name.toml"
+    chk "exit 1..127 (got $RC)" - clean_exit
+    chk "message has '$msg'" - has "$msg"
+    chk "results dir unchanged" - same_as "$R" "$W/good.sha"
+    end
+done
+begin "config: duo with a good head pattern runs"
+duo_cfg duo-good "$W/good.tsv" "$W/duo-res"
+run duo-good --config "$W/duo-good.toml"
+chk "exit 0 (got $RC)" - test "$RC" = 0
+chk "half the heads stream: retained_frac < 1" - awk -F, 'NR == 1 { for (i = 1; i <= NF; i++) if ($i == "retained_frac") c = i } NR == 2 { exit !($c < 1 && $c > 0.3) }' "$W/duo-res/cells.csv"
+end
+
 begin "config: traces glob matches nothing"
 cfg "$W/noglob.toml" "$R" "$W/nothing-*.h5" "$DICT"
 run noglob --config "$W/noglob.toml"

@@ -76,6 +76,7 @@ static void set_opt(const struct fk_evict_ops *ops, void *opts, const char *name
 static int g_layer = 0, g_n_layers = 1;
 static const struct fk_rope *g_rope;
 static const int32_t *g_pos;
+static const double *g_heads;
 
 /* Runs the policy; with poison, the view's rows after the hook's token are NaN. */
 static void drive(const struct fk_evict_ops *ops, const void *opts, const struct data *d,
@@ -85,7 +86,8 @@ static void drive(const struct fk_evict_ops *ops, const void *opts, const struct
     memset(keep, 0, sizeof keep);
     struct fk_evict_env env = {.layer = g_layer, .n_layers = g_n_layers, .n_kv_heads = H,
                                .n_q_heads = HQ, .head_dim = M, .n_tokens = T, .prompt_len = P,
-                               .keep = &keep[0][0], .rope = g_rope, .positions = g_pos};
+                               .keep = &keep[0][0], .rope = g_rope, .positions = g_pos,
+                               .head_scores = g_heads};
     void *st = NULL;
     ck_assert_int_eq(ops->open(opts, &env, &st), FK_OK);
     struct data *w = malloc(sizeof *w);
@@ -1260,6 +1262,87 @@ START_TEST(test_expected)
 }
 END_TEST
 
+/* DuoAttention's split: the spec's worked example T3.1 (2 layers x 2 KV heads, gates
+ * [[0.9, 0.1], [0.4, 0.7]], head_ratio 0.5: heads (0, 1) and (1, 0) stream; sinks 2, recent 3
+ * of 10 prompt tokens: 2 .. 6 dropped), the half-to-even count (5 heads x 0.5 = 2), then
+ * both modes against StreamingLLM's reference on the streaming head of the random data. */
+START_TEST(test_duo)
+{
+    const struct fk_evict_ops *ops = fk_evict_find("duo");
+    ck_assert_ptr_nonnull(ops);
+    void *o = opts_of(ops);
+    set_opt(ops, o, "head_ratio", 0.5);
+    set_opt(ops, o, "sinks", 2);
+    set_opt(ops, o, "recent", 3);
+    static const double gates[2][2] = {{0.9, 0.1}, {0.4, 0.7}};
+    static const char *const want[2][2] = {{"1111111111", "1100000111"},
+                                           {"1100000111", "1111111111"}};
+    for (int l = 0; l < 2; l++) {
+        uint8_t keep[2][10];
+        memset(keep, 1, sizeof keep);
+        struct fk_evict_env env = {.layer = l, .n_layers = 2, .n_kv_heads = 2, .n_q_heads = 2,
+                                   .head_dim = 2, .n_tokens = 10, .prompt_len = 10,
+                                   .keep = &keep[0][0], .head_scores = &gates[0][0]};
+        void *st;
+        ck_assert_int_eq(ops->open(o, &env, &st), FK_OK);
+        struct fk_evict_view v = {.t = 9};
+        ck_assert_int_eq(ops->prefill(st, &v), FK_OK);
+        ops->close(st);
+        for (int h = 0; h < 2; h++)
+            for (int j = 0; j < 10; j++)
+                ck_assert_msg(keep[h][j] == want[l][h][j] - '0', "layer %d head %d token %d", l,
+                              h, j);
+    }
+    /* no pattern: refused */
+    uint8_t k1[10];
+    struct fk_evict_env bad = {.n_layers = 1, .n_kv_heads = 1, .n_q_heads = 1, .head_dim = 2,
+                               .n_tokens = 10, .prompt_len = 10, .keep = k1};
+    void *st = NULL;
+    ck_assert_int_eq(ops->open(o, &bad, &st), FK_ECONFIG);
+    ck_assert_ptr_nonnull(strstr(fk_errmsg(), "head_pattern"));
+    /* 5 pairs x 0.5 = 2.5 rounds to 2 streaming heads (half to even) */
+    static const double g5[5] = {0.5, 0.1, 0.3, 0.2, 0.9};
+    int streaming = 0;
+    for (int l = 0; l < 5; l++) {
+        uint8_t keep[10];
+        memset(keep, 1, sizeof keep);
+        struct fk_evict_env env = {.layer = l, .n_layers = 5, .n_kv_heads = 1, .n_q_heads = 1,
+                                   .head_dim = 2, .n_tokens = 10, .prompt_len = 10,
+                                   .keep = keep, .head_scores = g5};
+        ck_assert_int_eq(ops->open(o, &env, &st), FK_OK);
+        struct fk_evict_view v = {.t = 9};
+        ck_assert_int_eq(ops->prefill(st, &v), FK_OK);
+        ops->close(st);
+        streaming += !keep[5];
+        ck_assert_int_eq(!keep[5], l == 1 || l == 3); /* the gates 0.1 and 0.2 */
+    }
+    ck_assert_int_eq(streaming, 2);
+    /* the random data: head 1 streams, head 0 keeps everything; both modes */
+    static const double g2[2] = {0.8, 0.2};
+    static struct data d;
+    static masks_t got, want_s;
+    make_data(&d, 160);
+    g_heads = g2;
+    set_opt(ops, o, "sinks", 4);
+    set_opt(ops, o, "recent", 9);
+    for (int rolling = 0; rolling < 2; rolling++) {
+        set_opt(ops, o, "rolling", rolling);
+        drive(ops, o, &d, 0, got);
+        ref_streaming(&d, 4, 9, want_s);
+        for (int s = 0; s <= T - P; s++) {
+            int t = s == 0 ? P - 1 : P + s - 1;
+            for (int j = 0; j <= t; j++) {
+                ck_assert_int_eq(got[s][0][j], 1);
+                int w = rolling || s == 0 ? want_s[s][1][j] : j >= P || want_s[0][1][j];
+                ck_assert_msg(got[s][1][j] == w, "rolling %d hook %d token %d", rolling, s, j);
+            }
+        }
+    }
+    g_heads = NULL;
+    free(o);
+}
+END_TEST
+
 START_TEST(test_h2o)
 {
     const struct fk_evict_ops *ops = fk_evict_find("h2o");
@@ -1338,8 +1421,10 @@ START_TEST(test_causality)
     struct fk_rope rope = {.theta = 10000, .layout = FK_ROPE_HALF};
     for (int t = 0; t < T; t++)
         pos[t] = t;
-    g_rope = &rope; /* for the policies that read it (FK_EVICT_NEED_ROPE) */
+    static const double heads[H] = {0.2, 0.8};
+    g_rope = &rope; /* for the policies that read it (FK_EVICT_NEED_ROPE, _HEADS) */
     g_pos = pos;
+    g_heads = heads;
     for (int i = 0; fk_evict_policies[i]; i++) {
         const struct fk_evict_ops *ops = fk_evict_policies[i];
         void *o = opts_of(ops);
@@ -1373,6 +1458,7 @@ START_TEST(test_causality)
     }
     g_rope = NULL;
     g_pos = NULL;
+    g_heads = NULL;
 }
 END_TEST
 
@@ -1425,6 +1511,7 @@ int main(void)
     tcase_add_test(tc, test_rkv);
     tcase_add_test(tc, test_dms);
     tcase_add_test(tc, test_expected);
+    tcase_add_test(tc, test_duo);
     tcase_add_test(tc, test_scope_momentum);
     tcase_add_test(tc, test_causality);
     tcase_add_test(tc, test_options_and_names);

@@ -59,6 +59,8 @@ enum fk_evict_need {
     FK_EVICT_NEED_VALUES = 1u << 2,    /* the exact values (view.v) */
     FK_EVICT_NEED_ROPE = 1u << 3,      /* the traces' RoPE with post-RoPE keys (env.rope,
                                         * env.positions) */
+    FK_EVICT_NEED_HEADS = 1u << 4,     /* a score per (layer, KV head): the dataset's
+                                        * head_pattern (env.head_scores) */
 };
 
 /* Shapes of one (sequence, layer), fixed for the state's life. */
@@ -76,6 +78,7 @@ struct fk_evict_env {
     double inv_scale, softcap;
     const struct fk_rope *rope;  /* the trace's RoPE (keys post-RoPE), or NULL */
     const int32_t *positions;    /* [T] the tokens' position ids, or NULL */
+    const double *head_scores;   /* [n_layers][n_kv_heads] the head pattern, or NULL */
 };
 
 /* The data a hook may read, valid during the call only. Rows of tokens > t (the hook's

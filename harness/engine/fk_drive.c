@@ -216,7 +216,7 @@ static int policy_open(struct fk_drive *d, struct fk_unit *u)
                                .n_tokens = u->n_tokens, .prompt_len = u->prompt_len,
                                .keep = u->keep, .inv_scale = u->attn_inv_scale,
                                .softcap = u->attn_softcap, .rope = u->rope,
-                               .positions = u->positions};
+                               .positions = u->positions, .head_scores = u->head_scores};
     int rc = u->evict->open(u->evict_opts, &env, &d->pst);
     if (rc < 0)
         return fk_err_context(rc, "%s: layer %d: opening eviction policy %s", u->path, u->layer,

@@ -60,6 +60,7 @@ struct fk_unit {
      * after the current token are 0. Observers read only retained rows. */
     const struct fk_evict_ops *evict;
     const void *evict_opts;
+    const double *head_scores;        /* the dataset's head pattern, or NULL */
     uint8_t *keep;                    /* [H][T], owned by the worker; NULL without a policy */
     const float *kvf[2];              /* [H][T][m] exact K and V as float32 (the policy's view) */
     const float *qa;                  /* [H_q][n_qa][m] the queries the policy reads */

@@ -3,6 +3,7 @@
  */
 #include "common/fk_clock.h"
 #include "engine/fk_replay.h"
+#include "engine/fk_heads.h"
 
 #include <pthread.h>
 #include <stdio.h>
@@ -318,6 +319,17 @@ int fk_replay_check_evict(const struct fk_cell_input *in)
                                   info->n_layers, info->n_kv_heads);
     }
     unsigned nd = ev->needs ? ev->needs(in->evict_opts) : 0;
+    if ((nd & FK_EVICT_NEED_HEADS) && !in->heads)
+        return fk_err(FK_ECONFIG, "eviction policy '%s' needs a score per layer and KV head: "
+                      "set the dataset's head_pattern (a DuoAttention full_attention_heads.tsv: "
+                      "one row per layer, one column per KV head)", ev->name);
+    for (int t = 0; t < in->n_traces && (nd & FK_EVICT_NEED_HEADS); t++) {
+        const struct fk_trace_info *info = fk_trace_get_info(in->traces[t]);
+        if (in->heads->n_layers != info->n_layers || in->heads->n_heads != info->n_kv_heads)
+            return fk_err(FK_ECONFIG, "head pattern %s has %d layers x %d KV heads, trace %s "
+                          "%d x %d", in->heads->path, in->heads->n_layers, in->heads->n_heads,
+                          fk_trace_path(in->traces[t]), info->n_layers, info->n_kv_heads);
+    }
     for (int t = 0; t < in->n_traces && (nd & FK_EVICT_NEED_ROPE); t++) {
         const struct fk_trace_info *info = fk_trace_get_info(in->traces[t]);
         if (!info->has_rope || !info->keys_post_rope)
@@ -412,6 +424,7 @@ static int read_policy_inputs(struct worker *w, struct fk_trace *tr, int layer,
     u->qarow = w->qarow;
     u->evict = ev;
     u->evict_opts = w->in->evict_opts;
+    u->head_scores = w->in->heads ? w->in->heads->score : NULL;
     return FK_OK;
 }
 

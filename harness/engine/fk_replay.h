@@ -123,6 +123,8 @@ struct fk_cell_result {
     long vectors;                     /* coded vectors in total */
 };
 
+struct fk_head_pattern;
+
 struct fk_cell_input {
     const struct fk_codec_ops *ops;
     const void *opts;                 /* ops->opts_size bytes */
@@ -135,6 +137,8 @@ struct fk_cell_input {
     const struct fk_evict_ops *evict; /* (optional) a token-eviction policy over the codec
                                        * (core/fk_evict.h), NULL: none */
     const void *evict_opts;           /* evict->opts_size bytes */
+    const struct fk_head_pattern *heads; /* the dataset's head pattern (engine/fk_heads.h),
+                                       * required by a policy with FK_EVICT_NEED_HEADS */
 };
 
 int fk_replay_cell(const struct fk_cell_input *in, const struct fk_replay_opts *ro,

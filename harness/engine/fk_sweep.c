@@ -405,6 +405,11 @@ static int load_dataset(const struct fk_toml_value *tab, const char *name, int i
             FK_TRY(get_str(e->value, &p));
             if (!(ds->basis = fk_sweep_path(e->value, p)))
                 return fk_err(FK_ENOMEM, "out of memory");
+        } else if (!is_sweep && !strcmp(e->key, "head_pattern")) {
+            const char *p;
+            FK_TRY(get_str(e->value, &p));
+            if (!(ds->head_pattern = fk_sweep_path(e->value, p)))
+                return fk_err(FK_ENOMEM, "out of memory");
         } else if (!strcmp(e->key, "reconstructions")) {
             const char *p;
             FK_TRY(get_str(e->value, &p));
@@ -421,8 +426,8 @@ static int load_dataset(const struct fk_toml_value *tab, const char *name, int i
             ds->defaults = e->value;
         } else if (!is_sweep && strcmp(e->key, "name")) {
             return entry_err(e, "unknown key in [[dataset]] (allowed: name, traces, dictionary, "
-                                "basis, reconstructions, defaults; model, tokenizer, prompts, "
-                                "steps)");
+                                "basis, head_pattern, reconstructions, defaults; model, "
+                                "tokenizer, prompts, steps)");
         }
     }
     if (!is_sweep)
@@ -473,6 +478,11 @@ static int hash_dataset(struct fk_dataset *ds)
     if (ds->basis) { /* after the dictionary: datasets without a basis keep their hash */
         FK_TRY(fk_sha256_file(ds->basis, hex));
         fk_sha256_update(&c, "basis", 5);
+        fk_sha256_update(&c, hex, 64);
+    }
+    if (ds->head_pattern) { /* likewise: datasets without one keep their hash */
+        FK_TRY(fk_sha256_file(ds->head_pattern, hex));
+        fk_sha256_update(&c, "head_pattern", 12);
         fk_sha256_update(&c, hex, 64);
     }
     for (int i = 0; ds->recon && i < ds->n_traces; i++) { /* new reconstructions, new ids */
@@ -1065,6 +1075,7 @@ void fk_sweep_free(struct fk_sweep **sp)
         free(ds->name);
         free(ds->dict);
         free(ds->basis);
+        free(ds->head_pattern);
         for (int i = 0; ds->recon && i < ds->n_traces; i++)
             free(ds->recon[i]);
         free(ds->recon);

@@ -32,6 +32,7 @@ struct fk_dataset {
     int n_traces;
     char *dict;                  /* dictionary path or NULL */
     char *basis;                 /* basis file path (low-rank codecs) or NULL */
+    char *head_pattern;          /* head pattern file path (engine/fk_heads.h) or NULL */
     char *recon_dir;             /* directory of external reconstructions (codec external):
                                   * DIR/<trace file name> for each trace, or NULL */
     char **recon;                /* [n_traces] those paths (recon_dir set), else NULL */

@@ -576,6 +576,11 @@ static int policy_open(struct loop *lp, const struct fk_loop_codec *c)
         FK_TRY(ev->check_prompt(c->evict_opts, lp->L, lp->H, lp->P));
     FK_TRY(positions_open(lp));
     const struct fk_rope *rope = fk_llama2c_model_rope_default(lp->m) ? &lp->rope : NULL;
+    if (ev->needs && (ev->needs(c->evict_opts) & FK_EVICT_NEED_HEADS) &&
+        (!c->head_scores || c->head_layers != lp->L || c->head_heads != lp->H))
+        return fk_err(FK_ECONFIG, "eviction policy %s needs a head pattern of the model's %d "
+                      "layers x %d KV heads (the dataset's head_pattern)%s", ev->name, lp->L,
+                      lp->H, c->head_scores ? ": the one given has another shape" : "");
     if (ev->needs && (ev->needs(c->evict_opts) & FK_EVICT_NEED_ROPE) && !rope)
         return fk_err(FK_ECONFIG, "eviction policy %s needs the model's RoPE, which this "
                       "model does not describe", ev->name);
@@ -595,7 +600,7 @@ static int policy_open(struct loop *lp, const struct fk_loop_codec *c)
         lp->keep[l] = lp->keep_all + (size_t)l * lp->H * T;
         struct fk_evict_env env = {.layer = l, .n_layers = lp->L, .n_kv_heads = lp->H,
                                    .n_q_heads = lp->Hq, .rope = rope,
-                                   .positions = lp->positions,
+                                   .positions = lp->positions, .head_scores = c->head_scores,
                                    .head_dim = lp->m_dim, .n_tokens = lp->T,
                                    .prompt_len = lp->P, .keep = lp->keep[l]};
         int rc = ev->open(c->evict_opts, &env, &lp->pol_st[l]);

@@ -78,6 +78,10 @@ struct fk_loop_codec {
      * policy, attn_kl is NaN once a row is dropped (forward KL is infinite). */
     const struct fk_evict_ops *evict;
     const void *evict_opts;
+    /* (optional) a score per (layer, KV head) for a policy with FK_EVICT_NEED_HEADS:
+     * [head_layers][head_heads], which must be the model's layers and KV heads */
+    const double *head_scores;
+    int head_layers, head_heads;
     /* (optional) teacher forcing in blocks of up to `block` positions per forward pass
      * (fk_llama2c_forward_block: each weight read once per block); 0 or 1: one position per
      * pass. A block ends at the first step where either stream's schedule hands rows to the

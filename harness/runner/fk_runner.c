@@ -19,6 +19,7 @@
 #include "common/fk_clock.h"
 #include "common/fk_err.h"
 #include "core/fk_codec.h"
+#include "engine/fk_heads.h"
 #include "engine/fk_replay.h"
 #include "formats/fk_dict.h"
 #include "formats/fk_trace.h"
@@ -232,6 +233,8 @@ int fk_run_load_dataset(struct run *r, const struct fk_sweep_cell *cell)
     }
     if (rc == FK_OK && !L->basis && ds->basis && (cell->ops->caps & FK_CAP_BASIS))
         rc = fk_basis_load(ds->basis, &L->basis);
+    if (rc == FK_OK && !L->heads && ds->head_pattern && cell->evict)
+        rc = fk_head_pattern_load(ds->head_pattern, &L->heads);
     if (rc == FK_OK && !L->recon && ds->recon && (cell->ops->caps & FK_CAP_EXTERNAL)) {
         L->recon = calloc((size_t)ds->n_traces, sizeof(struct fk_trace *));
         if (!L->recon)
@@ -276,6 +279,7 @@ void fk_run_free_loaded(struct run *r)
         free(r->ld[d].traces);
         fk_dict_free(&r->ld[d].dict);
         fk_basis_free(&r->ld[d].basis);
+        fk_head_pattern_free(&r->ld[d].heads);
         for (int i = 0; r->ld[d].recon && i < r->s->datasets[d].n_traces; i++)
             fk_trace_close(&r->ld[d].recon[i]);
         free(r->ld[d].recon);
@@ -295,7 +299,8 @@ static struct fk_cell_input cell_input(const struct run *r, const struct fk_swee
                                   .basis = (cell->ops->caps & FK_CAP_BASIS) ? L->basis : NULL,
                                   .external = (cell->ops->caps & FK_CAP_EXTERNAL) ? L->recon
                                                                                   : NULL,
-                                  .evict = cell->evict, .evict_opts = cell->evict_opts};
+                                  .evict = cell->evict, .evict_opts = cell->evict_opts,
+                                  .heads = L->heads};
 }
 
 /* A low-rank cell's basis against its traces and options, before any cell runs. */

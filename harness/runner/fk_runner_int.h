@@ -28,6 +28,7 @@ struct loaded {
     struct fk_basis_file *basis;
     struct fk_trace **recon;     /* [n_traces] reconstruction files (codec external) or NULL */
     struct fk_loop_set *loop;    /* model dataset: the model and its exact decodes, or NULL */
+    struct fk_head_pattern *heads; /* the dataset's head_pattern, or NULL */
 };
 
 /* A cell in flight: when the sweep's jobs outnumber what one cell can use, cells run side by

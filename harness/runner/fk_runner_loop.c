@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "common/fk_err.h"
+#include "engine/fk_heads.h"
 #include "kernels/fk_blas.h"
 
 int fk_runner_model_dataset(const struct fk_dataset *ds, int write, struct fk_loop_set **out)
@@ -100,7 +101,10 @@ int fk_runner_loop_cell(const struct fk_loop_set *set, const struct fk_cell_inpu
     FK_TRY(alloc_loop(out, set->n, c->n_layers, set->n ? set->refs[0].n_steps : 0));
     struct fk_loop_codec lc = {.ops = in->ops, .opts = in->opts, .dict = in->dict,
                                .basis = in->basis, .evict = in->evict,
-                               .evict_opts = in->evict_opts};
+                               .evict_opts = in->evict_opts,
+                               .head_scores = in->heads ? in->heads->score : NULL,
+                               .head_layers = in->heads ? in->heads->n_layers : 0,
+                               .head_heads = in->heads ? in->heads->n_heads : 0};
     int blas = fk_blas_single(); /* nothing set within the runner's lanes (one already) */
     int rc = FK_OK;
     for (int p = 0; rc == FK_OK && p < set->n; p++) {
