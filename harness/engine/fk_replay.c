@@ -290,6 +290,35 @@ static int policy_rows(const struct fk_evict_ops *ev, const void *opts, struct f
     return FK_OK;
 }
 
+/* What a policy needs of one trace: a budget that keeps a token everywhere (check_prompt),
+ * a head pattern of its shape (FK_EVICT_NEED_HEADS), its RoPE with post-RoPE keys
+ * (FK_EVICT_NEED_ROPE). */
+static int check_policy_trace(const struct fk_cell_input *in, unsigned nd,
+                              struct fk_trace *tr)
+{
+    const struct fk_evict_ops *ev = in->evict;
+    const struct fk_trace_info *info = fk_trace_get_info(tr);
+    if (ev->check_prompt &&
+        ev->check_prompt(in->evict_opts, info->n_layers, info->n_kv_heads,
+                         info->prompt_len) < 0)
+        return fk_err_context(FK_ECONFIG, "%s (a prompt of %d tokens, %d layers of %d KV "
+                              "heads)", fk_trace_path(tr), info->prompt_len, info->n_layers,
+                              info->n_kv_heads);
+    if ((nd & FK_EVICT_NEED_HEADS) &&
+        (in->heads->n_layers != info->n_layers || in->heads->n_heads != info->n_kv_heads))
+        return fk_err(FK_ECONFIG, "head pattern %s has %d layers x %d KV heads, trace %s "
+                      "%d x %d", in->heads->path, in->heads->n_layers, in->heads->n_heads,
+                      fk_trace_path(tr), info->n_layers, info->n_kv_heads);
+    if ((nd & FK_EVICT_NEED_ROPE) && (!info->has_rope || !info->keys_post_rope))
+        return fk_err(FK_ECONFIG, "trace %s %s, which eviction policy '%s' needs (it "
+                      "un-rotates the recorded queries)", fk_trace_path(tr),
+                      !info->has_rope ? "does not describe its RoPE (no rope_layout "
+                      "attribute; datasets/README.md says how to stamp it)"
+                                      : "stores pre-RoPE keys, not the post-RoPE ones",
+                      ev->name);
+    return FK_OK;
+}
+
 int fk_replay_check_evict(const struct fk_cell_input *in)
 {
     const struct fk_evict_ops *ev = in->evict;
@@ -309,37 +338,13 @@ int fk_replay_check_evict(const struct fk_cell_input *in)
         return fk_err(FK_ECONFIG, "codec %s codes the KV heads of a group together, so a "
                       "per-head kept set of eviction policy '%s' cannot drop one head's row "
                       "from it", in->ops->name, ev->name);
-    /* a budget that rounds to no token anywhere, refused before any cell */
-    for (int t = 0; t < in->n_traces && ev->check_prompt; t++) {
-        const struct fk_trace_info *info = fk_trace_get_info(in->traces[t]);
-        if (ev->check_prompt(in->evict_opts, info->n_layers, info->n_kv_heads,
-                             info->prompt_len) < 0)
-            return fk_err_context(FK_ECONFIG, "%s (a prompt of %d tokens, %d layers of %d KV "
-                                  "heads)", fk_trace_path(in->traces[t]), info->prompt_len,
-                                  info->n_layers, info->n_kv_heads);
-    }
     unsigned nd = ev->needs ? ev->needs(in->evict_opts) : 0;
     if ((nd & FK_EVICT_NEED_HEADS) && !in->heads)
         return fk_err(FK_ECONFIG, "eviction policy '%s' needs a score per layer and KV head: "
                       "set the dataset's head_pattern (a DuoAttention full_attention_heads.tsv: "
                       "one row per layer, one column per KV head)", ev->name);
-    for (int t = 0; t < in->n_traces && (nd & FK_EVICT_NEED_HEADS); t++) {
-        const struct fk_trace_info *info = fk_trace_get_info(in->traces[t]);
-        if (in->heads->n_layers != info->n_layers || in->heads->n_heads != info->n_kv_heads)
-            return fk_err(FK_ECONFIG, "head pattern %s has %d layers x %d KV heads, trace %s "
-                          "%d x %d", in->heads->path, in->heads->n_layers, in->heads->n_heads,
-                          fk_trace_path(in->traces[t]), info->n_layers, info->n_kv_heads);
-    }
-    for (int t = 0; t < in->n_traces && (nd & FK_EVICT_NEED_ROPE); t++) {
-        const struct fk_trace_info *info = fk_trace_get_info(in->traces[t]);
-        if (!info->has_rope || !info->keys_post_rope)
-            return fk_err(FK_ECONFIG, "trace %s %s, which eviction policy '%s' needs (it "
-                          "un-rotates the recorded queries)", fk_trace_path(in->traces[t]),
-                          !info->has_rope ? "does not describe its RoPE (no rope_layout "
-                          "attribute; datasets/README.md says how to stamp it)"
-                                          : "stores pre-RoPE keys, not the post-RoPE ones",
-                          ev->name);
-    }
+    for (int t = 0; t < in->n_traces; t++)
+        FK_TRY(check_policy_trace(in, nd, in->traces[t]));
     if (!(nd & (FK_EVICT_NEED_DECODE_Q | FK_EVICT_NEED_PREFILL_Q)))
         return FK_OK;
     int rc = FK_OK;
