@@ -1065,6 +1065,130 @@ START_TEST(scratch_reserve_from_codec)
 }
 END_TEST
 
+/* ---- rows the prefill's rewrites changed (fk_attn_in.k_cache, v_cache) ---------------- */
+
+/* The cache side reads the rewritten rows: the codec codes them (as the driver hands them
+ * over), the uncompressed ones are read from k_cache / v_cache, the exact side keeps k and
+ * v. Checked for every codec, with and without a keep mask: the fast path against the
+ * naive one; rewritten rows equal to the exact ones give the very numbers of no cache
+ * arrays; and for full, o_hat is the exact attention over the rewritten rows (computed as
+ * the exact side of a run whose k and v are those rows). */
+START_TEST(cache_rows_every_codec)
+{
+    const struct fk_codec_ops *ops = fk_codecs[_i];
+    struct fix f;
+    fix_random(&f, ops, 16, 2, 6, 48, 64, 4242 + (unsigned long)_i);
+    size_t n = (size_t)f.n_kv * f.T * f.m;
+    float *kc = malloc(sizeof(float) * n), *vc = malloc(sizeof(float) * n);
+    float *k0 = f.k, *v0 = f.v;
+    memcpy(kc, f.k, sizeof(float) * n);
+    memcpy(vc, f.v, sizeof(float) * n);
+    for (int g = 0; g < f.n_kv; g++) /* prune 6 channels of tokens < 25, blend some values */
+        for (int t = 0; t < 25; t++) {
+            float *kr = kc + ((size_t)g * f.T + t) * f.m, *vr = vc + ((size_t)g * f.T + t) * f.m;
+            for (int c = 0; c < f.m; c++) {
+                if ((c * 5 + g) % 16 < 6)
+                    kr[c] = 0.0f;
+                if (t % 4 == 1)
+                    vr[c] = 0.6f * vr[c] + 0.4f * vr[(c + 3) % f.m];
+            }
+        }
+    int t = 40, nc = ops->buffer ? 36 : 30;
+    f.k = kc, f.v = vc; /* the codec is given the rewritten rows */
+    fix_encode_to(&f, nc);
+    f.k = k0, f.v = v0;
+    uint8_t *keep = malloc((size_t)f.n_kv * f.T);
+    for (int g = 0; g < f.n_kv; g++)
+        for (int j = 0; j < f.T; j++)
+            keep[(size_t)g * f.T + j] = j == t || (j * 7 + g) % 4 != 0;
+    struct fk_attn_scratch *s = NULL;
+    ck_assert_int_eq(fk_attn_scratch_create(f.m, f.T, f.N + f.T * f.n_kv, f.n_q, &s), FK_OK);
+    double *ohn = malloc(sizeof(double) * (size_t)f.n_q * f.m);
+    struct fk_attn_acc af = {0}, an = {0};
+    for (int pass = 0; pass < 2; pass++) {
+        struct fk_attn_in in = fix_in(&f, t, nc);
+        in.k_cache = kc, in.v_cache = vc;
+        in.keep = pass ? keep : NULL;
+        ck_assert_msg(fk_attn_eval(&in, s, &af) == FK_OK, "%s: %s", ops->name, fk_errmsg());
+        ck_assert_int_eq(fk_attn_eval_naive_out(&in, &an, ohn, NULL), FK_OK);
+        for (int h = 0; h < f.n_q; h++) {
+            const double *oh;
+            ck_assert_int_eq(fk_attn_scratch_result(s, h, NULL, &oh, NULL), FK_OK);
+            double dd = 0, nn = 0;
+            for (int c = 0; c < f.m; c++) {
+                double d = oh[c] - ohn[(size_t)h * f.m + c];
+                dd += d * d;
+                nn += ohn[(size_t)h * f.m + c] * ohn[(size_t)h * f.m + c];
+            }
+            ck_assert_msg(sqrt(dd / nn) <= 1e-6, "%s pass %d head %d: o_hat differs by %g",
+                          ops->name, pass, h, sqrt(dd / nn));
+        }
+        if (!(ops->caps & FK_CAP_EXACT) || pass)
+            continue;
+        /* full: o_hat = the exact attention over the rewritten rows */
+        struct fk_attn_in ref = fix_in(&f, t, nc);
+        ref.k = kc, ref.v = vc;
+        struct fk_attn_acc ar = {0};
+        double oh_a[6][16];
+        for (int h = 0; h < f.n_q; h++) {
+            const double *oh;
+            ck_assert_int_eq(fk_attn_scratch_result(s, h, NULL, &oh, NULL), FK_OK);
+            memcpy(oh_a[h], oh, sizeof(double) * (size_t)f.m);
+        }
+        ck_assert_int_eq(fk_attn_eval(&ref, s, &ar), FK_OK);
+        for (int h = 0; h < f.n_q; h++) {
+            const double *o;
+            ck_assert_int_eq(fk_attn_scratch_result(s, h, &o, NULL, NULL), FK_OK);
+            for (int c = 0; c < f.m; c++)
+                ck_assert_msg(fabs(o[c] - oh_a[h][c]) <= 1e-9 * (1 + fabs(o[c])),
+                              "full: head %d coordinate %d: %.17g vs %.17g", h, c, oh_a[h][c],
+                              o[c]);
+        }
+        fk_attn_acc_free(&ar);
+    }
+    /* rewritten rows equal to the exact ones: the numbers of no cache arrays, bit for bit */
+    for (int kind = 0; kind < 2; kind++)
+        ops->close(f.st[kind]);
+    f.st[0] = f.st[1] = NULL;
+    f.done = f.step = 0;
+    for (int kind = 0; kind < 2; kind++) {
+        free(f.gram[kind]);
+        f.gram[kind] = NULL;
+    }
+    fix_open(&f);
+    fix_encode_to(&f, nc);
+    memcpy(kc, f.k, sizeof(float) * n);
+    memcpy(vc, f.v, sizeof(float) * n);
+    for (int pass = 0; pass < 2; pass++) {
+        struct fk_attn_in plain = fix_in(&f, t, nc);
+        plain.keep = pass ? keep : NULL;
+        struct fk_attn_in in = plain;
+        in.k_cache = kc, in.v_cache = vc;
+        struct fk_attn_metrics m0[6], m1[6];
+        ck_assert_int_eq(fk_attn_eval(&plain, s, &af), FK_OK);
+        for (int h = 0; h < f.n_q; h++)
+            ck_assert_int_eq(fk_attn_scratch_result(s, h, NULL, NULL, &m0[h]), FK_OK);
+        ck_assert_int_eq(fk_attn_eval(&in, s, &af), FK_OK);
+        for (int h = 0; h < f.n_q; h++) {
+            ck_assert_int_eq(fk_attn_scratch_result(s, h, NULL, NULL, &m1[h]), FK_OK);
+            ck_assert_msg(memcmp(&m0[h].cos, &m1[h].cos, sizeof(double)) == 0 &&
+                          memcmp(&m0[h].rkl, &m1[h].rkl, sizeof(double)) == 0 &&
+                          (isnan(m0[h].kl) ? isnan(m1[h].kl) : m0[h].kl == m1[h].kl),
+                          "%s pass %d head %d: cos %.17g vs %.17g", ops->name, pass, h,
+                          m0[h].cos, m1[h].cos);
+        }
+    }
+    fk_attn_acc_free(&af);
+    fk_attn_acc_free(&an);
+    free(ohn);
+    free(keep);
+    free(kc);
+    free(vc);
+    fk_attn_scratch_free(&s);
+    fix_free(&f);
+}
+END_TEST
+
 static Suite *attn_suite(void)
 {
     Suite *s = suite_create("attn");
@@ -1072,6 +1196,7 @@ static Suite *attn_suite(void)
     tcase_set_timeout(tc, 120);
     tcase_add_loop_test(tc, fast_equals_naive_every_codec, 0, n_codecs());
     tcase_add_loop_test(tc, eviction_mask_every_codec, 0, n_codecs());
+    tcase_add_loop_test(tc, cache_rows_every_codec, 0, n_codecs());
     tcase_add_test(tc, full_codec_exact);
     tcase_add_test(tc, gqa_mapping_hand_case);
     tcase_add_test(tc, topk_ties_to_smaller_index);

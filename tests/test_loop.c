@@ -17,6 +17,7 @@
 #include "core/fk_codec.h"
 #include "core/fk_registry.h"
 #include "core/fk_evict.h"
+#include "core/fk_rewrite.h"
 #include "fk_check_main.h"
 #include "formats/fk_dict.h"
 #include "gen/fk_llama2c.h"
@@ -404,6 +405,74 @@ static const struct fk_codec_ops lp_probe_ops = {
     .encode = lp_encode, .reconstruct = lp_reconstruct, .stats = lp_stats, .close = lp_close,
 };
 
+/* The prefill's row rewrites in the loop (core/fk_rewrite.h): rewrites that change nothing
+ * (think with every prompt token in its recent window, merge none) give the exact logits
+ * bit for bit; ThinK pruning half the key channels of the whole prompt changes them from the
+ * first step; merging what SnapKV drops changes SnapKV's logits, with the same kept tokens;
+ * think over kivi is refused. */
+START_TEST(row_rewrites_in_the_loop)
+{
+    if (!have_model("fortune-byte-4L"))
+        return;
+    struct fixture f;
+    enum { S = 12 };
+    setup(&f, "fortune-byte-4L", "The meaning of life ", S);
+    int P = f.gen.prompt_len;
+    const struct fk_codec_ops *full = fk_codec_find("full");
+    const char *kv[] = {"n_b", "0", NULL};
+    void *fo = codec_opts(full, kv);
+    struct fk_rewrite rw;
+    struct fk_codec_ops as = {.options = fk_rewrite_options, .opts_size = sizeof rw};
+    fk_opts_defaults(&as, &rw);
+    rw.think = 0.5;
+    rw.think_window = 8;
+    rw.think_recent = P; /* nothing pruned */
+    struct fk_loop_codec lc = {.ops = full, .opts = fo, .rewrite = &rw};
+    struct fk_loop_result r;
+    ck_assert_msg(fk_loop_run(f.m, &f.ref, &lc, FK_LOOP_TEACHER, 1, &r) == FK_OK, "%s",
+                  fk_errmsg());
+    for (int j = 0; j < S; j++)
+        ck_assert_msg(same_logits(&f, &r, j), "step %d: logits changed, nothing pruned", j);
+    fk_loop_result_free(&r);
+    rw.think_recent = 0; /* the whole prompt's keys lose half their channels */
+    ck_assert_int_eq(fk_loop_run(f.m, &f.ref, &lc, FK_LOOP_TEACHER, 1, &r), FK_OK);
+    ck_assert(!same_logits(&f, &r, 0));
+    ck_assert(r.kl[0] > 0 && isfinite(r.kl[0]) && r.attn_kl[0] > 0);
+    fk_loop_result_free(&r);
+    /* merge over SnapKV */
+    const struct fk_evict_ops *ev = fk_evict_find("snapkv");
+    void *eo = calloc(1, ev->opts_size);
+    fk_evict_opts_defaults(ev, eo);
+    ck_assert(fk_evict_opts_set(ev, eo, fk_evict_option(ev, "window"), 4) == FK_OK);
+    ck_assert(fk_evict_opts_set(ev, eo, fk_evict_option(ev, "ratio"), 0.5) == FK_OK);
+    struct fk_loop_codec sk = {.ops = full, .opts = fo, .evict = ev, .evict_opts = eo};
+    struct fk_loop_result r0, r1;
+    ck_assert_int_eq(fk_loop_run(f.m, &f.ref, &sk, FK_LOOP_TEACHER, 1, &r0), FK_OK);
+    fk_opts_defaults(&as, &rw);
+    rw.merge = FK_MERGE_KVPRESS;
+    sk.rewrite = &rw;
+    ck_assert_msg(fk_loop_run(f.m, &f.ref, &sk, FK_LOOP_TEACHER, 1, &r1) == FK_OK, "%s",
+                  fk_errmsg());
+    size_t V = (size_t)f.V;
+    ck_assert(memcmp(r0.logits, r1.logits, V * sizeof(float)) != 0);
+    ck_assert(isnan(r0.attn_kl[0]) && isnan(r1.attn_kl[0])); /* tokens dropped in both */
+    fk_loop_result_free(&r0);
+    fk_loop_result_free(&r1);
+    /* think over a codec that would code the zeros */
+    const struct fk_codec_ops *kivi = fk_codec_find("kivi");
+    void *ko = codec_opts(kivi, NULL);
+    fk_opts_defaults(&as, &rw);
+    rw.think = 0.5;
+    struct fk_loop_codec kc = {.ops = kivi, .opts = ko, .rewrite = &rw};
+    ck_assert_int_eq(fk_loop_run(f.m, &f.ref, &kc, FK_LOOP_TEACHER, 1, &r), FK_ECONFIG);
+    ck_assert_ptr_nonnull(strstr(fk_errmsg(), "kivi"));
+    free(ko);
+    free(eo);
+    free(fo);
+    teardown(&f);
+}
+END_TEST
+
 /* An eviction policy in the loop: StreamingLLM whose window holds every token gives the
  * plain runner's logits bit for bit; a short window changes them only once the sequence is
  * longer than sinks + recent (the NumPy oracle checks the values); over fadkv, which skips
@@ -530,6 +599,7 @@ static Suite *suite(void)
     tcase_add_test(tc, given_continuation_equals_default);
     tcase_add_test(tc, refuses_what_cannot_run);
     tcase_add_test(tc, eviction_policy_in_the_loop);
+    tcase_add_test(tc, row_rewrites_in_the_loop);
     tcase_add_test(tc, teacher_forcing_in_blocks);
     suite_add_tcase(s, tc);
     return s;

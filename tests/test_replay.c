@@ -13,6 +13,7 @@
 
 #include "core/fk_codec.h"
 #include "core/fk_registry.h"
+#include "core/fk_rewrite.h"
 #include "formats/fk_dict.h"
 #include "common/fk_err.h"
 #include "engine/fk_observe.h"
@@ -350,6 +351,9 @@ static void assert_same(const struct fk_cell_result *a, const struct fk_cell_res
 
 /* ---- eviction policies (core/fk_evict.h) through the engine ------------------------------ */
 
+/* The row rewrites run_cell_evict's cells get (NULL: none). */
+static const struct fk_rewrite *g_rw;
+
 /* run_cell with the policy `policy` (NULL: none) and its options name=value. */
 static int run_cell_evict(const char *codec, const char *policy, const char *const *kv,
                           struct fk_trace **tr, int n_tr, const struct fk_dict *dict, int jobs,
@@ -375,7 +379,7 @@ static int run_cell_evict(const char *codec, const char *policy, const char *con
         ck_assert_int_eq(fk_evict_opts_set(ev, eo, opt, atof(kv[i + 1])), FK_OK);
     }
     struct fk_cell_input in = {.ops = ops, .opts = o, .traces = tr, .n_traces = n_tr,
-                               .dict = dict, .evict = ev, .evict_opts = eo};
+                               .dict = dict, .evict = ev, .evict_opts = eo, .rewrite = g_rw};
     struct fk_replay_opts ro = {.jobs = jobs, .attention = 1, .attn_stride = 3};
     int rc = fk_replay_cell(&in, &ro, res);
     free(o);
@@ -481,6 +485,153 @@ START_TEST(test_evict_bytes)
         }
     fk_cell_result_free(&r);
     fk_cell_result_free(&r2);
+    fk_trace_close(&tr);
+}
+END_TEST
+
+/* ---- the prefill's row rewrites (core/fk_rewrite.h) through the engine ------------------ */
+
+static struct fk_rewrite rw_defaults(void)
+{
+    struct fk_rewrite rw;
+    struct fk_codec_ops as = {.options = fk_rewrite_options, .opts_size = sizeof rw};
+    fk_opts_defaults(&as, &rw);
+    return rw;
+}
+
+/* Rewrites that change nothing (merge none, think 0) give the numbers of no rewrites at
+ * all, bit for bit, for full, kivi and uniform, with and without a policy, at 1 and 2 jobs;
+ * merging changes the values only: the same kept rows and bytes as the policy alone, other
+ * attention numbers. */
+START_TEST(test_rewrite_inactive_and_merge)
+{
+    struct fk_trace *tr;
+    struct fk_dict *d;
+    evict_fixture("rw1", &tr, &d);
+    const char *kv[] = {"ratio", "0.5", "window", "4", NULL};
+    struct fk_rewrite idle = rw_defaults();
+    const char *codecs[] = {"full", "kivi", "uniform"};
+    for (int c = 0; c < 3; c++)
+        for (int pol = 0; pol < 2; pol++) {
+            struct fk_cell_result r0, r1;
+            const char *p = pol ? "snapkv" : NULL;
+            g_rw = NULL;
+            ck_assert_int_eq(run_cell_evict(codecs[c], p, kv, &tr, 1, NULL, 1, &r0), FK_OK);
+            g_rw = &idle;
+            ck_assert_msg(run_cell_evict(codecs[c], p, kv, &tr, 1, NULL, 1 + c % 2, &r1) ==
+                          FK_OK, "%s: %s", codecs[c], fk_errmsg());
+            assert_same(&r0, &r1);
+            for (int l = 0; l < 2; l++)
+                for (int k = 0; k < 2; k++) {
+                    const struct fk_stream_result *x = fk_cell_stream(&r0, 0, l, k);
+                    const struct fk_stream_result *y = fk_cell_stream(&r1, 0, l, k);
+                    ck_assert(x->st.bytes_codes == y->st.bytes_codes);
+                    ck_assert(x->bytes_buf == y->bytes_buf && x->n_kept == y->n_kept);
+                    ck_assert(x->bytes_tok_avg == y->bytes_tok_avg);
+                }
+            fk_cell_result_free(&r0);
+            fk_cell_result_free(&r1);
+        }
+    struct fk_rewrite merge = rw_defaults();
+    merge.merge = FK_MERGE_KVPRESS;
+    struct fk_cell_result r0, r1;
+    g_rw = NULL;
+    ck_assert_int_eq(run_cell_evict("full", "snapkv", kv, &tr, 1, NULL, 1, &r0), FK_OK);
+    g_rw = &merge;
+    ck_assert_int_eq(run_cell_evict("full", "snapkv", kv, &tr, 1, NULL, 2, &r1), FK_OK);
+    for (int l = 0; l < 2; l++) {
+        for (int k = 0; k < 2; k++) {
+            const struct fk_stream_result *x = fk_cell_stream(&r0, 0, l, k);
+            const struct fk_stream_result *y = fk_cell_stream(&r1, 0, l, k);
+            ck_assert(x->st.bytes_codes + x->bytes_buf == y->st.bytes_codes + y->bytes_buf);
+            ck_assert(x->n_kept == y->n_kept && x->n_kept < 2 * 70);
+            ck_assert(y->err_sum == 0); /* full stores the merged values exactly */
+        }
+        const struct fk_attn_acc *a = &r0.attn[l], *b = &r1.attn[l];
+        ck_assert(a->n == b->n && a->n > 0);
+        ck_assert(a->retained_sum == b->retained_sum); /* the same kept keys */
+        ck_assert_msg(a->cos_sum != b->cos_sum, "layer %d: merging changed no output", l);
+    }
+    fk_cell_result_free(&r0);
+    fk_cell_result_free(&r1);
+    g_rw = NULL;
+    fk_dict_free(&d);
+    fk_trace_close(&tr);
+}
+END_TEST
+
+/* ThinK's bytes against a count written here: full keeps every row; the keys of prompt
+ * tokens 0 .. P - recent - 1 of each head are stored with int(m r) channels fewer (2 bytes
+ * each), and each (layer, head) adds its channel mask (ceil(m / 8) bytes); the values and
+ * the time average as well. With SnapKV the count covers the retained rows only. A codec
+ * that would code the zeros (kivi) is refused, and so is merging over h2o. */
+START_TEST(test_think_bytes)
+{
+    char p1[512];
+    snprintf(p1, sizeof p1, "%s/thk.h5", tmpdir);
+    int T = 60, P = 30, H = 2, m = 16, recent = 8, np = 8, nt = P - recent, mask = 2;
+    make_trace(p1, 2, 6, H, m, T, P);
+    struct fk_trace *tr;
+    ck_assert_int_eq(fk_trace_open(p1, &tr), FK_OK);
+    struct fk_rewrite rw = rw_defaults();
+    rw.think = 0.5;
+    rw.think_window = 10;
+    rw.think_recent = recent;
+    g_rw = &rw;
+    struct fk_cell_result r, r2;
+    ck_assert_msg(run_cell_evict("full", NULL, NULL, &tr, 1, NULL, 1, &r) == FK_OK, "%s",
+                  fk_errmsg());
+    ck_assert_int_eq(run_cell_evict("full", NULL, NULL, &tr, 1, NULL, 2, &r2), FK_OK);
+    assert_same(&r, &r2);
+    double kbytes = (double)H * (T * m * 2 - nt * 2 * np) + H * mask, avg = 0;
+    for (int t = P; t < T; t++)
+        avg += ((double)H * ((t + 1) * m * 2 - nt * 2 * np) + H * mask) / (t + 1);
+    avg /= T - P;
+    for (int l = 0; l < 2; l++) {
+        const struct fk_stream_result *k = fk_cell_stream(&r, 0, l, 0);
+        const struct fk_stream_result *v = fk_cell_stream(&r, 0, l, 1);
+        double kb = k->st.bytes_codes + k->bytes_buf + k->st.bytes_dict_seq;
+        ck_assert_msg(kb == kbytes, "layer %d: K bytes %.17g, want %.17g", l, kb, kbytes);
+        ck_assert(v->st.bytes_codes + v->bytes_buf + v->st.bytes_dict_seq ==
+                  (double)H * T * m * 2);
+        ck_assert_msg(fabs(k->bytes_tok_avg - avg) <= 1e-12 * avg, "avg %.17g, want %.17g",
+                      k->bytes_tok_avg, avg);
+        const struct fk_attn_acc *a = &r.attn[l];
+        ck_assert(a->n > 0 && a->retained_sum == a->n);
+        ck_assert(a->kl_sum > 0 && isfinite(a->kl_sum) && a->cos_sum < a->n);
+    }
+    fk_cell_result_free(&r);
+    fk_cell_result_free(&r2);
+    /* over SnapKV keeping 15 of 30 prompt tokens (window 8): the retained pruned rows */
+    const char *kv[] = {"budget", "15", "window", "8", NULL};
+    ck_assert_int_eq(run_cell_evict("full", "snapkv", kv, &tr, 1, NULL, 1, &r), FK_OK);
+    for (int l = 0; l < 2; l++) {
+        const struct fk_stream_result *k = fk_cell_stream(&r, 0, l, 0);
+        /* kept: 15 prompt tokens per head: the window, tokens 22..29 = the think_recent
+         * ones (nt = 22), whole, and 7 of tokens 0..21, pruned */
+        double want = (double)H * ((15 + T - P) * m * 2 - 7 * 2 * np) + H * mask;
+        ck_assert_int_eq(k->n_kept, H * (15 + T - P));
+        ck_assert_msg(k->st.bytes_codes + k->bytes_buf + k->st.bytes_dict_seq == want,
+                      "layer %d: %.17g, want %.17g", l,
+                      k->st.bytes_codes + k->bytes_buf + k->st.bytes_dict_seq, want);
+    }
+    fk_cell_result_free(&r);
+    /* refusals, before any cell */
+    const struct fk_codec_ops *kivi = fk_codec_find("kivi");
+    void *ko = calloc(1, kivi->opts_size);
+    fk_opts_defaults(kivi, ko);
+    struct fk_cell_input in = {.ops = kivi, .opts = ko, .traces = &tr, .n_traces = 1,
+                               .rewrite = &rw};
+    ck_assert_int_eq(fk_replay_check_evict(&in), FK_ECONFIG);
+    ck_assert_ptr_nonnull(strstr(fk_errmsg(), "kivi"));
+    free(ko);
+    struct fk_rewrite mg = rw_defaults();
+    mg.merge = FK_MERGE_KVPRESS;
+    g_rw = &mg;
+    const char *h2o[] = {"heavy", "4", "recent", "4", NULL};
+    ck_assert_int_eq(run_cell_evict("full", "h2o", h2o, &tr, 1, NULL, 1, &r), FK_ECONFIG);
+    ck_assert_ptr_nonnull(strstr(fk_errmsg(), "h2o"));
+    g_rw = NULL;
     fk_trace_close(&tr);
 }
 END_TEST
@@ -1562,6 +1713,8 @@ static Suite *replay_suite(void)
     tcase_add_test(tc, test_full_exact);
     tcase_add_test(tc, test_evict_keep_all);
     tcase_add_test(tc, test_evict_bytes);
+    tcase_add_test(tc, test_rewrite_inactive_and_merge);
+    tcase_add_test(tc, test_think_bytes);
     tcase_add_test(tc, test_evict_skips);
     tcase_add_test(tc, test_evict_adaptive_codecs);
     tcase_add_test(tc, test_evict_refusals);

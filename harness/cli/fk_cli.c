@@ -21,6 +21,7 @@
 #include "core/fk_codec.h"
 #include "core/fk_registry.h"
 #include "core/fk_evict.h"
+#include "core/fk_rewrite.h"
 #include "engine/fk_sweep.h"
 #include "formats/fk_basis.h"
 #include "formats/fk_dict.h"
@@ -213,6 +214,13 @@ int fk_cli_codecs(int argc, char **argv)
         if (print_options(&view))
             return 1;
     }
+    printf("\nrow rewrites at the prefill (keys of a [[codec]] block, with or without a policy: "
+           "merging what the policy drops, ThinK's key channel pruning over full; "
+           "docs/EVICTION.md):\n");
+    struct fk_codec_ops rw = {.name = "rewrite", .opts_size = sizeof(struct fk_rewrite),
+                              .options = fk_rewrite_options};
+    if (print_options(&rw))
+        return 1;
     print_presets();
     return 0;
 }
@@ -591,6 +599,12 @@ static void print_cell_label(const struct fk_sweep *s, const struct fk_sweep_cel
             fk_opts_format(c->evict_opts, o, t, sizeof t);
             fprintf(f, " %s=%s", o->name, t);
         }
+    }
+    for (const struct fk_option *o = c->rewrite ? fk_rewrite_options : NULL; o && o->name;
+         o++) { /* the row rewrites and all their options */
+        char t[64];
+        fk_opts_format(c->rewrite, o, t, sizeof t);
+        fprintf(f, " %s=%s", o->name, t);
     }
     if (s->repeats > 1)
         fprintf(f, " rep=%d", c->repeat);

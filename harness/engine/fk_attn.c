@@ -558,6 +558,16 @@ static const float *exact_row(const struct fk_attn_in *in, int kind, int g, int 
                          (size_t)g * in->n_tokens + i, in->m, buf);
 }
 
+/* Row i of KV head g as the cache holds it uncompressed: the rewritten row (k_cache,
+ * v_cache) or the exact one. */
+static const float *cache_row(const struct fk_attn_in *in, int kind, int g, int i, float *buf)
+{
+    const float *c = kind ? in->v_cache : in->k_cache;
+    if (c)
+        return c + ((size_t)g * in->n_tokens + i) * in->m;
+    return exact_row(in, kind, g, i, buf);
+}
+
 /* Compressed logits zh[h][i], i < n_comp, of the r query heads h0.. of KV head g: through
  * the codes and U when na > 0 (sparse codecs), else from reconstructed rows. */
 static int keys_compressed(const struct fk_attn_in *in, struct fk_attn_scratch *s, int g,
@@ -590,7 +600,7 @@ static int keys_compressed(const struct fk_attn_in *in, struct fk_attn_scratch *
      * (FK_CAP_EXACT: its rows are the exact ones, whose logits z the caller has just computed
      * with this kernel: copied) */
     const double *qg = s->qd + (size_t)h0 * m;
-    int exact = (ops->caps & FK_CAP_EXACT) != 0;
+    int exact = (ops->caps & FK_CAP_EXACT) != 0 && !in->k_cache; /* rewritten: reconstructed */
     for (int i = 0; i < in->n_comp_k; i++) {
         if (!kept(in, g, i))
             continue;
@@ -623,8 +633,8 @@ static int values_dense(const struct fk_attn_in *in, struct fk_attn_scratch *s, 
         if (i < in->n_comp_v && !(in->ops->caps & FK_CAP_EXACT)) {
             FK_TRY(in->ops->reconstruct(in->vstate, g, i, s->row));
             x = s->row;
-        } else { /* the exact row (an exact codec stores it as it is: FK_CAP_EXACT) */
-            x = exact_row(in, 1, g, i, s->xrow);
+        } else { /* the row as cached (an exact codec stores it as it is: FK_CAP_EXACT) */
+            x = cache_row(in, 1, g, i, s->xrow);
         }
         for (int hl = 0; hl < r; hl++)
             s->pw[hl] = s->ph[(size_t)(h0 + hl) * T + i];
@@ -687,7 +697,7 @@ static int values_sparse(const struct fk_attn_in *in, struct fk_attn_scratch *s)
                 continue;
             for (int hl = 0; hl < r; hl++)
                 s->pw[hl] = s->ph[(size_t)(g * r + hl) * T + i];
-            axpy_heads(s->pw, r, exact_row(in, 1, g, i, s->xrow), s->oh + (size_t)g * r * m,
+            axpy_heads(s->pw, r, cache_row(in, 1, g, i, s->xrow), s->oh + (size_t)g * r * m,
                        m);
         }
     }
@@ -698,7 +708,7 @@ int fk_attn_eval(const struct fk_attn_in *in, struct fk_attn_scratch *s,
                  struct fk_attn_acc *acc)
 {
     FK_TRY(check_in(in));
-    if (in->n_comp_k == 0 && in->n_comp_v == 0 && !in->keep) {
+    if (in->n_comp_k == 0 && in->n_comp_v == 0 && !in->keep && !in->k_cache) {
         acc->skipped_steps++;
         return FK_OK;
     }
@@ -729,6 +739,11 @@ int fk_attn_eval(const struct fk_attn_in *in, struct fk_attn_scratch *s,
         for (int hl = 0; hl < r; hl++) {
             size_t off = (size_t)(h0 + hl) * T;
             memcpy(s->zh + off + nc, s->z + off + nc, sizeof(double) * (size_t)(n - nc));
+        }
+        for (int i = nc; in->k_cache && i < n; i++) { /* rewritten uncompressed keys */
+            dot_heads(qg, r, cache_row(in, 0, g, i, s->xrow), m, s->pw);
+            for (int hl = 0; hl < r; hl++)
+                s->zh[(size_t)(h0 + hl) * T + i] = s->pw[hl] / sqrtm;
         }
         FK_TRY(keys_compressed(in, s, g, r, sqrtm, nak));
         for (int hl = 0; hl < r; hl++) {
@@ -766,7 +781,7 @@ int fk_attn_eval_naive_out(const struct fk_attn_in *in, struct fk_attn_acc *acc,
                            double *o_hat, struct fk_attn_metrics *met)
 {
     FK_TRY(check_in(in));
-    if (in->n_comp_k == 0 && in->n_comp_v == 0 && !in->keep) {
+    if (in->n_comp_k == 0 && in->n_comp_v == 0 && !in->keep && !in->k_cache) {
         acc->skipped_steps++;
         return FK_OK;
     }
@@ -794,7 +809,7 @@ int fk_attn_eval_naive_out(const struct fk_attn_in *in, struct fk_attn_acc *acc,
                 } else if (i < (kind ? in->n_comp_v : in->n_comp_k)) {
                     rc = in->ops->reconstruct(kind ? in->vstate : in->kstate, g, i, row);
                 } else {
-                    const float *x = exact_row(in, kind, g, i, row);
+                    const float *x = cache_row(in, kind, g, i, row);
                     if (x != row)
                         memcpy(row, x, sizeof(float) * (size_t)m);
                 }

@@ -35,6 +35,11 @@ struct fk_attn_in {
      * dropped row is never reconstructed), P_hat is the softmax over the kept visible keys,
      * and KL(P || P_hat) is NaN when a visible key is dropped. Token t is always kept. */
     const uint8_t *keep;
+    /* (optional) The rows the cache holds when the prefill's row rewrites changed them
+     * (merged values, pruned key channels; evict/fk_rewrite.h), float32 [n_kv_heads][T][m],
+     * NULL: the exact rows. The cache side reads its uncompressed rows here (a codec that
+     * stores rows exactly holds these); the exact side keeps k and v. */
+    const float *k_cache, *v_cache;
 };
 
 /* Accumulators of one (trace, layer); merged in a fixed order by the caller. */

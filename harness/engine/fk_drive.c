@@ -12,6 +12,7 @@
 #include "common/fk_err.h"
 #include "core/fk_registry.h"
 #include "engine/fk_schedule.h"
+#include "core/fk_rewrite.h"
 
 int fk_drive_init(struct fk_drive *d)
 {
@@ -30,6 +31,8 @@ void fk_drive_free(struct fk_drive *d)
     free(d->evict_step);
     free(d->prev);
     free(d->dropped);
+    free(d->kvw[0]);
+    free(d->kvw[1]);
     memset(d, 0, sizeof *d);
 }
 
@@ -110,8 +113,10 @@ static int encode_event(struct fk_drive *d, struct fk_unit *u, int kind,
             if (skips && t <= d->seen && !u->keep[(size_t)h * T + t])
                 continue; /* dropped before its turn: never coded */
             float *xi = d->x + (size_t)i * m;
-            const float *src = fk_stored_row(u->kv[kind], u->kv_enc[kind], (size_t)h * T + t,
-                                             m, xi);
+            const float *src = u->kvw[kind]
+                                   ? u->kvw[kind] + ((size_t)h * T + t) * m
+                                   : fk_stored_row(u->kv[kind], u->kv_enc[kind],
+                                                   (size_t)h * T + t, m, xi);
             if (src != xi)
                 memcpy(xi, src, sizeof(float) * (size_t)m);
             d->tok[i] = t;
@@ -235,8 +240,10 @@ static int policy_hook(struct fk_drive *d, struct fk_unit *u, int prefill, int t
         for (int j = first; j <= t; j++)
             u->keep[(size_t)h * T + j] = d->prev[(size_t)h * T + j] = 1;
     unsigned nd = u->evict->needs ? u->evict->needs(u->evict_opts) : 0;
-    struct fk_evict_view v = {.t = t, .k = u->kvf[0],
-                              .v = (nd & FK_EVICT_NEED_VALUES) ? u->kvf[1] : NULL,
+    /* the rows as the cache holds them: rewritten ones after the prefill's rewrites */
+    const float *kr = u->kvw[0] ? u->kvw[0] : u->kvf[0];
+    const float *vr = u->kvw[1] ? u->kvw[1] : u->kvf[1];
+    struct fk_evict_view v = {.t = t, .k = kr, .v = (nd & FK_EVICT_NEED_VALUES) ? vr : NULL,
                               .q = u->qa, .n_qrows = u->n_qa, .qrow = u->qarow};
     int (*hook)(void *, const struct fk_evict_view *) =
         prefill ? u->evict->prefill : u->evict->decode;
@@ -272,6 +279,34 @@ static int policy_hook(struct fk_drive *d, struct fk_unit *u, int prefill, int t
                           "%d at token %d", u->path, u->layer, u->evict->name,
                           n < 1 ? "every token" : "the current token", h, t);
     }
+    return FK_OK;
+}
+
+/* The prefill's row rewrites (evict/fk_rewrite.h): the layer's rows copied, rewritten
+ * after the policy's prefill hook, and from then on the rows the cache holds (u->kvw). */
+static int rewrite_rows(struct fk_drive *d, struct fk_unit *u)
+{
+    size_t n = (size_t)u->n_kv_heads * u->n_tokens * u->head_dim;
+    if (n > d->cap_kvw) {
+        FK_TRY(grow((void **)&d->kvw[0], n, sizeof(float)));
+        FK_TRY(grow((void **)&d->kvw[1], n, sizeof(float)));
+        d->cap_kvw = n;
+    }
+    for (int k = 0; k < 2; k++)
+        memcpy(d->kvw[k], u->kvf[k], sizeof(float) * n);
+    struct fk_rewrite_in in = {.n_kv_heads = u->n_kv_heads, .n_q_heads = u->n_q_heads,
+                               .head_dim = u->head_dim, .n_tokens = u->n_tokens,
+                               .prompt_len = u->prompt_len, .keep = u->keep, .k = d->kvw[0],
+                               .v = d->kvw[1], .q = u->qa, .n_qrows = u->n_qa,
+                               .qrow = u->qarow};
+    double c0 = fk_clock_s(CLOCK_THREAD_CPUTIME_ID);
+    int rc = fk_rewrite_apply(u->rewrite, &in, NULL);
+    u->times->t_policy += fk_clock_s(CLOCK_THREAD_CPUTIME_ID) - c0;
+    if (rc < 0)
+        return fk_err_context(rc, "%s: layer %d: the prefill's row rewrites", u->path,
+                              u->layer);
+    u->kvw[0] = d->kvw[0];
+    u->kvw[1] = d->kvw[1];
     return FK_OK;
 }
 
@@ -323,8 +358,9 @@ static int open_states(struct fk_unit *u)
                                     .basis = u->basis[k], .external = u->ext[k],
                                     .positions = u->positions,
                                     .rope = u->rope, .reference = u->ro->reference};
-        /* the rows encode_event hands over, known in advance (none in reference mode) */
-        const float *ahead = u->ro->reference ? NULL : u->kvf[k];
+        /* the rows encode_event hands over, known in advance (none in reference mode, and
+         * none when the prefill's rewrites change them after the states open) */
+        const float *ahead = u->ro->reference || u->rewrite ? NULL : u->kvf[k];
         int rc = fk_codec_open(u->ops, u->opts, &env, ahead, &u->st[k]);
         if (rc < 0)
             return fk_err_context(rc, "%s: layer %d %s: opening codec %s", u->path, u->layer,
@@ -347,6 +383,7 @@ static int finish(struct fk_drive *d, struct fk_unit *u, struct fk_unit_result *
 int fk_drive_unit(struct fk_drive *d, struct fk_unit *u, struct fk_unit_result *r)
 {
     u->st[0] = u->st[1] = NULL;
+    u->kvw[0] = u->kvw[1] = NULL;
     u->n_comp[0] = u->n_comp[1] = 0;
     for (int k = 0; k < 2; k++)
         fk_codec_buffer(u->ops, u->opts, k, &u->buf[k]);
@@ -362,6 +399,8 @@ int fk_drive_unit(struct fk_drive *d, struct fk_unit *u, struct fk_unit_result *
      * rows are coded, so that a codec skipping dropped tokens never sees its drops */
     if (rc == FK_OK && u->evict && u->prompt_len > 0)
         rc = policy_hook(d, u, 1, u->prompt_len - 1);
+    if (rc == FK_OK && u->rewrite)
+        rc = rewrite_rows(d, u);
     if (rc == FK_OK)
         rc = drive_ahead(d, u);
     if (rc == FK_OK)

@@ -43,6 +43,8 @@ struct fk_drive {
     size_t cap_mask;
     int n_dropped;
     int seen;                    /* the newest token whose mask bits the policy has set */
+    float *kvw[2];               /* [cap_kvw] the rows the row rewrites left (fk_unit.kvw) */
+    size_t cap_kvw;
 };
 
 int fk_drive_init(struct fk_drive *d);

@@ -292,8 +292,10 @@ static int final_error(struct obs_errors *o, const struct fk_unit *u, int k, dou
         for (int t = 0; t < u->n_comp[k]; t++) {
             if (u->keep && !u->keep[(size_t)h * T + t])
                 continue; /* dropped: never read again */
-            const float *x = fk_stored_row(u->kv[k], u->kv_enc[k], (size_t)h * T + t, m,
-                                           o->xrow);
+            /* against the row the codec was given (a rewritten one, fk_unit.kvw) */
+            const float *x = u->kvw[k] ? u->kvw[k] + ((size_t)h * T + t) * m
+                                       : fk_stored_row(u->kv[k], u->kv_enc[k],
+                                                       (size_t)h * T + t, m, o->xrow);
             FK_TRY(u->ops->reconstruct(u->st[k], h, t, o->rec));
             double xx = 0, e = 0;
             for (int c = 0; c < m; c++) {
@@ -576,7 +578,17 @@ struct obs_account {
     long kept;            /* retained rows (head, token) up to the current token */
     double codes_seen[2]; /* the codec's bytes_codes after the last commit */
     int comp_seen[2];     /* tokens below which kept_codes counts the retained rows */
+    long kept_pruned;     /* retained key rows whose channels think pruned (fk_unit) */
 };
+
+/* What think's channel pruning takes off stream k's bytes with `pruned` key rows stored
+ * short (2 bytes per pruned channel each) and adds (a channel mask per KV head). */
+static double think_bytes(const struct fk_unit *u, int k, double pruned)
+{
+    if (k != 0 || u->think_channels < 1)
+        return 0;
+    return (double)u->n_kv_heads * u->think_mask - pruned * 2.0 * u->think_channels;
+}
 
 /* Bytes of stream k held under a policy: the retained coded rows, the retained exact rows
  * (fp16), the dictionary state. */
@@ -585,7 +597,8 @@ static double held_kept(const struct obs_account *o, const struct fk_unit *u, in
     struct fk_stream_stats ss;
     u->ops->stats(u->st[k], &ss);
     return o->kept_codes[k] + ss.bytes_dict_seq +
-           (double)(o->kept - o->kept_coded[k]) * u->head_dim * 2;
+           (double)(o->kept - o->kept_coded[k]) * u->head_dim * 2 +
+           think_bytes(u, k, (double)o->kept_pruned);
 }
 
 /* A policy's step: token t arrives, the dropped rows leave, the rows coded since the last
@@ -599,6 +612,7 @@ static void account_step_kept(struct obs_account *o, const struct fk_unit *u,
         for (int i = 0; i < s->n_dropped; i++) {
             int j = s->dropped[i] % T;
             o->kept--;
+            o->kept_pruned -= j < u->think_tokens;
             for (int k = 0; k < 2; k++)
                 if (j < o->comp_seen[k]) {
                     o->kept_codes[k] -= o->row_bytes[k][s->dropped[i]];
@@ -634,7 +648,8 @@ static double held_bytes(struct obs_account *o, const struct fk_unit *u, int k, 
             o->codes[k] += o->tok_bytes[k][o->done[k]++];
         codes = o->codes[k];
     }
-    return codes + ss.bytes_dict_seq + (double)(t + 1 - n_comp) * u->n_kv_heads * u->head_dim * 2;
+    return codes + ss.bytes_dict_seq + (double)(t + 1 - n_comp) * u->n_kv_heads * u->head_dim * 2 +
+           think_bytes(u, k, (double)u->n_kv_heads * u->think_tokens);
 }
 
 static int account_step(void *self, const struct fk_unit *u, const struct fk_step *s)
@@ -680,6 +695,7 @@ static int account_start(void *self, const struct fk_unit *u)
         for (int k = 0; k < 2; k++)
             memset(o->row_bytes[k], 0, sizeof(double) * n);
         o->kept = (long)u->n_kv_heads * u->prompt_len; /* the prefill's rows; steps add theirs */
+        o->kept_pruned = (long)u->n_kv_heads * u->think_tokens;
     }
     if (!(u->ops->caps & FK_CAP_STATIC))
         return FK_OK;
@@ -776,9 +792,13 @@ static int account_finish(void *self, const struct fk_unit *u, struct fk_unit_re
         sr->bytes_buf = (double)(T - u->n_comp[k]) * H * m * 2;
         sr->bytes_full = (double)T * H * m * 2;
         sr->n_kept = (long)H * T;
+        /* think's short key rows below and above n_comp (every row kept without a policy) */
+        int nt = u->think_tokens, nc = u->n_comp[k];
+        long pr_codes = (long)H * (nt < nc ? nt : nc), pr_exact = (long)H * (nt > nc ? nt - nc : 0);
         if (u->evict) { /* the retained rows at the end, counted afresh */
             double codes = 0;
             long kept = 0, exact = 0;
+            pr_codes = pr_exact = 0;
             for (int h = 0; h < H; h++)
                 for (int t = 0; t < T; t++) {
                     size_t i = (size_t)h * T + t;
@@ -789,10 +809,17 @@ static int account_finish(void *self, const struct fk_unit *u, struct fk_unit_re
                         codes += o->row_bytes[k][i];
                     else
                         exact++;
+                    if (t < nt)
+                        *(t < nc ? &pr_codes : &pr_exact) += 1;
                 }
             sr->n_kept = kept;
             sr->st.bytes_codes = codes;
             sr->bytes_buf = (double)exact * m * 2;
+        }
+        if (k == 0 && u->think_channels > 0) {
+            sr->st.bytes_codes -= (double)pr_codes * 2 * u->think_channels;
+            sr->bytes_buf -= (double)pr_exact * 2 * u->think_channels;
+            sr->st.bytes_dict_seq += (double)H * u->think_mask;
         }
         sr->bytes_tok_avg = o->steps ? o->tok_sum[k] / o->steps : NAN;
         sr->n_heads = H;
@@ -875,8 +902,11 @@ static int attn_step(void *self, const struct fk_unit *u, const struct fk_step *
                             .k_enc = u->kv_enc[0], .v_enc = u->kv_enc[1], .ops = u->ops,
                             .kstate = u->st[0], .vstate = u->st[1],
                             .inv_scale = u->attn_inv_scale, .softcap = u->attn_softcap,
-                            .window = u->attn_window, .keep = u->keep};
-    int rc = s->n_comp[0] > 0 || s->n_comp[1] > 0 || u->keep ? attn_reserve(o, u) : FK_OK;
+                            .window = u->attn_window, .keep = u->keep,
+                            .k_cache = u->kvw[0], .v_cache = u->kvw[1]};
+    int rc = s->n_comp[0] > 0 || s->n_comp[1] > 0 || u->keep || u->kvw[0]
+                 ? attn_reserve(o, u)
+                 : FK_OK;
     if (rc == FK_OK)
         rc = fk_attn_eval(&ai, o->as, &o->acc);
     u->times->t_attn += fk_clock_s(CLOCK_THREAD_CPUTIME_ID) - a0;

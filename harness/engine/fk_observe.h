@@ -66,6 +66,14 @@ struct fk_unit {
     const float *qa;                  /* [H_q][n_qa][m] the queries the policy reads */
     int n_qa;
     const int32_t *qarow;             /* [T] row in qa of token t's query, or -1 */
+    /* The prefill's row rewrites (evict/fk_rewrite.h), or rewrite NULL. The driver applies
+     * them after the policy's prefill hook into kvw, the rows the cache holds from then on
+     * (what the codec codes, the attention's cache side and later policy hooks read); kv
+     * stays the exact reference. think_tokens prompt tokens of every head have keys with
+     * think_channels channels fewer (bytes), each (layer, head) a mask of think_mask bytes. */
+    const struct fk_rewrite *rewrite;
+    const float *kvw[2];              /* [H][T][m] float32, or NULL: the exact rows */
+    int think_tokens, think_channels, think_mask;
     struct fk_unit_times *times;      /* observers add their own time where it belongs */
 };
 

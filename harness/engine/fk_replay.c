@@ -14,6 +14,7 @@
 #include "common/fk_err.h"
 #include "core/fk_registry.h"
 #include "engine/fk_drive.h"
+#include "core/fk_rewrite.h"
 #include "kernels/fk_blas.h"
 #include "kernels/fk_sparse.h"
 
@@ -234,29 +235,34 @@ static int read_queries(struct worker *w, struct fk_trace *tr, int layer)
     return rc;
 }
 
-/* The prefill tokens whose queries a policy reads: the last n of them (0 if none). */
-static int policy_prefill_q(const struct fk_evict_ops *ev, const void *opts, int P)
+/* The prefill tokens whose queries the cell's policy and row rewrites read: the last n of
+ * them (0 if none). */
+static int policy_prefill_q(const struct fk_cell_input *in, int P)
 {
-    unsigned nd = ev->needs ? ev->needs(opts) : 0;
-    if (!(nd & FK_EVICT_NEED_PREFILL_Q) || !ev->prefill_queries)
-        return 0;
-    int n = ev->prefill_queries(opts, P);
+    const struct fk_evict_ops *ev = in->evict;
+    unsigned nd = ev && ev->needs ? ev->needs(in->evict_opts) : 0;
+    int n = 0;
+    if ((nd & FK_EVICT_NEED_PREFILL_Q) && ev->prefill_queries)
+        n = ev->prefill_queries(in->evict_opts, P);
+    int nr = fk_rewrite_prefill_queries(in->rewrite, P);
+    n = n > nr ? n : nr;
     return n < 0 ? 0 : n > P ? P : n;
 }
 
-/* Token t's query is read by the policy. */
-static int policy_reads_q(const struct fk_evict_ops *ev, const void *opts, int P, int t)
+/* Token t's query is read by the policy or the rewrites. */
+static int policy_reads_q(const struct fk_cell_input *in, int P, int t)
 {
-    unsigned nd = ev->needs ? ev->needs(opts) : 0;
-    return t >= P ? (nd & FK_EVICT_NEED_DECODE_Q) != 0 : t >= P - policy_prefill_q(ev, opts, P);
+    const struct fk_evict_ops *ev = in->evict;
+    unsigned nd = ev && ev->needs ? ev->needs(in->evict_opts) : 0;
+    return t >= P ? (nd & FK_EVICT_NEED_DECODE_Q) != 0 : t >= P - policy_prefill_q(in, P);
 }
 
-/* Which query row of each token the policy reads (its last row) into qarow [T] (-1: none
- * wanted), the rows ascending into qaidx; the count into *n. FK_ECONFIG naming the trace,
- * the layer and the first token whose query is wanted but absent. qidx: [Tq] the layer's
- * query_token_idx. */
-static int policy_rows(const struct fk_evict_ops *ev, const void *opts, struct fk_trace *tr,
-                       int layer, int32_t *qidx, int32_t *qarow, int *n)
+/* Which query row of each token the policy or the rewrites read (its last row) into qarow
+ * [T] (-1: none wanted), the rows ascending into qaidx; the count into *n. FK_ECONFIG naming
+ * the trace, the layer and the first token whose query is wanted but absent. qidx: [Tq] the
+ * layer's query_token_idx. */
+static int policy_rows(const struct fk_cell_input *in, struct fk_trace *tr, int layer,
+                       int32_t *qidx, int32_t *qarow, int *n)
 {
     const struct fk_trace_info *info = fk_trace_get_info(tr);
     int T = info->n_tokens, P = info->prompt_len;
@@ -265,13 +271,15 @@ static int policy_rows(const struct fk_evict_ops *ev, const void *opts, struct f
     for (int r = 0; info->has_queries && r < info->n_queries; r++)
         qarow[qidx[r]] = r;
     for (int t = 0; t < T; t++) {
-        int want = policy_reads_q(ev, opts, P, t);
+        int want = policy_reads_q(in, P, t);
         if (want && qarow[t] < 0)
             return fk_err(FK_ECONFIG,
-                          "%s: layer %d: eviction policy '%s' reads the query of %s token %d, "
-                          "but the trace records %s (record every token's queries, e.g. "
+                          "%s: layer %d: %s%s%s reads the query of %s token %d, but the "
+                          "trace records %s (record every token's queries, e.g. "
                           "`fadkv-bench synth --prefill-queries 1`)",
-                          fk_trace_path(tr), layer, ev->name, t < P ? "prefill" : "decode", t,
+                          fk_trace_path(tr), layer, in->evict ? "eviction policy '" : "",
+                          in->evict ? in->evict->name : "think (ThinK's channel scores)",
+                          in->evict ? "'" : "", t < P ? "prefill" : "decode", t,
                           info->has_queries ? "no query of that token" : "no queries");
         if (!want)
             qarow[t] = -1;
@@ -319,11 +327,17 @@ static int check_policy_trace(const struct fk_cell_input *in, unsigned nd,
     return FK_OK;
 }
 
+static int check_queries(const struct fk_cell_input *in);
+
 int fk_replay_check_evict(const struct fk_cell_input *in)
 {
     const struct fk_evict_ops *ev = in->evict;
-    if (!ev)
+    if (in->rewrite)
+        FK_TRY(fk_rewrite_check(in->rewrite, ev, in->ops));
+    if (!ev && !fk_rewrite_prefill_queries(in->rewrite, 1))
         return FK_OK;
+    if (!ev)
+        return check_queries(in);
     FK_TRY(fk_evict_check_names(ev, in->ops));
     if (ev->check)
         FK_TRY(ev->check(in->evict_opts));
@@ -345,8 +359,15 @@ int fk_replay_check_evict(const struct fk_cell_input *in)
                       "one row per layer, one column per KV head)", ev->name);
     for (int t = 0; t < in->n_traces; t++)
         FK_TRY(check_policy_trace(in, nd, in->traces[t]));
-    if (!(nd & (FK_EVICT_NEED_DECODE_Q | FK_EVICT_NEED_PREFILL_Q)))
+    if (!(nd & (FK_EVICT_NEED_DECODE_Q | FK_EVICT_NEED_PREFILL_Q)) &&
+        !fk_rewrite_prefill_queries(in->rewrite, 1))
         return FK_OK;
+    return check_queries(in);
+}
+
+/* Every query the policy and the rewrites read, in every layer of every trace. */
+static int check_queries(const struct fk_cell_input *in)
+{
     int rc = FK_OK;
     for (int t = 0; t < in->n_traces && rc == FK_OK; t++) {
         struct fk_trace *tr = in->traces[t];
@@ -363,7 +384,7 @@ int fk_replay_check_evict(const struct fk_cell_input *in)
                 pthread_mutex_unlock(&h5_lock);
             }
             if (rc == FK_OK)
-                rc = policy_rows(ev, in->evict_opts, tr, l, qidx, qarow, &n);
+                rc = policy_rows(in, tr, l, qidx, qarow, &n);
         }
         free(qidx);
         free(qarow);
@@ -393,7 +414,8 @@ static int kv_float(struct worker *w, const struct fk_trace_info *info, struct f
     return FK_OK;
 }
 
-/* A policy's inputs of one layer: K and V as float32, its queries, a zeroed keep mask. */
+/* The inputs of a policy and the row rewrites of one layer: K and V as float32, their
+ * queries, a zeroed keep mask (with a policy). */
 static int read_policy_inputs(struct worker *w, struct fk_trace *tr, int layer,
                               struct fk_unit *u)
 {
@@ -401,9 +423,11 @@ static int read_policy_inputs(struct worker *w, struct fk_trace *tr, int layer,
     const struct fk_trace_info *info = fk_trace_get_info(tr);
     int T = info->n_tokens, m = info->head_dim, H = info->n_kv_heads;
     FK_TRY(kv_float(w, info, u));
-    FK_TRY(grow((void **)&w->keep, &w->cap_keep, (size_t)H * T, 1));
-    memset(w->keep, 0, (size_t)H * T);
-    u->keep = w->keep;
+    if (ev) {
+        FK_TRY(grow((void **)&w->keep, &w->cap_keep, (size_t)H * T, 1));
+        memset(w->keep, 0, (size_t)H * T);
+        u->keep = w->keep;
+    }
     FK_TRY(grow((void **)&w->qaidx, &w->cap_qaidx, (size_t)info->n_queries + 1, sizeof(int32_t)));
     FK_TRY(grow((void **)&w->qarow, &w->cap_qarow, (size_t)T, sizeof(int32_t)));
     int rc = FK_OK;
@@ -414,7 +438,7 @@ static int read_policy_inputs(struct worker *w, struct fk_trace *tr, int layer,
     }
     int n = 0;
     if (rc == FK_OK)
-        rc = policy_rows(ev, w->in->evict_opts, tr, layer, w->qaidx, w->qarow, &n);
+        rc = policy_rows(w->in, tr, layer, w->qaidx, w->qarow, &n);
     FK_TRY(rc);
     size_t nq = (size_t)info->n_q_heads * n * m;
     FK_TRY(grow((void **)&w->qa, &w->cap_qa, nq ? nq : 1, sizeof(float)));
@@ -430,6 +454,11 @@ static int read_policy_inputs(struct worker *w, struct fk_trace *tr, int layer,
     u->evict = ev;
     u->evict_opts = w->in->evict_opts;
     u->head_scores = w->in->heads ? w->in->heads->score : NULL;
+    const struct fk_rewrite *rw = w->in->rewrite;
+    u->rewrite = rw;
+    u->think_channels = fk_rewrite_channels(rw, m);
+    u->think_tokens = fk_rewrite_pruned_tokens(rw, m, info->prompt_len);
+    u->think_mask = fk_rewrite_mask_bytes(rw, m);
     return FK_OK;
 }
 
@@ -471,7 +500,7 @@ static int replay_layer(struct worker *w, int ti, int layer, const struct fk_bas
         FK_TRY(rc);
         u.ext[k] = w->ext[k];
     }
-    if (w->in->evict)
+    if (w->in->evict || w->in->rewrite)
         FK_TRY(read_policy_inputs(w, tr, layer, &u));
     else if (fk_codec_takes_ahead(w->in->ops) && !ro->reference)
         FK_TRY(kv_float(w, info, &u)); /* the codec's rows ahead */

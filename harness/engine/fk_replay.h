@@ -137,6 +137,8 @@ struct fk_cell_input {
     const struct fk_evict_ops *evict; /* (optional) a token-eviction policy over the codec
                                        * (core/fk_evict.h), NULL: none */
     const void *evict_opts;           /* evict->opts_size bytes */
+    const struct fk_rewrite *rewrite; /* (optional) the prefill's row rewrites (merge,
+                                       * think: evict/fk_rewrite.h), NULL: none */
     const struct fk_head_pattern *heads; /* the dataset's head pattern (engine/fk_heads.h),
                                        * required by a policy with FK_EVICT_NEED_HEADS */
 };
@@ -153,12 +155,13 @@ int fk_replay_check_basis(const struct fk_cell_input *in);
 /* The same for a codec of external reconstructions (FK_CAP_EXTERNAL): a reconstruction file
  * for every trace, each with its trace's layers, KV heads, tokens and head_dim. */
 int fk_replay_check_external(const struct fk_cell_input *in);
-/* The checks of a cell with an eviction policy, which a runner makes before any cell runs
- * (fk_replay_cell makes them again): the policy's options (its check), no option name shared
- * with the codec, a codec whose stored rows do not depend on rows the policy drops (no
- * dictionary that grows or adapts during decoding), and every query the policy reads
+/* The checks of a cell with an eviction policy or row rewrites, which a runner makes before
+ * any cell runs (fk_replay_cell makes them again): the policy's options (its check), no
+ * option name shared with the codec, a codec whose stored rows do not depend on rows the
+ * policy drops (no dictionary that grows or adapts during decoding), the rewrites' rules
+ * (fk_rewrite_check), and every query the policy and the rewrites read
  * (fk_evict_ops.needs) in every layer of every trace; messages name the trace, the layer
- * and what is missing. Nothing to check without a policy. */
+ * and what is missing. Nothing to check without either. */
 int fk_replay_check_evict(const struct fk_cell_input *in);
 void fk_cell_result_free(struct fk_cell_result *r);
 

@@ -283,16 +283,19 @@ static int is_known_option(const char *key)
     for (int c = 0; fk_evict_policies[c]; c++)
         if (fk_evict_option(fk_evict_policies[c], key))
             return 1;
-    return 0;
+    return fk_rewrite_is_option(key);
 }
 
-/* A codec composed with an eviction policy, seen as one codec by the resolution: its
- * options are the codec's, then the policy's at `off` in one options buffer. */
+/* A codec composed with an eviction policy and/or the prefill's row rewrites
+ * (evict/fk_rewrite.h), seen as one codec by the resolution: its options are the codec's,
+ * then the policy's at `off`, then the rewrite's at `rw_off`, in one options buffer. */
 struct composite {
     struct fk_codec_ops ops;     /* first: a composite is passed as its ops */
     const struct fk_codec_ops *codec;
-    const struct fk_evict_ops *ev;
+    const struct fk_evict_ops *ev; /* or NULL */
     size_t off;
+    int has_rw;                  /* the block sets a rewrite option */
+    size_t rw_off;
     struct fk_option *options;
     char name[128];
 };
@@ -304,30 +307,38 @@ static const struct composite *composite_of(const struct fk_codec_ops *ops)
 }
 
 static int composite_init(struct composite *c, const struct fk_codec_ops *codec,
-                          const struct fk_evict_ops *ev)
+                          const struct fk_evict_ops *ev, int has_rw)
 {
-    size_t nc = 0, ne = 0;
+    size_t nc = 0, ne = 0, nr = 0;
     while (codec->options[nc].name)
         nc++;
-    while (ev->options[ne].name)
+    while (ev && ev->options[ne].name)
         ne++;
+    while (has_rw && fk_rewrite_options[nr].name)
+        nr++;
     memset(c, 0, sizeof *c);
-    c->options = calloc(nc + ne + 1, sizeof *c->options);
+    c->options = calloc(nc + ne + nr + 1, sizeof *c->options);
     if (!c->options)
         return fk_err(FK_ENOMEM, "out of memory");
     c->codec = codec;
     c->ev = ev;
+    c->has_rw = has_rw;
     c->off = (codec->opts_size + 15) / 16 * 16;
+    c->rw_off = c->off + (ev ? (ev->opts_size + 15) / 16 * 16 : 0);
     memcpy(c->options, codec->options, nc * sizeof *c->options);
     for (size_t i = 0; i < ne; i++) {
         c->options[nc + i] = ev->options[i];
         c->options[nc + i].offset += c->off;
     }
-    snprintf(c->name, sizeof c->name, "%s+%s", codec->name, ev->name);
+    for (size_t i = 0; i < nr; i++) {
+        c->options[nc + ne + i] = fk_rewrite_options[i];
+        c->options[nc + ne + i].offset += c->rw_off;
+    }
+    snprintf(c->name, sizeof c->name, "%s+%s", codec->name, ev ? ev->name : "rewrite");
     c->ops = *codec;
     c->ops.name = c->name;
     c->ops.options = c->options;
-    c->ops.opts_size = c->off + ev->opts_size;
+    c->ops.opts_size = c->rw_off + (has_rw ? sizeof(struct fk_rewrite) : 0);
     return FK_OK;
 }
 
@@ -583,18 +594,33 @@ static int push_resolved(struct fk_sweep *s, struct cellvec *cv, const struct fk
                          const struct fk_toml_value *blk)
 {
     const struct composite *cm = composite_of(ops);
-    if (cm && cm->ev->check && cm->ev->check((const char *)opts + cm->off) < 0)
+    const struct fk_evict_ops *ev = cm ? cm->ev : NULL;
+    const struct fk_rewrite *rw =
+        cm && cm->has_rw ? (const struct fk_rewrite *)((const char *)opts + cm->rw_off) : NULL;
+    if (ev && ev->check && ev->check((const char *)opts + cm->off) < 0)
         return fk_err_context(FK_ECONFIG, "%s:%d:%d: eviction policy '%s' (dataset '%s')",
                               fk_toml_origin(blk), fk_toml_line(blk), fk_toml_col(blk),
-                              cm->ev->name, s->datasets[d].name);
+                              ev->name, s->datasets[d].name);
+    if (rw && fk_rewrite_check(rw, ev, cm->codec) < 0)
+        return fk_err_context(FK_ECONFIG, "%s:%d:%d: codec '%s' (dataset '%s')",
+                              fk_toml_origin(blk), fk_toml_line(blk), fk_toml_col(blk),
+                              cm->codec->name, s->datasets[d].name);
     char canon[4096];
     FK_TRY(canon_opts(cm ? cm->codec : ops, opts, canon, sizeof canon));
-    if (cm) { /* ";evict=POLICY;its=options" after the codec's */
+    if (cm) { /* ";evict=POLICY;its=options", then ";merge=...", after the codec's */
         size_t n = strlen(canon);
-        n += (size_t)snprintf(canon + n, sizeof canon - n, ";evict=%s", cm->ev->name);
-        for (const struct fk_option *o = cm->ev->options; o->name && n < sizeof canon; o++) {
+        if (ev)
+            n += (size_t)snprintf(canon + n, sizeof canon - n, ";evict=%s", ev->name);
+        for (const struct fk_option *o = ev ? ev->options : NULL; o && o->name &&
+             n < sizeof canon; o++) {
             char v[64];
             fk_opts_format((const char *)opts + cm->off, o, v, sizeof v);
+            n += (size_t)snprintf(canon + n, sizeof canon - n, ";%s=%s", o->name, v);
+        }
+        for (const struct fk_option *o = rw ? fk_rewrite_options : NULL; o && o->name &&
+             n < sizeof canon; o++) {
+            char v[64];
+            fk_opts_format(rw, o, v, sizeof v);
             n += (size_t)snprintf(canon + n, sizeof canon - n, ";%s=%s", o->name, v);
         }
         if (n >= sizeof canon)
@@ -663,19 +689,24 @@ static int push_resolved(struct fk_sweep *s, struct cellvec *cv, const struct fk
             c->ops = co;
             c->opts = malloc(co->opts_size);
             c->canon = xstrdup(full);
-            if (cm)
-                c->evict_opts = malloc(cm->ev->opts_size);
-            if (!c->opts || !c->canon || (cm && !c->evict_opts)) {
+            if (ev)
+                c->evict_opts = malloc(ev->opts_size);
+            if (rw)
+                c->rewrite = malloc(sizeof *c->rewrite);
+            if (!c->opts || !c->canon || (ev && !c->evict_opts) || (rw && !c->rewrite)) {
                 free(c->opts);
                 free(c->canon);
                 free(c->evict_opts);
+                free(c->rewrite);
                 return fk_err(FK_ENOMEM, "out of memory");
             }
             memcpy(c->opts, opts, co->opts_size);
-            if (cm) {
-                c->evict = cm->ev;
-                memcpy(c->evict_opts, (const char *)opts + cm->off, cm->ev->opts_size);
+            if (ev) {
+                c->evict = ev;
+                memcpy(c->evict_opts, (const char *)opts + cm->off, ev->opts_size);
             }
+            if (rw)
+                *c->rewrite = *rw;
             c->dataset = d;
             c->repeat = rep;
             cv->n++;
@@ -829,6 +860,7 @@ static int resolve_codec(struct fk_sweep *s, struct cellvec *cv, const struct fk
     /* evict = "POLICY": the codec stores what the policy keeps */
     const struct fk_toml_value *evv = fk_toml_table_get(blk, "evict");
     struct composite comp = {0};
+    const struct fk_evict_ops *pol = NULL;
     if (evv) {
         const char *pname;
         FK_TRY(get_str(evv, &pname));
@@ -846,7 +878,24 @@ static int resolve_codec(struct fk_sweep *s, struct cellvec *cv, const struct fk
         if (fk_evict_check_names(ev, ops) < 0)
             return fk_err_context(FK_ECONFIG, "%s:%d:%d", fk_toml_origin(evv),
                                   fk_toml_line(evv), fk_toml_col(evv));
-        FK_TRY(composite_init(&comp, ops, ev));
+        pol = ev;
+    }
+    /* merge = ..., think = ...: the prefill's row rewrites, with or without a policy */
+    int has_rw = 0;
+    for (size_t i = 0; i < fk_toml_table_len(blk); i++)
+        has_rw |= fk_rewrite_is_option(fk_toml_table_at(blk, i)->key);
+    for (int g = 0; g < 2; g++) { /* and the keys its grid or zip varies */
+        const struct fk_toml_value *dv = fk_toml_table_get(blk, g ? "zip" : "grid");
+        for (size_t i = 0; dv && fk_toml_type(dv) == FK_TOML_TABLE &&
+             i < fk_toml_table_len(dv); i++)
+            has_rw |= fk_rewrite_is_option(fk_toml_table_at(dv, i)->key);
+    }
+    if (pol || has_rw) {
+        for (const struct fk_option *o = fk_rewrite_options; has_rw && o->name; o++)
+            if (fk_codec_option(ops, o->name) || (pol && fk_evict_option(pol, o->name)))
+                return cfg_err(blk, "option '%s' of the row rewrites is also an option of %s",
+                               o->name, ops->name);
+        FK_TRY(composite_init(&comp, ops, pol, has_rw));
         ops = &comp.ops;
     }
     int rc = resolve_block(s, cv, blk, defaults, excl, ops);
@@ -1086,6 +1135,7 @@ void fk_sweep_free(struct fk_sweep **sp)
     for (int c = 0; c < s->n_cells; c++) {
         free(s->cells[c].opts);
         free(s->cells[c].evict_opts);
+        free(s->cells[c].rewrite);
         free(s->cells[c].canon);
     }
     free(s->datasets);

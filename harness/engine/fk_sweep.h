@@ -23,6 +23,7 @@
 #include "core/fk_codec.h"
 #include "core/fk_registry.h"
 #include "core/fk_evict.h"
+#include "core/fk_rewrite.h"
 
 struct fk_toml_value;
 
@@ -76,6 +77,7 @@ struct fk_sweep_cell {
     char *canon;                 /* canonical text of the resolved cell */
     const struct fk_evict_ops *evict; /* the block's `evict` policy (core/fk_evict.h) or NULL */
     void *evict_opts;            /* evict->opts_size bytes, or NULL */
+    struct fk_rewrite *rewrite;  /* the block's row rewrites (merge, think) or NULL */
 };
 
 struct fk_sweep {

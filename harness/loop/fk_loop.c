@@ -549,9 +549,10 @@ static int policy_hook(void *ctx, int l, int pos, const float *q)
     float *qb = lp->q + (size_t)l * lp->Hq * lp->T * m;
     for (int h = 0; h < lp->Hq; h++)
         memcpy(qb + ((size_t)h * lp->T + pos) * m, q + (size_t)h * m, (size_t)m * sizeof(float));
-    for (int h = 0; h < H; h++)
+    for (int h = 0; lp->keep && h < H; h++)
         lp->keep[l][(size_t)h * lp->T + pos] = 1;
-    if (pos < lp->P || !lp->pol->decode) /* a prefill-only policy (snapkv) has no decode hook */
+    /* no policy (row rewrites alone), or a prefill-only one (snapkv): no decode hook */
+    if (pos < lp->P || !lp->pol || !lp->pol->decode)
         return FK_OK;
     struct fk_evict_view v = policy_view(lp, l, pos);
     int rc = lp->pol->decode(lp->pol_st[l], &v);
@@ -561,10 +562,30 @@ static int policy_hook(void *ctx, int l, int pos, const float *q)
     return FK_OK;
 }
 
+/* The row rewrites alone (no policy): every query recorded for them, no mask. */
+static int rewrite_open(struct loop *lp, const struct fk_loop_codec *c)
+{
+    const struct fk_llama2c_config *cfg = fk_llama2c_model_config(lp->m);
+    FK_TRY(fk_rewrite_check(c->rewrite, NULL, c->ops));
+    size_t L = (size_t)lp->L, T = (size_t)lp->T;
+    lp->Hq = cfg->n_heads;
+    lp->q = malloc(L * lp->Hq * T * lp->m_dim * sizeof(float));
+    lp->qrow = malloc(T * sizeof(int32_t));
+    if (!lp->q || !lp->qrow)
+        return fk_err(FK_ENOMEM, "out of memory for the row rewrites' queries");
+    for (size_t t = 0; t < T; t++)
+        lp->qrow[t] = (int32_t)t;
+    return FK_OK;
+}
+
 static int policy_open(struct loop *lp, const struct fk_loop_codec *c)
 {
     const struct fk_evict_ops *ev = c->evict;
     const struct fk_llama2c_config *cfg = fk_llama2c_model_config(lp->m);
+    if (!ev)
+        return rewrite_open(lp, c);
+    if (c->rewrite)
+        FK_TRY(fk_rewrite_check(c->rewrite, ev, c->ops));
     if ((c->ops->caps & (FK_CAP_GROWS | FK_CAP_ADAPTS)) && !(c->ops->caps & FK_CAP_SKIPS))
         return fk_err(FK_ECONFIG, "eviction policy %s over codec %s: the codec's dictionary "
                       "changes with rows the policy may drop and it cannot skip them "
@@ -622,6 +643,33 @@ static int policy_prefill(struct loop *lp)
     return FK_OK;
 }
 
+/* The row rewrites of every layer after the policy's prefill hooks: the loop's rows
+ * rewritten in place, and the prompt's rows of the model's cache with them (a coded row's
+ * reconstruction replaces it when its event runs). */
+static int rewrite_prefill(struct loop *lp, const struct fk_rewrite *rw)
+{
+    int m = lp->m_dim, H = lp->H;
+    for (int l = 0; rw && l < lp->L; l++) {
+        struct fk_rewrite_in in = {.n_kv_heads = H, .n_q_heads = lp->Hq, .head_dim = m,
+                                   .n_tokens = lp->T, .prompt_len = lp->P,
+                                   .keep = lp->keep ? lp->keep[l] : NULL,
+                                   .k = raw_row(lp, l, 0, 0, 0), .v = raw_row(lp, l, 1, 0, 0),
+                                   .q = lp->q + (size_t)l * lp->Hq * lp->T * m,
+                                   .n_qrows = lp->T, .qrow = lp->qrow};
+        int rc = fk_rewrite_apply(rw, &in, NULL);
+        if (rc < 0)
+            return fk_err_context(rc, "the prefill's row rewrites, layer %d", l);
+        for (int k = 0; k < 2; k++)
+            for (int t = 0; t < lp->P; t++) {
+                float *row = fk_llama2c_kv_row(lp->run, l, (enum fk_kind)k, t);
+                for (int h = 0; h < H; h++)
+                    memcpy(row + (size_t)h * m, raw_row(lp, l, k, h, t),
+                           (size_t)m * sizeof(float));
+            }
+    }
+    return FK_OK;
+}
+
 /* 1 when some row of some layer is dropped (the masks cover tokens 0..t). */
 static int any_dropped(const struct loop *lp, int t)
 {
@@ -634,13 +682,14 @@ static int any_dropped(const struct loop *lp, int t)
 }
 
 /* Feeds the prompt exactly and codes each stream's prefill event. */
-static int loop_prefill(struct loop *lp, const int32_t *ids)
+static int loop_prefill(struct loop *lp, const int32_t *ids, const struct fk_rewrite *rw)
 {
     for (int t = 0; t < lp->P; t++) {
         FK_TRY(fk_llama2c_forward(lp->run, ids[t], t, NULL));
         keep_rows(lp, t);
     }
     FK_TRY(policy_prefill(lp));
+    FK_TRY(rewrite_prefill(lp, rw));
     for (int k = 0; k < 2; k++) {
         struct fk_sched s = {.n_tokens = lp->T, .prompt_len = lp->P, .n_b = lp->buf[k].n_b,
                              .a_len = lp->buf[k].a_len, .mode = lp->buf[k].mode};
@@ -790,7 +839,7 @@ int fk_loop_run(const struct fk_llama2c_model *m, const struct fk_loop_ref *ref,
         if (rc == FK_OK)
             fk_llama2c_set_tap(lp.run, &tp);
     }
-    if (rc == FK_OK && c->evict) {
+    if (rc == FK_OK && (c->evict || c->rewrite)) {
         rc = policy_open(&lp, c);
         struct fk_llama2c_tap tp = {.att_out = tap_out, .att_logit = tap_logit,
                                     .pre_attention = policy_hook, .ctx = &lp,
@@ -798,12 +847,12 @@ int fk_loop_run(const struct fk_llama2c_model *m, const struct fk_loop_ref *ref,
         if (rc == FK_OK)
             fk_llama2c_set_tap(lp.run, &tp);
     }
-    if (rc == FK_OK && c->block > 1 && mode == FK_LOOP_TEACHER && !c->evict)
+    if (rc == FK_OK && c->block > 1 && mode == FK_LOOP_TEACHER && !c->evict && !c->rewrite)
         rc = block_alloc(&lp, c->block, taps);
     if (rc == FK_OK)
         rc = loop_open(&lp, c);
     if (rc == FK_OK)
-        rc = loop_prefill(&lp, ref->ids);
+        rc = loop_prefill(&lp, ref->ids, c->rewrite);
     if (rc == FK_OK)
         rc = loop_decode(&lp, ref, mode, out, cs, ks, tap_out, tap_logit);
     if (rc == FK_OK) {

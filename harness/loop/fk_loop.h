@@ -34,6 +34,7 @@
 
 #include "core/fk_codec.h"
 #include "core/fk_evict.h"
+#include "core/fk_rewrite.h"
 #include "formats/fk_basis.h"
 #include "formats/fk_dict.h"
 #include "gen/fk_llama2c.h"
@@ -82,13 +83,17 @@ struct fk_loop_codec {
      * [head_layers][head_heads], which must be the model's layers and KV heads */
     const double *head_scores;
     int head_layers, head_heads;
+    /* (optional) the prefill's row rewrites (core/fk_rewrite.h: merged values, pruned key
+     * channels), after the policy's prefill hook, on the rows this loop computed: the codec
+     * codes the rewritten rows and the model attends to them (its cache rows rewritten too) */
+    const struct fk_rewrite *rewrite;
     /* (optional) teacher forcing in blocks of up to `block` positions per forward pass
      * (fk_llama2c_forward_block: each weight read once per block); 0 or 1: one position per
      * pass. A block ends at the first step where either stream's schedule hands rows to the
      * codec, so every position sees the cache the one-at-a-time loop gives it: the
      * reconstructions of the rows handed over before its step, the exact rows otherwise
      * (equal up to float rounding). Ignored with an eviction policy (per-position decisions)
-     * and when free running. */
+     * or row rewrites and when free running. */
     int block;
 };
 

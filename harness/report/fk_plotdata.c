@@ -454,12 +454,19 @@ static int store_load(struct fk_plot_store *st, const char *dir, const char *dat
         c->row = i;
         c->id = t->rows[i][ci];
         c->codec = t->rows[i][cc];
-        int ce = fk_csv_col(t, "evict"); /* a policy's cells: a series of their own */
-        if (ce >= 0 && t->rows[i][ce][0]) {
-            size_t n = strlen(c->codec) + strlen(t->rows[i][ce]) + 2;
+        /* a policy's cells, and those with row rewrites: a series of their own
+         * (codec+policy+merge+think) */
+        int ce = fk_csv_col(t, "evict"), cm = fk_csv_col(t, "merge");
+        int ct = fk_csv_col(t, "think");
+        const char *ev = ce >= 0 ? t->rows[i][ce] : "";
+        int merge = cm >= 0 && t->rows[i][cm][0] && strcmp(t->rows[i][cm], "none");
+        int think = ct >= 0 && t->rows[i][ct][0] && atof(t->rows[i][ct]) > 0;
+        if (ev[0] || merge || think) {
+            size_t n = strlen(c->codec) + strlen(ev) + 16;
             if (!(c->codec_own = malloc(n)))
                 return fk_err(FK_ENOMEM, "out of memory");
-            snprintf(c->codec_own, n, "%s+%s", c->codec, t->rows[i][ce]);
+            snprintf(c->codec_own, n, "%s%s%s%s%s", c->codec, ev[0] ? "+" : "", ev,
+                     merge ? "+merge" : "", think ? "+think" : "");
             c->codec = c->codec_own;
         }
         c->dataset = t->rows[i][cd];

@@ -300,7 +300,7 @@ static struct fk_cell_input cell_input(const struct run *r, const struct fk_swee
                                   .external = (cell->ops->caps & FK_CAP_EXTERNAL) ? L->recon
                                                                                   : NULL,
                                   .evict = cell->evict, .evict_opts = cell->evict_opts,
-                                  .heads = L->heads};
+                                  .rewrite = cell->rewrite, .heads = L->heads};
 }
 
 /* A low-rank cell's basis against its traces and options, before any cell runs. */
@@ -398,7 +398,8 @@ void fk_run_cell_meta(const struct run *r, const struct fk_sweep_cell *cell,
                                   .seed = (long)(cell->seed & 0x7fffffffffffffffULL),
                                   .repeat = cell->repeat,
                                   .sweep = s->name, .evict = cell->evict,
-                                  .evict_opts = cell->evict_opts, .loop = loop};
+                                  .evict_opts = cell->evict_opts, .rewrite = cell->rewrite,
+                                  .loop = loop};
     memcpy(meta->id, cell->id, sizeof meta->id);
 }
 

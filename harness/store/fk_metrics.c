@@ -435,7 +435,7 @@ const struct fk_metric fk_metrics[] = {
     {"bytes_buf", "bytes", "memory", -1, FK_AGG_CELL, H(bytes_buf), NULL, 0, NOB, NOB,
      "exact rows still in the window at the end, fp16, per sequence"},
     {"bytes_dict_seq", "bytes", "memory", -1, FK_AGG_CELL, H(bytes_dict_seq), NULL, 0, NOB, NOB,
-     "per-sequence dictionary state, per sequence"},
+     "per-sequence side state: a dictionary's, ThinK's channel masks (think), per sequence"},
     {"tokens_per_seq", "tokens", "memory", 0, FK_AGG_CELL, H(tokens_per_seq), NULL, 0, NOB, NOB,
      "mean T over the traces"},
     {"bytes_per_token", "bytes", "memory", -1, FK_AGG_CELL, H(bytes_per_token), NULL, 0, NOB,

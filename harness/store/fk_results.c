@@ -257,13 +257,19 @@ static void meta_opts(struct fk_sb *b, const struct fk_cell_meta *m)
         fk_opts_format(m->opts, o, v, sizeof v);
         fk_sb_printf(b, "opt.%s\t%s\n", o->name, v);
     }
-    if (!m->evict)
-        return;
     /* the eviction policy and its options (columns evict, and its options, of cells.csv) */
-    fk_sb_printf(b, "opt.evict\t%s\n", m->evict->name);
-    for (const struct fk_option *o = m->evict->options; o->name; o++) {
+    if (m->evict)
+        fk_sb_printf(b, "opt.evict\t%s\n", m->evict->name);
+    for (const struct fk_option *o = m->evict ? m->evict->options : NULL; o && o->name; o++) {
         char v[64];
         fk_opts_format(m->evict_opts, o, v, sizeof v);
+        fk_sb_printf(b, "opt.%s\t%s\n", o->name, v);
+    }
+    /* the row rewrites (columns merge .. think_recent, empty for cells without them) */
+    for (const struct fk_option *o = m->rewrite ? fk_rewrite_options : NULL; o && o->name;
+         o++) {
+        char v[64];
+        fk_opts_format(m->rewrite, o, v, sizeof v);
         fk_sb_printf(b, "opt.%s\t%s\n", o->name, v);
     }
 }
@@ -651,6 +657,8 @@ static int option_columns(const char **cols, int cap)
             if (!seen && n < cap)
                 cols[n++] = o->name;
         }
+    for (const struct fk_option *o = fk_rewrite_options; o->name && n < cap; o++)
+        cols[n++] = o->name; /* then the row rewrites' (core/fk_rewrite.h) */
     return n;
 }
 

@@ -20,6 +20,7 @@
 #include <stdint.h>
 
 #include "core/fk_codec.h"
+#include "core/fk_rewrite.h"
 #include "engine/fk_replay.h"
 #include "store/fk_csv.h"
 
@@ -56,6 +57,7 @@ struct fk_cell_meta {
     const char *sweep;           /* name of the sweep that computed it (NULL: none) */
     const struct fk_evict_ops *evict; /* the cell's eviction policy, or NULL */
     const void *evict_opts;
+    const struct fk_rewrite *rewrite; /* the cell's row rewrites (core/fk_rewrite.h), or NULL */
     const struct fk_cell_loop *loop; /* closed-loop results (model datasets), or NULL */
 };
 
