@@ -198,9 +198,12 @@ static int bench_cell(struct bench *b, int c, const struct fk_bench_replay_hooks
     struct fk_cell_input in = cell_input(b, cell->ops, cell->opts);
     in.evict = cell->evict; /* a token-eviction policy over the codec: "CODEC+POLICY" */
     in.evict_opts = cell->evict_opts;
+    in.rewrite = cell->rewrite; /* and the prefill's row rewrites: "+merge", "+think" */
     char name[128];
-    snprintf(name, sizeof name, "%s%s%s", cell->ops->name, cell->evict ? "+" : "",
-             cell->evict ? cell->evict->name : "");
+    const struct fk_rewrite *rw = cell->rewrite;
+    snprintf(name, sizeof name, "%s%s%s%s%s", cell->ops->name, cell->evict ? "+" : "",
+             cell->evict ? cell->evict->name : "",
+             rw && rw->merge != FK_MERGE_NONE ? "+merge" : "", rw && rw->think > 0 ? "+think" : "");
     struct fk_cell_result res;
     struct fk_bench_cell_row row = {.codec = name};
     FK_TRY(run(b, &in, s->jobs, s->attention, 0, NULL, &res, &row.t));
@@ -211,7 +214,8 @@ static int bench_cell(struct bench *b, int c, const struct fk_bench_replay_hooks
                                 .basis = (cell->ops->caps & FK_CAP_BASIS) ? b->ds->basis : NULL,
                                 .sweep = s->name, .repeat = cell->repeat,
                                 .attn_stride = s->attention ? s->attn_stride : 0,
-                                .evict = cell->evict, .evict_opts = cell->evict_opts};
+                                .evict = cell->evict, .evict_opts = cell->evict_opts,
+                                .rewrite = cell->rewrite};
     memcpy(meta.id, cell->id, sizeof meta.id);
     int rc = fk_results_commit(s->output, &meta, &res);
     fk_cell_result_free(&res);
