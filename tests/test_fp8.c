@@ -187,10 +187,52 @@ START_TEST(fp16_midpoints_round_half_even)
 }
 END_TEST
 
+/* The bulk round trip against the scalar one on every 1021st float bit pattern, both signs,
+ * and on every half's neighbourhood (the codes, their midpoints and the floats beside). */
+START_TEST(fp16_round_bulk_matches_scalar)
+{
+    enum { N = 4096 };
+    static float x[N], want[N];
+    size_t n = 0, checked = 0;
+    for (uint64_t b = 0; b <= 0xFFFFFFFFull; b += 1021) {
+        uint32_t u = (uint32_t)b;
+        memcpy(&x[n], &u, sizeof u);
+        want[n] = fk_fp16_decode(fk_fp16_encode(x[n]));
+        if (++n == N || b + 1021 > 0xFFFFFFFFull) {
+            fk_fp16_round(x, n);
+            for (size_t i = 0; i < n; i++) {
+                if (isnan(want[i])) {
+                    ck_assert(isnan(x[i]));
+                    continue;
+                }
+                ck_assert_msg(memcmp(&x[i], &want[i], sizeof(float)) == 0,
+                              "%a: %a, want %a", (double)x[i], (double)x[i], (double)want[i]);
+            }
+            checked += n;
+            n = 0;
+        }
+    }
+    for (int h = 0; h < 0x7C00; h++)
+        for (int sg = 0; sg < 2; sg++) {
+            float v = fk_fp16_decode((uint16_t)(h | (sg << 15)));
+            float nb = fk_fp16_decode((uint16_t)((h + 1) | (sg << 15)));
+            float c[5] = {v, nextafterf(v, 0.0f), nextafterf(v, 2 * v + 1),
+                          (float)(0.5 * ((double)v + nb)), nextafterf((float)(0.5 * ((double)v + nb)), 0.0f)};
+            float w[5];
+            for (int i = 0; i < 5; i++)
+                w[i] = fk_fp16_decode(fk_fp16_encode(c[i]));
+            fk_fp16_round(c, 5);
+            ck_assert(memcmp(c, w, sizeof c) == 0);
+        }
+    ck_assert(checked > 4000000);
+}
+END_TEST
+
 static Suite *fp8_suite(void)
 {
     Suite *s = suite_create("fp8");
     TCase *tc = tcase_create("core");
+    tcase_set_timeout(tc, 60);
     tcase_add_test(tc, fp8_decode_all_codes);
     tcase_add_test(tc, fp8_roundtrip_all_codes);
     tcase_add_test(tc, fp8_midpoints_round_half_even);
@@ -198,6 +240,7 @@ static Suite *fp8_suite(void)
     tcase_add_test(tc, fp8_random_nearest);
     tcase_add_test(tc, fp16_all_codes);
     tcase_add_test(tc, fp16_midpoints_round_half_even);
+    tcase_add_test(tc, fp16_round_bulk_matches_scalar);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -5,6 +5,7 @@
  * FP8 saturates to +-448 (the harness policy) and counts |f| >= 464 as saturation.
  */
 #include "kernels/fk_sparse.h"
+#include "kernels/fk_simd.h"
 
 #include <math.h>
 #include <string.h>
@@ -88,6 +89,30 @@ uint16_t fk_fp16_encode(float f)
     if (rem > 0x1000u || (rem == 0x1000u && (h & 1u)))
         h++; /* a carry into the exponent is the correct rounding */
     return sign | (uint16_t)h;
+}
+
+/* fk_fp16_decode(fk_fp16_encode(x[i])) in place, branch-free on the float's bits (every clone
+ * the same bits): a normal half keeps the float's top 10 mantissa bits, rounded half to even
+ * by adding 0x0FFF plus the kept LSB (a carry into the exponent is the correct rounding);
+ * below 2^-14 the half's unit is 2^-24, the spacing of floats in [0.5, 1): (|x| + 0.5) - 0.5
+ * rounds there half to even; from 65520 on, infinity; NaN stays NaN (quiet). */
+FK_CLONES512 void fk_fp16_round(float *x, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        uint32_t u, rs;
+        memcpy(&u, &x[i], sizeof u);
+        uint32_t s = u & 0x80000000u, a = u & 0x7FFFFFFFu;
+        uint32_t r = (a + 0x0FFFu + ((a >> 13) & 1u)) & ~0x1FFFu;
+        float af, sub;
+        memcpy(&af, &a, sizeof af);
+        sub = (af + 0.5f) - 0.5f;
+        memcpy(&rs, &sub, sizeof rs);
+        r = a < 0x38800000u ? rs : r;
+        r = a >= 0x477FF000u ? 0x7F800000u : r;
+        r = a > 0x7F800000u ? 0x7FC00000u : r;
+        r |= s;
+        memcpy(&x[i], &r, sizeof r);
+    }
 }
 
 float fk_fp16_decode(uint16_t h)

@@ -151,5 +151,8 @@ float fk_fp8_decode(uint8_t c);
 /* Half precision (IEEE binary16) round trip used for fp16 coefficient storage. */
 uint16_t fk_fp16_encode(float f);
 float fk_fp16_decode(uint16_t h);
+/* fk_fp16_decode(fk_fp16_encode(x[i])) for n floats in place, vectorised (the same bits; a
+ * NaN comes out as the quiet NaN of its sign). */
+void fk_fp16_round(float *x, size_t n);
 
 #endif

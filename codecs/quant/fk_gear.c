@@ -259,13 +259,16 @@ static void low_rank(struct gear *g, int T, int h)
             }
         if (last)
             orth(Q, T, r);
-        for (int j = 0; j < m; j++) /* P = E^T Q */
-            for (int c = 0; c < r; c++) {
-                double s = 0;
-                for (int t = 0; t < T; t++)
-                    s += E[(size_t)t * m + j] * Q[(size_t)t * r + c];
-                P[(size_t)j * r + c] = s;
-            }
+        /* P = E^T Q, each sum over t in order from 0, E read row by row */
+        double *restrict Pr = P;
+        for (int i = 0; i < m * r; i++)
+            Pr[i] = 0;
+        for (int t = 0; t < T; t++) {
+            const double *restrict q = Q + (size_t)t * r, *restrict e = E + (size_t)t * m;
+            for (int j = 0; j < m; j++)
+                for (int c = 0; c < r; c++)
+                    Pr[(size_t)j * r + c] += e[j] * q[c];
+        }
     }
     for (int t = 0; t < T; t++) /* y += Q P^T */
         for (int j = 0; j < m; j++) {
@@ -329,8 +332,7 @@ static double compress_block(struct gear *g, int T)
             }
         low_rank(g, T, h);
     }
-    for (size_t i = 0; i < n; i++)
-        g->y[i] = fk_fp16_decode(fk_fp16_encode(g->y[i]));
+    fk_fp16_round(g->y, n);
     double meta = g->kind == 0 ? 4.0 * HD * ((T + G - 1) / G) : 4.0 * T * (HD / G);
     return (double)b * n / 8 + meta + outl * (2 + g->o.index_bytes) +
            2.0 * g->o.rank * (T + m) * H;
