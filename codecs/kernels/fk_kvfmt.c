@@ -301,3 +301,9 @@ void fk_rotate_dense(const float *A, int m, const float *x, float *y)
 {
     cblas_sgemv(CblasRowMajor, CblasNoTrans, m, m, 1.0f, A, m, x, 1, 0.0f, y, 1);
 }
+
+void fk_rotate_dense_rows(const float *A, int m, const float *X, int n, float *Y, int trans)
+{
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, trans ? CblasNoTrans : CblasTrans, n, m, m, 1.0f,
+                X, m, A, m, 0.0f, Y, m);
+}

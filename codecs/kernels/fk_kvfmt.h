@@ -50,5 +50,8 @@ void fk_hadamard(float *x, int n);
 
 /* y = A x for a dense rotation A [m][m] (float, row-major): one SGEMV of the BLAS. */
 void fk_rotate_dense(const float *A, int m, const float *x, float *y);
+/* The n rows X [n][m] by a dense A [m][m] (float, row-major) into Y [n][m]: rows A x
+ * (trans 0: Y = X A^T) or A^T x (trans 1: Y = X A), one SGEMM of the BLAS. */
+void fk_rotate_dense_rows(const float *A, int m, const float *X, int n, float *Y, int trans);
 
 #endif

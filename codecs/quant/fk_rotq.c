@@ -23,7 +23,8 @@
  * the codebook and S are model constants (bytes_model, fp16 entries): seeded per (layer,
  * kind) from the option rot_seed. Bytes per row: ceil(b d / 8) + 2 (lloyd), ceil(b d / 8) + 4
  * (uniform), ceil((b - 1) d / 8) + ceil(d / 8) + 4 (prod keys). Lossy, dense; a row's code
- * depends on nothing else.
+ * depends on nothing else. The codebook path codes an event's rows in batches of RQ_NB: the
+ * dense products (haar's Pi and Pi^T, the sketch's S and S^T) are one SGEMM per batch.
  */
 #include <gsl/gsl_randist.h>
 #include <gsl/gsl_rng.h>
@@ -279,12 +280,17 @@ struct rotq {
     int m, kind, b_mse, prod;
     float *sign;                 /* [m] hadamard: the random signs */
     float *Q, *Qt;               /* [m][m] haar: rows of Pi, and Pi^T */
-    float *S, *St;               /* [m][m] prod keys: the Gaussian sketch, and S^T */
+    float *S;                    /* [m][m] prod keys: the Gaussian sketch */
     float cent[256], mid[256];
     double *u, *y, *r, *t;       /* [m] scratch */
     float *fy;                   /* [m] */
     float *fb;                   /* [2 m] the SGEMVs' vectors */
+    /* a batch of RQ_NB rows of the codebook path (the dense products as SGEMMs) */
+    float *bu, *bv;              /* [RQ_NB][m] floats: the rows rotated, and back */
+    double *bd, *bm, *bn;        /* [RQ_NB][m] unit rows, their mse part; [RQ_NB] norms */
 };
+
+enum { RQ_NB = 32 };
 
 static void rotq_close(void *state)
 {
@@ -292,8 +298,9 @@ static void rotq_close(void *state)
     if (!q)
         return;
     fkr_free(&q->rows);
-    free(q->sign), free(q->Q), free(q->Qt), free(q->S), free(q->St);
+    free(q->sign), free(q->Q), free(q->Qt), free(q->S);
     free(q->u), free(q->y), free(q->r), free(q->t), free(q->fy), free(q->fb);
+    free(q->bu), free(q->bv), free(q->bd), free(q->bm), free(q->bn);
     free(q);
 }
 
@@ -355,7 +362,13 @@ static int rotq_open(const void *opts, const struct fk_stream_env *env, void **s
     q->t = malloc(sizeof(double) * (size_t)m);
     q->fy = malloc(sizeof(float) * (size_t)m);
     q->fb = malloc(sizeof(float) * 2 * (size_t)m);
-    if (!q->u || !q->y || !q->r || !q->t || !q->fy || !q->fb)
+    q->bu = malloc(sizeof(float) * RQ_NB * (size_t)m);
+    q->bv = malloc(sizeof(float) * RQ_NB * (size_t)m);
+    q->bd = malloc(sizeof(double) * RQ_NB * (size_t)m);
+    q->bm = malloc(sizeof(double) * RQ_NB * (size_t)m);
+    q->bn = malloc(sizeof(double) * RQ_NB);
+    if (!q->u || !q->y || !q->r || !q->t || !q->fy || !q->fb || !q->bu || !q->bv || !q->bd ||
+        !q->bm || !q->bn)
         return fk_err(FK_ENOMEM, "out of memory (rotq state)");
     if (q->b_mse > 0 && q->o.quantiser == Q_LLOYD)
         codebook(q->o.codebook, m, q->b_mse, q->cent, q->mid);
@@ -407,8 +420,6 @@ static int rotq_open(const void *opts, const struct fk_stream_env *env, void **s
             rc = fk_err(FK_ENOMEM, "out of memory (rotq sketch)");
         for (size_t i = 0; rc == FK_OK && i < (size_t)m * m; i++)
             q->S[i] = (float)gsl_ran_gaussian(g, 1.0);
-        if (rc == FK_OK && !(q->St = transposed(q->S, m)))
-            rc = fk_err(FK_ENOMEM, "out of memory (rotq sketch)");
     }
     gsl_rng_free(g);
     return rc;
@@ -422,39 +433,11 @@ static double row_bytes(const struct rotq *q)
     return (double)((b * m + 7) / 8 + (q->o.quantiser == Q_UNIFORM ? 4 : 2));
 }
 
-/* The lloyd code of the unit vector u (rotated in place into y) decoded back into the
- * original domain, into out (unit scale): Pi^T c[idx]. */
-static void lloyd_unit(struct rotq *q, const double *u, double *out)
-{
-    int m = q->m, L = 1 << q->b_mse;
-    memcpy(q->y, u, sizeof(double) * (size_t)m);
-    rotate(q, q->y, 1);
-    double cc = 0;
-    for (int j = 0; j < m; j++) {
-        float y = (float)q->y[j];
-        int idx = 0;
-        for (int k = 0; k + 1 < L; k++) /* midpoints at or below y: ties up */
-            idx += y >= q->mid[k];
-        q->y[j] = q->cent[idx];
-        cc += q->y[j] * q->y[j];
-    }
-    if (q->o.nc && q->kind == 0 && cc > 0) {
-        double s = 1.0 / sqrt(cc + 1e-16);
-        for (int j = 0; j < m; j++)
-            q->y[j] *= s;
-    }
-    rotate(q, q->y, 0);
-    memcpy(out, q->y, sizeof(double) * (size_t)m);
-}
-
-static void code_row(struct rotq *q, const float *x, float *xh)
+/* The uniform quantiser of the rotated row: its min and scale (fp16), codes. */
+static void code_row_uniform(struct rotq *q, const float *x, float *xh)
 {
     int m = q->m;
-    double nn = 0;
-    for (int j = 0; j < m; j++)
-        nn += (double)x[j] * x[j];
-    nn = sqrt(nn);
-    if (q->o.quantiser == Q_UNIFORM) { /* the rotated vector itself, min and scale */
+    {
         for (int j = 0; j < m; j++)
             q->y[j] = x[j];
         rotate(q, q->y, 1);
@@ -476,37 +459,98 @@ static void code_row(struct rotq *q, const float *x, float *xh)
         rotate(q, q->y, 0);
         for (int j = 0; j < m; j++)
             xh[j] = (float)q->y[j];
+    }
+}
+
+/* The rows A [n][m] (floats) rotated into B: Pi a (fw) or Pi^T a: one SGEMM for the dense
+ * (Haar) rotation, the fast transform row by row otherwise. */
+static void rotate_rows(struct rotq *q, const float *A, int n, float *B, int fw)
+{
+    int m = q->m;
+    if (q->o.rotation == R_HAAR) { /* B = A Pi^T (fw) or A Pi */
+        fk_rotate_dense_rows(q->Q, m, A, n, B, !fw);
         return;
     }
-    float n16 = fk_fp16_decode(fk_fp16_encode((float)nn));
-    if (nn <= 0) {
-        memset(xh, 0, sizeof(float) * (size_t)m);
-        return;
-    }
-    for (int j = 0; j < m; j++)
-        q->u[j] = x[j] / nn;
-    double *mse = q->r; /* the codebook's part, original domain, unit scale */
-    if (q->b_mse > 0)
-        lloyd_unit(q, q->u, mse);
-    else
-        memset(mse, 0, sizeof(double) * (size_t)m);
-    if (q->prod) { /* QJL of the residual r = u - mse */
-        double g2 = 0, *res = q->y;
-        for (int j = 0; j < m; j++) {
-            res[j] = q->u[j] - mse[j];
-            g2 += res[j] * res[j];
-        }
-        float gamma16 = fk_fp16_decode(fk_fp16_encode((float)sqrt(g2)));
-        double k = sqrt(RQ_PI / 2) / m * gamma16;
-        matvec(q->S, res, m, q->t, q->fb); /* z = sign(S r), sign(0) = +1 */
-        for (int i = 0; i < m; i++)
-            q->u[i] = q->t[i] >= 0 ? 1.0 : -1.0;
-        matvec(q->St, q->u, m, q->t, q->fb); /* + k S^T z */
+    for (int i = 0; i < n; i++) {
         for (int j = 0; j < m; j++)
-            mse[j] += k * q->t[j];
+            q->y[j] = A[(size_t)i * m + j];
+        rotate(q, q->y, fw);
+        for (int j = 0; j < m; j++)
+            B[(size_t)i * m + j] = (float)q->y[j];
     }
-    for (int j = 0; j < m; j++)
-        xh[j] = (float)(n16 * mse[j]);
+}
+
+/* The codebook path (TurboQuant_mse, and _prod for keys) of n <= RQ_NB rows x into xh[i]:
+ * u = x / ||x||; y = Pi u (u as floats); each y_j to its nearest centroid (ties up), for nc
+ * keys rescaled to unit norm; mse = Pi^T c; prod: the residual r = u - mse sketched,
+ * z = sign(S r) (sign(0) = +1), mse += sqrt(pi / 2) / m gamma S^T z with gamma = ||r|| in fp16;
+ * x_hat = ||x||_fp16 mse. The dense products are SGEMMs over the batch. */
+static void code_rows_lloyd(struct rotq *q, const float *X, int n, float *const *xh)
+{
+    int m = q->m, L = 1 << q->b_mse;
+    double *U = q->bd, *MSE = q->bm;
+    for (int i = 0; i < n; i++) {
+        const float *x = X + (size_t)i * m;
+        double nn = 0;
+        for (int j = 0; j < m; j++)
+            nn += (double)x[j] * x[j];
+        nn = sqrt(nn);
+        q->bn[i] = nn;
+        for (int j = 0; j < m; j++) {
+            U[(size_t)i * m + j] = nn > 0 ? x[j] / nn : 0.0;
+            q->bu[(size_t)i * m + j] = (float)U[(size_t)i * m + j];
+        }
+    }
+    if (q->b_mse > 0) {
+        rotate_rows(q, q->bu, n, q->bv, 1);
+        for (int i = 0; i < n; i++) {
+            float *y = q->bv + (size_t)i * m;
+            double cc = 0;
+            for (int j = 0; j < m; j++) {
+                int idx = 0;
+                for (int k = 0; k + 1 < L; k++) /* midpoints at or below y: ties up */
+                    idx += y[j] >= q->mid[k];
+                y[j] = q->cent[idx];
+                cc += (double)y[j] * y[j];
+            }
+            if (q->o.nc && q->kind == 0 && cc > 0) {
+                double sc = 1.0 / sqrt(cc + 1e-16);
+                for (int j = 0; j < m; j++)
+                    y[j] = (float)(y[j] * sc);
+            }
+        }
+        rotate_rows(q, q->bv, n, q->bu, 0);
+        for (size_t e = 0; e < (size_t)n * m; e++)
+            MSE[e] = q->bu[e];
+    } else {
+        memset(MSE, 0, sizeof(double) * (size_t)n * m);
+    }
+    if (q->prod) { /* QJL of the residuals r = u - mse: Z = R S^T, then sign(Z) S */
+        for (int i = 0; i < n; i++) {
+            double g2 = 0;
+            for (int j = 0; j < m; j++) {
+                double r = U[(size_t)i * m + j] - MSE[(size_t)i * m + j];
+                q->bu[(size_t)i * m + j] = (float)r;
+                g2 += r * r;
+            }
+            U[(size_t)i * m] = g2; /* (row i of U is read no more) */
+        }
+        fk_rotate_dense_rows(q->S, m, q->bu, n, q->bv, 0);
+        for (size_t e = 0; e < (size_t)n * m; e++)
+            q->bv[e] = q->bv[e] >= 0 ? 1.0f : -1.0f;
+        fk_rotate_dense_rows(q->S, m, q->bv, n, q->bu, 1);
+        for (int i = 0; i < n; i++) {
+            float gamma16 = fk_fp16_decode(fk_fp16_encode((float)sqrt(U[(size_t)i * m])));
+            double k = sqrt(RQ_PI / 2) / m * gamma16;
+            for (int j = 0; j < m; j++)
+                MSE[(size_t)i * m + j] += k * q->bu[(size_t)i * m + j];
+        }
+    }
+    for (int i = 0; i < n; i++) {
+        float n16 = fk_fp16_decode(fk_fp16_encode((float)q->bn[i]));
+        for (int j = 0; j < m; j++)
+            xh[i][j] = q->bn[i] > 0 ? (float)(n16 * MSE[(size_t)i * m + j]) : 0.0f;
+    }
 }
 
 static int rotq_encode(void *state, const struct fk_event *ev, struct fk_vec_out *out)
@@ -514,11 +558,20 @@ static int rotq_encode(void *state, const struct fk_event *ev, struct fk_vec_out
     struct rotq *q = state;
     FK_TRY(fkr_check(&q->rows, "rotq", ev, 1));
     float rb = (float)row_bytes(q);
-    for (int i = 0; i < ev->n; i++) {
-        int h = ev->head[i], t = ev->token[i];
-        const float *x = ev->x + (size_t)i * q->m;
-        code_row(q, x, fkr_slot(&q->rows, h, t));
-        fkr_done(&q->rows, h, t, x, rb, &out[i]);
+    float *xh[RQ_NB];
+    for (int i0 = 0; i0 < ev->n; i0 += RQ_NB) { /* batches of RQ_NB rows */
+        int n = ev->n - i0 < RQ_NB ? ev->n - i0 : RQ_NB;
+        const float *X = ev->x + (size_t)i0 * q->m;
+        for (int i = 0; i < n; i++)
+            xh[i] = fkr_slot(&q->rows, ev->head[i0 + i], ev->token[i0 + i]);
+        if (q->o.quantiser == Q_UNIFORM)
+            for (int i = 0; i < n; i++)
+                code_row_uniform(q, X + (size_t)i * q->m, xh[i]);
+        else
+            code_rows_lloyd(q, X, n, xh);
+        for (int i = 0; i < n; i++)
+            fkr_done(&q->rows, ev->head[i0 + i], ev->token[i0 + i], X + (size_t)i * q->m, rb,
+                     &out[i0 + i]);
     }
     return FK_OK;
 }
