@@ -76,6 +76,82 @@ START_TEST(ggml_blocks_spec_t8)
 }
 END_TEST
 
+/* iq4_nl against ggml's quantize_row_iq4_nl_ref rule written here (best_index_int8's
+ * binary search, the weighted scale, fp16 d, nibbles j | j + 16 << 4) on random blocks and
+ * on blocks whose values sit exactly on the levels and on their midpoints (ties). */
+static int ref_best_index(const int8_t *val, float x)
+{
+    if (x <= val[0])
+        return 0;
+    if (x >= val[15])
+        return 15;
+    int ml = 0, mu = 15;
+    while (mu - ml > 1) {
+        int mav = (ml + mu) / 2;
+        if (x < val[mav])
+            mu = mav;
+        else
+            ml = mav;
+    }
+    return x - val[mu - 1] < val[mu] - x ? mu - 1 : mu;
+}
+
+static void ref_iq4_nl(const float *x, uint8_t *blk)
+{
+    static const int8_t lv[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
+                                  1,    13,   25,  38,  53,  69,  89,  113};
+    float amax = 0, mx = 0;
+    for (int j = 0; j < 32; j++)
+        if (fabsf(x[j]) > amax) {
+            amax = fabsf(x[j]);
+            mx = x[j];
+        }
+    uint8_t L[32] = {0};
+    float d = 0;
+    if (amax >= 1e-15f) {
+        float d0 = mx / -127.0f, id = 1.0f / d0, sumqx = 0, sumq2 = 0;
+        for (int j = 0; j < 32; j++) {
+            L[j] = (uint8_t)ref_best_index(lv, id * x[j]);
+            float q = lv[L[j]], w = x[j] * x[j];
+            sumqx += w * q * x[j];
+            sumq2 += w * q * q;
+        }
+        d = sumq2 > 0 ? sumqx / sumq2 : 0;
+    }
+    uint16_t h = fk_fp16_encode(d);
+    blk[0] = (uint8_t)(h & 0xFF);
+    blk[1] = (uint8_t)(h >> 8);
+    for (int j = 0; j < 16; j++)
+        blk[2 + j] = (uint8_t)(L[j] | L[j + 16] << 4);
+}
+
+START_TEST(iq4_nl_against_the_rule)
+{
+    static const int8_t lv[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
+                                  1,    13,   25,  38,  53,  69,  89,  113};
+    uint64_t r = 12345;
+    for (int b = 0; b < 3000; b++) {
+        float x[32];
+        uint8_t got[18], want[18];
+        for (int j = 0; j < 32; j++) {
+            r = r * 6364136223846793005ull + 1442695040888963407ull;
+            double u = (double)(r >> 11) / 9007199254740992.0;
+            x[j] = (float)((u - 0.5) * (b % 7 + 1));
+        }
+        if (b % 3 == 1) /* the levels and their midpoints, scaled so that d0 = -1 */
+            for (int j = 0; j < 32; j++) {
+                int l = (j * 5 + b) % 16, l1 = l < 15 ? l + 1 : l;
+                x[j] = j % 2 ? (float)lv[l] : 0.5f * (float)(lv[l] + lv[l1]);
+            }
+        if (b % 3 == 1)
+            x[b % 32] = 127.0f; /* the signed max: d0 = 127 / -127 = -1 */
+        fk_ggml_quantize(FK_GGML_IQ4_NL, x, got, 0);
+        ref_iq4_nl(x, want);
+        ck_assert_msg(memcmp(got, want, 18) == 0, "block %d differs", b);
+    }
+}
+END_TEST
+
 /* T9: the ties of q8_0, reference (away from zero) against the x86 path (to even). */
 START_TEST(q8_0_ties_spec_t9)
 {
@@ -392,6 +468,7 @@ int main(void)
     Suite *s = suite_create("engine");
     TCase *tc = tcase_create("core");
     tcase_add_test(tc, ggml_blocks_spec_t8);
+    tcase_add_test(tc, iq4_nl_against_the_rule);
     tcase_add_test(tc, q8_0_ties_spec_t9);
     tcase_add_test(tc, fp8_formats_spec);
     tcase_add_test(tc, hadamard_spec_t6);
