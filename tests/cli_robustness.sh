@@ -405,6 +405,22 @@ cfg_case evict-grouped-heads-codec "basis = \"$BASIS\"
 name = \"pca\"
 rank = 8
 evict = \"h2o\"" "codec pca codes the KV heads of a group together" "eviction policy 'h2o'"
+# the prefill's row rewrites (core/fk_rewrite.h): refused before any cell
+cfg_case rewrite-think-over-quantiser '[[codec]]
+name = "kivi"
+group = 8
+think = 0.5' "codec 'kivi'" "think = 0.5 over codec kivi" "save nothing"
+cfg_case rewrite-merge-without-policy '[[codec]]
+name = "full"
+merge = "kvpress"' "merge = \"kvpress\" folds the tokens an eviction policy drops"
+cfg_case rewrite-merge-over-decoding-policy '[[codec]]
+name = "full"
+evict = "h2o"
+merge = "kvpress"' "over eviction policy h2o" "during decoding"
+cfg_case rewrite-key-in-defaults '[defaults]
+think = 0.5
+[[codec]]
+name = "full"' "rewrite-key-in-defaults.toml:" "a key of the row rewrites" "not in defaults"
 SYN=$(ls "$SRC"/datasets/synth/eval/*.h5 2>/dev/null | head -1)
 if [ -n "$SYN" ]; then
     begin "config: eviction policy reading prefill queries a trace lacks"

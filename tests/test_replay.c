@@ -602,6 +602,25 @@ START_TEST(test_think_bytes)
     }
     fk_cell_result_free(&r);
     fk_cell_result_free(&r2);
+    /* a prompt within think_recent prunes nothing: the plain cell's numbers and bytes (no
+     * mask charged), bit for bit */
+    rw.think_recent = P;
+    ck_assert_int_eq(run_cell_evict("full", NULL, NULL, &tr, 1, NULL, 1, &r), FK_OK);
+    g_rw = NULL;
+    ck_assert_int_eq(run_cell_evict("full", NULL, NULL, &tr, 1, NULL, 1, &r2), FK_OK);
+    assert_same(&r, &r2);
+    for (int l = 0; l < 2; l++) {
+        const struct fk_stream_result *a = fk_cell_stream(&r, 0, l, 0);
+        const struct fk_stream_result *b = fk_cell_stream(&r2, 0, l, 0);
+        ck_assert(a->st.bytes_codes + a->bytes_buf + a->st.bytes_dict_seq ==
+                  b->st.bytes_codes + b->bytes_buf + b->st.bytes_dict_seq);
+        ck_assert(a->bytes_tok_avg == b->bytes_tok_avg);
+        ck_assert(r.attn[l].n == r2.attn[l].n);
+    }
+    fk_cell_result_free(&r);
+    fk_cell_result_free(&r2);
+    g_rw = &rw;
+    rw.think_recent = recent;
     /* over SnapKV keeping 15 of 30 prompt tokens (window 8): the retained pruned rows */
     const char *kv[] = {"budget", "15", "window", "8", NULL};
     ck_assert_int_eq(run_cell_evict("full", "snapkv", kv, &tr, 1, NULL, 1, &r), FK_OK);

@@ -23,8 +23,10 @@
  * the codebook and S are model constants (bytes_model, fp16 entries): seeded per (layer,
  * kind) from the option rot_seed. Bytes per row: ceil(b d / 8) + 2 (lloyd), ceil(b d / 8) + 4
  * (uniform), ceil((b - 1) d / 8) + ceil(d / 8) + 4 (prod keys). Lossy, dense; a row's code
- * depends on nothing else. The codebook path codes an event's rows in batches of RQ_NB: the
- * dense products (haar's Pi and Pi^T, the sketch's S and S^T) are one SGEMM per batch.
+ * depends on no other row, up to float rounding: the codebook path codes an event's rows in
+ * batches of RQ_NB, the dense products (haar's Pi and Pi^T, the sketch's S and S^T) one SGEMM
+ * per batch, which may round a row's products differently with its place in the batch (about
+ * 1e-6 relative at most; the same events give the same bits).
  */
 #include <gsl/gsl_randist.h>
 #include <gsl/gsl_rng.h>

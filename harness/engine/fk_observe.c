@@ -585,7 +585,7 @@ struct obs_account {
  * short (2 bytes per pruned channel each) and adds (a channel mask per KV head). */
 static double think_bytes(const struct fk_unit *u, int k, double pruned)
 {
-    if (k != 0 || u->think_channels < 1)
+    if (k != 0 || u->think_channels < 1 || u->think_tokens < 1)
         return 0;
     return (double)u->n_kv_heads * u->think_mask - pruned * 2.0 * u->think_channels;
 }
@@ -816,7 +816,7 @@ static int account_finish(void *self, const struct fk_unit *u, struct fk_unit_re
             sr->st.bytes_codes = codes;
             sr->bytes_buf = (double)exact * m * 2;
         }
-        if (k == 0 && u->think_channels > 0) {
+        if (k == 0 && u->think_channels > 0 && u->think_tokens > 0) {
             sr->st.bytes_codes -= (double)pr_codes * 2 * u->think_channels;
             sr->bytes_buf -= (double)pr_exact * 2 * u->think_channels;
             sr->st.bytes_dict_seq += (double)H * u->think_mask;

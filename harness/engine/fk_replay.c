@@ -272,15 +272,19 @@ static int policy_rows(const struct fk_cell_input *in, struct fk_trace *tr, int 
         qarow[qidx[r]] = r;
     for (int t = 0; t < T; t++) {
         int want = policy_reads_q(in, P, t);
-        if (want && qarow[t] < 0)
+        if (want && qarow[t] < 0) {
+            struct fk_cell_input pol = *in; /* whose read: the policy's, else think's */
+            pol.rewrite = NULL;
+            int by_policy = in->evict && policy_reads_q(&pol, P, t);
             return fk_err(FK_ECONFIG,
                           "%s: layer %d: %s%s%s reads the query of %s token %d, but the "
                           "trace records %s (record every token's queries, e.g. "
                           "`fadkv-bench synth --prefill-queries 1`)",
-                          fk_trace_path(tr), layer, in->evict ? "eviction policy '" : "",
-                          in->evict ? in->evict->name : "think (ThinK's channel scores)",
-                          in->evict ? "'" : "", t < P ? "prefill" : "decode", t,
+                          fk_trace_path(tr), layer, by_policy ? "eviction policy '" : "",
+                          by_policy ? in->evict->name : "think (ThinK's channel scores)",
+                          by_policy ? "'" : "", t < P ? "prefill" : "decode", t,
                           info->has_queries ? "no query of that token" : "no queries");
+        }
         if (!want)
             qarow[t] = -1;
     }
@@ -454,11 +458,13 @@ static int read_policy_inputs(struct worker *w, struct fk_trace *tr, int layer,
     u->evict = ev;
     u->evict_opts = w->in->evict_opts;
     u->head_scores = w->in->heads ? w->in->heads->score : NULL;
+    /* the rewrites, when they change something on this trace (a prompt within think_recent
+     * prunes nothing: the plain cell's numbers) */
     const struct fk_rewrite *rw = w->in->rewrite;
-    u->rewrite = rw;
     u->think_channels = fk_rewrite_channels(rw, m);
     u->think_tokens = fk_rewrite_pruned_tokens(rw, m, info->prompt_len);
-    u->think_mask = fk_rewrite_mask_bytes(rw, m);
+    u->think_mask = u->think_tokens > 0 ? fk_rewrite_mask_bytes(rw, m) : 0;
+    u->rewrite = rw && ((rw->merge != FK_MERGE_NONE && ev) || u->think_tokens > 0) ? rw : NULL;
     return FK_OK;
 }
 

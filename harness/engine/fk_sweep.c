@@ -283,7 +283,17 @@ static int is_known_option(const char *key)
     for (int c = 0; fk_evict_policies[c]; c++)
         if (fk_evict_option(fk_evict_policies[c], key))
             return 1;
-    return fk_rewrite_is_option(key);
+    return 0;
+}
+
+/* A defaults table's key: an option of some codec or policy; the row rewrites' keys are
+ * refused there (they belong to a [[codec]] block, where they make it a rewrite block). */
+static int defaults_key_err(const struct fk_toml_entry *e)
+{
+    if (fk_rewrite_is_option(e->key))
+        return entry_err(e, "a key of the row rewrites (merge, think): set it in a [[codec]] "
+                            "block or its grid or zip, not in defaults");
+    return entry_err(e, "no codec has this option (see `fadkv-bench codecs`)");
 }
 
 /* A codec composed with an eviction policy and/or the prefill's row rewrites
@@ -432,7 +442,7 @@ static int load_dataset(const struct fk_toml_value *tab, const char *name, int i
             for (size_t j = 0; j < fk_toml_table_len(e->value); j++) {
                 const struct fk_toml_entry *o = fk_toml_table_at(e->value, j);
                 if (!is_known_option(o->key))
-                    return entry_err(o, "no codec has this option (see `fadkv-bench codecs`)");
+                    return defaults_key_err(o);
             }
             ds->defaults = e->value;
         } else if (!is_sweep && strcmp(e->key, "name")) {
@@ -597,14 +607,16 @@ static int push_resolved(struct fk_sweep *s, struct cellvec *cv, const struct fk
     const struct fk_evict_ops *ev = cm ? cm->ev : NULL;
     const struct fk_rewrite *rw =
         cm && cm->has_rw ? (const struct fk_rewrite *)((const char *)opts + cm->rw_off) : NULL;
-    if (ev && ev->check && ev->check((const char *)opts + cm->off) < 0)
-        return fk_err_context(FK_ECONFIG, "%s:%d:%d: eviction policy '%s' (dataset '%s')",
-                              fk_toml_origin(blk), fk_toml_line(blk), fk_toml_col(blk),
-                              ev->name, s->datasets[d].name);
     if (rw && fk_rewrite_check(rw, ev, cm->codec) < 0)
         return fk_err_context(FK_ECONFIG, "%s:%d:%d: codec '%s' (dataset '%s')",
                               fk_toml_origin(blk), fk_toml_line(blk), fk_toml_col(blk),
                               cm->codec->name, s->datasets[d].name);
+    if (rw && rw->merge == FK_MERGE_NONE && !(rw->think > 0))
+        rw = NULL; /* rewrites that change nothing: the plain cell, its id and its numbers */
+    if (ev && ev->check && ev->check((const char *)opts + cm->off) < 0)
+        return fk_err_context(FK_ECONFIG, "%s:%d:%d: eviction policy '%s' (dataset '%s')",
+                              fk_toml_origin(blk), fk_toml_line(blk), fk_toml_col(blk),
+                              ev->name, s->datasets[d].name);
     char canon[4096];
     FK_TRY(canon_opts(cm ? cm->codec : ops, opts, canon, sizeof canon));
     if (cm) { /* ";evict=POLICY;its=options", then ";merge=...", after the codec's */
@@ -769,7 +781,7 @@ static int add_dims(const struct fk_toml_value *tab, int zip, struct dim *dims, 
         if (fk_toml_type(e->value) != FK_TOML_ARRAY || fk_toml_array_len(e->value) == 0)
             return entry_err(e, zip ? "zip values must be non-empty lists"
                                     : "grid values must be non-empty lists");
-        if (!is_known_option(e->key))
+        if (!is_known_option(e->key) && !fk_rewrite_is_option(e->key))
             return entry_err(e, "no codec has this option (see `fadkv-bench codecs`)");
         if (zip) {
             if (z->n_keys == 16)
@@ -1215,13 +1227,14 @@ static int check_defaults_excludes(const struct fk_toml_value *defs,
     for (size_t i = 0; defs && i < fk_toml_table_len(defs); i++) {
         const struct fk_toml_entry *e = fk_toml_table_at(defs, i);
         if (!is_known_option(e->key))
-            return entry_err(e, "no codec has this option (see `fadkv-bench codecs`)");
+            return defaults_key_err(e);
     }
     for (size_t r = 0; excl && r < fk_toml_array_len(excl); r++) {
         const struct fk_toml_value *rule = fk_toml_array_at(excl, r);
         for (size_t i = 0; i < fk_toml_table_len(rule); i++) {
             const struct fk_toml_entry *e = fk_toml_table_at(rule, i);
-            if (strcmp(e->key, "codec") && strcmp(e->key, "dataset") && !is_known_option(e->key))
+            if (strcmp(e->key, "codec") && strcmp(e->key, "dataset") && !is_known_option(e->key) &&
+                !fk_rewrite_is_option(e->key))
                 return entry_err(e, "[[exclude]] keys are codec, dataset or codec options");
             int want_str = !strcmp(e->key, "codec") || !strcmp(e->key, "dataset");
             for (int c = 0; fk_codec_at(c) && !want_str; c++) {

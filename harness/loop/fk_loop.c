@@ -225,6 +225,8 @@ struct loop {
     int32_t *qrow;               /* [T] identity */
     int Hq;
     int dropped;                 /* some row was dropped: attention KL is NaN */
+    int rewritten;               /* the prefill's rewrites changed rows (the cache differs
+                                  * from the exact rows from the first step) */
     /* teacher forcing in blocks (fk_loop_codec.block), else blk NULL */
     int n_blk;                   /* positions per block at most */
     float *blk;                  /* [n_blk][vocab] logits */
@@ -649,6 +651,10 @@ static int policy_prefill(struct loop *lp)
 static int rewrite_prefill(struct loop *lp, const struct fk_rewrite *rw)
 {
     int m = lp->m_dim, H = lp->H;
+    /* rewrites that change nothing here (a prompt within think_recent): none at all */
+    if (rw && rw->merge == FK_MERGE_NONE && fk_rewrite_pruned_tokens(rw, m, lp->P) < 1)
+        rw = NULL;
+    lp->rewritten = rw != NULL;
     for (int l = 0; rw && l < lp->L; l++) {
         struct fk_rewrite_in in = {.n_kv_heads = H, .n_q_heads = lp->Hq, .head_dim = m,
                                    .n_tokens = lp->T, .prompt_len = lp->P,
@@ -768,8 +774,10 @@ static int loop_decode(struct loop *lp, const struct fk_loop_ref *ref, enum fk_l
             r->nll_exact[j] = r->nll_codec[j] = NAN;
         }
         lp->dropped = lp->dropped || any_dropped(lp, t);
-        if (cs && (lp->n_comp[0] > 0 || lp->n_comp[1] > 0 || lp->dropped)) { /* as replay:
-                                                     * steps with something compressed */
+        /* as replay: the steps whose cache differs from the exact rows (something compressed,
+         * dropped or rewritten) */
+        int differs = lp->n_comp[0] > 0 || lp->n_comp[1] > 0 || lp->dropped || lp->rewritten;
+        if (cs && differs) {
             attn_step(ref, j, c->head_dim, t_out, t_logit, c->seq_len, cs, ks);
             r->attn_steps++;
         }
