@@ -164,6 +164,20 @@ def main():
                                atol=1e-12)
         expect(r.returncode == 0 and same,
                "the policy's cell series == fadkv-bench loop --evict streaming --series")
+        # the prefill's row rewrites by hand: nothing pruned (a prompt within think_recent)
+        # is the exact model; ThinK pruning half the prompt's key channels is not
+        kls = {}
+        for name, extra in (("none", ["--rewrite-set", "think=0.5", "--rewrite-set",
+                                      "think_recent=100"]),
+                            ("think", ["--rewrite-set", "think=0.5", "--rewrite-set",
+                                       "think_recent=0", "--rewrite-set", "think_window=4"])):
+            r = run([exe, "loop", "--model", model + "/model.bin", "--prompt-ids",
+                     "256,78,101,118,101,114", "--steps", str(S), "--codec", "full", "--set",
+                     "n_b=0", "--series", series] + extra)
+            expect(r.returncode == 0, f"fadkv-bench loop --rewrite-set ({name}) runs")
+            kls[name] = [float(t["kl"]) for t in csv.DictReader(open(series), delimiter="\t")]
+        expect(all(k == 0 for k in kls["none"]) and kls["think"][0] > 0,
+               "loop --rewrite-set: nothing pruned is exact (KL 0), ThinK moves the first step")
 
         # resume, shards + merge, check
         r = run([exe, "--config", cfg])

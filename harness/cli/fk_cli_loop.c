@@ -16,6 +16,7 @@
 #include "core/fk_codec.h"
 #include "core/fk_registry.h"
 #include "core/fk_evict.h"
+#include "core/fk_rewrite.h"
 #include "formats/fk_basis.h"
 #include "formats/fk_dict.h"
 #include "gen/fk_llama2c.h"
@@ -27,8 +28,8 @@
 struct loop_opts {
     const char *model, *tokenizer, *prompt, *prompt_ids, *cont, *cont_ids;
     const char *codec, *dictionary, *basis, *series, *dump_logits, *evict;
-    const char *sets[SETS_CAP], *evict_sets[SETS_CAP];
-    int n_sets, n_evict_sets, steps;
+    const char *sets[SETS_CAP], *evict_sets[SETS_CAP], *rewrite_sets[SETS_CAP];
+    int n_sets, n_evict_sets, n_rewrite_sets, steps;
     int block;                   /* --block: teacher forcing in blocks (fk_loop_codec.block) */
 };
 
@@ -42,7 +43,7 @@ static void usage(FILE *f)
             "                        [--continuation TEXT | --continuation-ids ID,...]\n"
             "                        [--series FILE.tsv] [--dump-logits FILE]\n"
             "                        [--evict POLICY [--evict-set OPTION=VALUE]...]\n"
-            "                        [--block B]\n"
+            "                        [--rewrite-set OPTION=VALUE]... [--block B]\n"
             "Decodes the prompt (BOS + BPE tokens, or the ids as given) with codec NAME "
             "compressing\nevery layer's KV cache under its buffer rule (the replay "
             "protocol), and compares with\nthe exact model: teacher-forced on the reference "
@@ -50,7 +51,9 @@ static void usage(FILE *f)
             "without BOS) and free-running (greedy).\n--series: one line per step; "
             "--dump-logits: the teacher-forced run's float32 [N][vocab].\n--block B: "
             "teacher forcing in blocks of up to B positions per forward pass (ending where "
-            "the\nschedule hands rows to the codec; equal up to float rounding).\n");
+            "the\nschedule hands rows to the codec; equal up to float rounding).\n"
+            "--rewrite-set: the prefill's row rewrites (merge, merge_threshold, think, "
+            "think_window,\nthink_recent; docs/EVICTION.md), e.g. --rewrite-set think=0.5.\n");
 }
 
 /* "1,2,3" -> ids (malloc'd). */
@@ -128,12 +131,15 @@ static int parse_args(int argc, char **argv, struct loop_opts *o)
         const char **slot = string_option(o, a);
         if (slot) {
             *slot = v;
-        } else if (!strcmp(a, "--set") || !strcmp(a, "--evict-set")) {
-            int ev = a[2] == 'e';
-            int *n = ev ? &o->n_evict_sets : &o->n_sets;
+        } else if (!strcmp(a, "--set") || !strcmp(a, "--evict-set") ||
+                   !strcmp(a, "--rewrite-set")) {
+            int *n = a[2] == 'e' ? &o->n_evict_sets : a[2] == 'r' ? &o->n_rewrite_sets
+                                                                  : &o->n_sets;
+            const char **to = a[2] == 'e' ? o->evict_sets : a[2] == 'r' ? o->rewrite_sets
+                                                                        : o->sets;
             if (*n == SETS_CAP)
                 return fk_err(FK_EINVAL, "option %s: more than %d", a, SETS_CAP);
-            (ev ? o->evict_sets : o->sets)[(*n)++] = v;
+            to[(*n)++] = v;
         } else if (!strcmp(a, "--steps") || !strcmp(a, "--block")) {
             char *end;
             errno = 0;
@@ -176,6 +182,29 @@ static int apply_evict_set(const struct fk_evict_ops *ev, void *opts, const char
     if (end == eq + 1 || *end)
         return fk_err(FK_EINVAL, "option --evict-set %s: '%s' is not a number", name, eq + 1);
     return fk_evict_opts_set(ev, opts, op, x);
+}
+
+/* --rewrite-set OPTION=VALUE on the row rewrites' options (core/fk_rewrite.h). */
+static int apply_rewrite_set(struct fk_rewrite *rw, const char *kv)
+{
+    const char *eq = strchr(kv, '=');
+    char name[64];
+    if (!eq || eq == kv || (size_t)(eq - kv) >= sizeof name)
+        return fk_err(FK_EINVAL, "option --rewrite-set: '%s': expected OPTION=VALUE", kv);
+    snprintf(name, sizeof name, "%.*s", (int)(eq - kv), kv);
+    struct fk_codec_ops as = {.name = "rewrite", .options = fk_rewrite_options,
+                              .opts_size = sizeof *rw};
+    const struct fk_option *op = fk_codec_option(&as, name);
+    if (!op)
+        return fk_err(FK_EINVAL, "option --rewrite-set: no row rewrite option '%s' (merge, "
+                      "merge_threshold, think, think_window, think_recent)", name);
+    if (op->type == FK_OPT_ENUM)
+        return fk_opts_set_enum(&as, rw, op, eq + 1);
+    char *end;
+    double x = strtod(eq + 1, &end);
+    if (end == eq + 1 || *end)
+        return fk_err(FK_EINVAL, "option --rewrite-set %s: '%s' is not a number", name, eq + 1);
+    return fk_opts_set(&as, rw, op, x);
 }
 
 /* --set OPTION=VALUE on the codec's options. */
@@ -240,6 +269,8 @@ struct loop_data {
     int n_prompt, n_cont;
     void *opts, *evict_opts;
     const struct fk_evict_ops *evict;
+    struct fk_rewrite rewrite;   /* --rewrite-set's, when has_rewrite */
+    int has_rewrite;
     struct fk_loop_ref ref;
     struct fk_loop_result tf, fr;
 };
@@ -283,6 +314,13 @@ static int load(const struct loop_opts *o, const struct fk_codec_ops *ops, struc
     fk_opts_defaults(ops, d->opts);
     for (int i = 0; i < o->n_sets; i++)
         FK_TRY(apply_set(ops, d->opts, o->sets[i]));
+    if (o->n_rewrite_sets) {
+        struct fk_codec_ops as = {.options = fk_rewrite_options, .opts_size = sizeof d->rewrite};
+        fk_opts_defaults(&as, &d->rewrite);
+        for (int i = 0; i < o->n_rewrite_sets; i++)
+            FK_TRY(apply_rewrite_set(&d->rewrite, o->rewrite_sets[i]));
+        d->has_rewrite = 1;
+    }
     if (!o->evict && o->n_evict_sets)
         return fk_err(FK_EINVAL, "--evict-set needs --evict POLICY");
     if (!o->evict)
@@ -342,6 +380,7 @@ int fk_cli_loop(int argc, char **argv)
                                &d.ref);
     struct fk_loop_codec lc = {.ops = ops, .opts = d.opts, .dict = d.dict, .basis = d.basis,
                                .evict = d.evict, .evict_opts = d.evict_opts,
+                               .rewrite = d.has_rewrite ? &d.rewrite : NULL,
                                .block = o.block};
     if (rc >= 0)
         rc = fk_loop_run(d.m, &d.ref, &lc, FK_LOOP_TEACHER, o.dump_logits != NULL, &d.tf);
