@@ -599,6 +599,19 @@ static int push_cell(struct fk_sweep *s, struct cellvec *cv, const struct fk_cod
     return rc;
 }
 
+/* Appends ";name=value" for every option of `options` (values in opts) to canon, which
+ * holds n characters; returns the new length (>= cap when it did not fit). */
+static size_t canon_append(char *canon, size_t n, size_t cap, const struct fk_option *options,
+                           const void *opts)
+{
+    for (const struct fk_option *o = options; o->name && n < cap; o++) {
+        char v[64];
+        fk_opts_format(opts, o, v, sizeof v);
+        n += (size_t)snprintf(canon + n, cap - n, ";%s=%s", o->name, v);
+    }
+    return n;
+}
+
 static int push_resolved(struct fk_sweep *s, struct cellvec *cv, const struct fk_codec_ops *ops,
                          const void *opts, const struct fk_toml_value *excl, int d,
                          const struct fk_toml_value *blk)
@@ -623,18 +636,10 @@ static int push_resolved(struct fk_sweep *s, struct cellvec *cv, const struct fk
         size_t n = strlen(canon);
         if (ev)
             n += (size_t)snprintf(canon + n, sizeof canon - n, ";evict=%s", ev->name);
-        for (const struct fk_option *o = ev ? ev->options : NULL; o && o->name &&
-             n < sizeof canon; o++) {
-            char v[64];
-            fk_opts_format((const char *)opts + cm->off, o, v, sizeof v);
-            n += (size_t)snprintf(canon + n, sizeof canon - n, ";%s=%s", o->name, v);
-        }
-        for (const struct fk_option *o = rw ? fk_rewrite_options : NULL; o && o->name &&
-             n < sizeof canon; o++) {
-            char v[64];
-            fk_opts_format(rw, o, v, sizeof v);
-            n += (size_t)snprintf(canon + n, sizeof canon - n, ";%s=%s", o->name, v);
-        }
+        if (ev)
+            n = canon_append(canon, n, sizeof canon, ev->options, (const char *)opts + cm->off);
+        if (rw)
+            n = canon_append(canon, n, sizeof canon, fk_rewrite_options, rw);
         if (n >= sizeof canon)
             return fk_err(FK_ENOMEM, "canonical cell text too long");
     }
