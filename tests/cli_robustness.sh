@@ -405,6 +405,17 @@ cfg_case evict-grouped-heads-codec "basis = \"$BASIS\"
 name = \"pca\"
 rank = 8
 evict = \"h2o\"" "codec pca codes the KV heads of a group together" "eviction policy 'h2o'"
+# [sweep] budgets before cost_baseline: both kept (cost_baseline freed budgets, which the
+# provenance then read after free and the sweep freed twice)
+begin "config: budgets then cost_baseline in [sweep]"
+printf '[sweep]\nbudgets = [2, 4]\ncost_baseline = "lexico"\ntraces = ["%s"]\noutput = "%s"\n[[codec]]\nname = "full"\n' \
+    "$TR" "$W/budgets-out" >"$W/budgets.toml"
+run budgets --config "$W/budgets.toml" --no-attention
+chk "exit status 0 (got $RC)" - test "$RC" -eq 0
+chk "provenance has budgets 2,4" - grep -q '"budgets": *"2,4"' "$W/budgets-out/provenance.json"
+chk "provenance has cost_baseline lexico" - grep -q '"cost_baseline": *"lexico"' \
+    "$W/budgets-out/provenance.json"
+end
 # the prefill's row rewrites (core/fk_rewrite.h): refused before any cell
 cfg_case rewrite-think-over-quantiser '[[codec]]
 name = "kivi"

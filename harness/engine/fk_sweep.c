@@ -1110,7 +1110,6 @@ static int load_sweep_table(struct fk_sweep *s, const struct fk_toml_value *tab)
             if (!fk_codec_find(str))
                 return entry_err(e, "cost_baseline names no codec (see `fadkv-bench codecs`)");
             free(s->cost_baseline);
-    free(s->budgets);
             s->cost_baseline = xstrdup(str);
         } else if (!strcmp(k, "budgets")) {
             FK_TRY(get_budgets(e, &s->budgets));
