@@ -10,6 +10,7 @@
 #                             calibration vectors refined by 2 bcd epochs on 8192 of them
 #   datasets/bench3b/basis-g1-r64.h5    the 64 leading PCA components per KV head
 #                             (train-basis) of the calibration sequence, for pca
+#   datasets/bench3b/calibration.h5     KVQuant's thresholds and levels (train-calib) of it
 # Pass --decode D to change the decode length (the memory-flatness check uses 2048).
 set -euo pipefail
 bin=${1:-build/fadkv-bench}
@@ -42,4 +43,7 @@ fi
 if [ ! -f "$out/basis-g1-r64.h5" ]; then
     "$bin" train-basis --quiet --max-rank 64 --out "$out/basis-g1-r64.h5" "$out"/calib/*.h5 \
         >/dev/null
+fi
+if [ ! -f "$out/calibration.h5" ]; then  # KVQuant's thresholds and levels (train-calib)
+    "$bin" train-calib --quiet --out "$out/calibration.h5" "$out"/calib/*.h5 >/dev/null
 fi

@@ -12,6 +12,7 @@
 #   datasets/hd128/dict-nN-s8.h5   per-layer K and V dictionaries, N = 4096, 2048, 1024, 512,
 #       s = 8, trained (bcd) on the calibration traces only
 #   datasets/hd128/basis.h5        PCA basis of the calibration traces (train-basis)
+#   datasets/hd128/calibration.h5  KVQuant's thresholds and levels of them (train-calib)
 # Sampling as the embedded traces: temperature 0.8, top-p 0.95, --ignore-eos, float16; seed
 # 42 + line index (each prompt its own stream of random numbers).
 # usage: datasets/make_hd128.sh [BUILD/fadkv-bench] [MODELS_DIR]
@@ -58,4 +59,7 @@ done
 if [ ! -f "$out/basis.h5" ]; then
     "$bin" train-basis --quiet --out "$out/basis.tmp" "$out"/calib/*.h5 >/dev/null
     mv "$out/basis.tmp" "$out/basis.h5"
+fi
+if [ ! -f "$out/calibration.h5" ]; then
+    "$bin" train-calib --quiet --out "$out/calibration.h5" "$out"/calib/*.h5 >/dev/null
 fi

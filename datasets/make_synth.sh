@@ -11,6 +11,7 @@
 #   datasets/synth/basis-g1.h5        PCA bases per KV head (train-basis) on calib/ only, with
 #                          pre-RoPE keys (traces made before the traces' RoPE attributes
 #                          existed give none: remove datasets/synth and run this again)
+#   datasets/synth/calibration.h5     KVQuant's thresholds and levels (train-calib), calib/ only
 # With --paper, also the dictionaries of the paper configs (Table 4/5 at N = 4096, and the
 # N x s grid of Fig. 3d): dict-n{512,2048,4096}-s8.h5, trained the same way on 8 more
 # calibration sequences (calib-paper/).
@@ -30,6 +31,9 @@ if [ ! -f "$out/dict-n1024-s8.h5" ]; then
 fi
 if [ ! -f "$out/basis-g1.h5" ]; then  # also for data made before train-basis existed
     "$bin" train-basis --quiet --out "$out/basis-g1.h5" "$out"/calib/*.h5 >/dev/null
+fi
+if [ ! -f "$out/calibration.h5" ]; then  # likewise, train-calib (KVQuant)
+    "$bin" train-calib --quiet --out "$out/calibration.h5" "$out"/calib/*.h5 >/dev/null
 fi
 if [ ! -d "$out/eval-pq" ]; then  # eval/ again with every prefill token's query (eviction)
     rm -rf "$out/eval-pq.tmp"

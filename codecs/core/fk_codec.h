@@ -107,6 +107,9 @@ enum fk_cap {
                                * FK_CAP_STATIC, whose rows are coded ahead of the policy).
                                * Without it every row is coded, dropped or not, and a codec
                                * that grows or adapts cannot be composed with a policy */
+    FK_CAP_CALIB = 1u << 11,  /* needs a calibration file (dataset key `calibration`, a file
+                               * of `fadkv-bench train-calib`): env->calib holds this (layer,
+                               * kind)'s quantiser constants (struct fk_calib) */
 };
 
 /* What an option is to the harness beyond its value (fk_codec_ops.roles): the recall
@@ -124,6 +127,9 @@ enum fk_opt_role {
     FK_ROLE_GROUP,            /* INT: a quantiser's group length along the head dimension */
     FK_ROLE_WINDOW,           /* INT: tokens the codec's own buffer rule keeps exact */
     FK_ROLE_INDEX_BYTES,      /* INT: bytes per stored atom index */
+    FK_ROLE_CALIB_FRACTION,   /* DOUBLE: the outlier fraction whose calibration the codec
+                               * reads (FK_CAP_CALIB): the harness refuses a cell whose
+                               * calibration file holds no such fraction, before any cell */
 };
 struct fk_role {
     int role;                 /* enum fk_opt_role */
@@ -170,6 +176,32 @@ struct fk_basis {
                                   * or NULL when the basis has none; values: NULL */
 };
 
+/* KVQuant's calibration of one (layer, kind) at one outlier fraction f, from calibration
+ * traces (datasets/CALIB.md; spec families-quant-2026.md 4.2): keys pre-RoPE. t = 1 - f/2;
+ * a key channel's thresholds are the (1 - t) and t quantiles of its calibration values
+ * (f = 0: min and max), rounded to fp16; the LUTs are k-means levels (2^bits, ascending) of
+ * the normalised calibration values u = (x - (upper + lower)/2) / ((upper - lower)/2) with
+ * |u| <= 1, the first `sinks` tokens of every trace left out. Values are normalised per
+ * calibration token over a row of all KV heads (FK_KVQ_ROW, KVQuant's) or of one head
+ * (FK_KVQ_HEAD) by the row's own quantiles, one LUT set for each. */
+enum { FK_KVQ_BITS_MIN = 2, FK_KVQ_BITS_MAX = 4 };
+enum fk_kvq_group { FK_KVQ_ROW = 0, FK_KVQ_HEAD = 1 };
+struct fk_kvq_cal {
+    double outliers;             /* f, the calibrated outlier fraction (0: none) */
+    const float *upper, *lower;  /* keys: [n_kv_heads][head_dim] channel thresholds (fp16
+                                  * values); values: NULL */
+    const float *lut[FK_KVQ_BITS_MAX - FK_KVQ_BITS_MIN + 1][2]; /* [bits - 2][enum
+                                  * fk_kvq_group]: 2^bits ascending levels on [-1, 1]; keys:
+                                  * group FK_KVQ_ROW only (the other NULL) */
+};
+/* The calibration constants of one (layer, kind) (FK_CAP_CALIB). */
+struct fk_calib {
+    int n_kv_heads, head_dim;
+    int sinks;                   /* first tokens of each calibration trace the LUTs left out */
+    int n_kvq;                   /* calibrated outlier fractions, ascending */
+    const struct fk_kvq_cal *kvq; /* [n_kvq] */
+};
+
 struct fk_rope; /* kernels/fk_rope.h: a trace's RoPE parameters */
 
 /* What the harness tells a codec when it opens a stream group. */
@@ -181,6 +213,7 @@ struct fk_stream_env {
     int n_tokens;                /* T: upper bound of stored rows per head */
     const struct fk_base_dict *base; /* NULL unless FK_CAP_DICT */
     const struct fk_basis *basis; /* this (layer, kind)'s basis; NULL unless FK_CAP_BASIS */
+    const struct fk_calib *calib; /* this (layer, kind)'s calibration; NULL unless FK_CAP_CALIB */
     const float *external;       /* [n_heads][n_tokens][head_dim] the reconstruction file's rows
                                   * of this (layer, kind), float32; NULL unless FK_CAP_EXTERNAL */
     const int32_t *positions;    /* [n_tokens] position ids of the trace's tokens, or NULL */
@@ -310,8 +343,9 @@ struct fk_codec_ops {
  * change of the structs of this header (4, 7 December 2026: struct fk_stream_env lost the
  * rows ahead, now internal to the built-in codecs, core/fk_registry.h; 5, the same day:
  * struct fk_codec_ops gained the roles of its options and resolve; 6, the same day: struct
- * fk_stream_stats gained bytes_uncounted). */
-#define FK_PLUGIN_ABI_VERSION 6
+ * fk_stream_stats gained bytes_uncounted; 7, 8 December 2026: struct fk_stream_env gained
+ * calib). */
+#define FK_PLUGIN_ABI_VERSION 7
 #define FK_PLUGIN_ENTRY "fk_plugin_abi"
 struct fk_plugin {
     int abi_version;             /* FK_PLUGIN_ABI_VERSION the plugin was built with */

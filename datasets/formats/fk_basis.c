@@ -130,17 +130,6 @@ static int open_file(const char *path, hid_t *f)
     return fk_h5_open_ro(path, "basis file", f);
 }
 
-static int read_int(hid_t f, const char *path, const char *name, long lo, long hi, long *out)
-{
-    int64_t v;
-    FK_TRY(fk_h5_attr_i64(f, path, name, &v));
-    if (v < lo || v > hi)
-        return fk_err(FK_ECORRUPT, "%s: attribute %s = %lld, expected %ld .. %ld", path, name,
-                      (long long)v, lo, hi);
-    *out = (long)v;
-    return FK_OK;
-}
-
 static int read_shape(hid_t f, const char *path, struct fk_basis_shape *sh)
 {
     char buf[64];
@@ -150,63 +139,25 @@ static int read_shape(hid_t f, const char *path, struct fk_basis_shape *sh)
         return fk_err(FK_ECORRUPT, "%s: attribute schema = \"%s\", expected \"%s\"", path, buf,
                       FK_BASIS_SCHEMA);
     long v = 0;
-    FK_TRY(read_int(f, path, "schema_version", 0, 1L << 30, &v));
+    FK_TRY(fk_h5_attr_range(f, path, "schema_version", 0, 1L << 30, &v));
     if (v != FK_BASIS_VERSION)
         return fk_err(FK_ECORRUPT, "%s: schema_version = %ld, this reader reads version %d",
                       path, v, FK_BASIS_VERSION);
-    FK_TRY(read_int(f, path, "n_layers", 1, 1 << 16, &v));
+    FK_TRY(fk_h5_attr_range(f, path, "n_layers", 1, 1 << 16, &v));
     sh->n_layers = (int)v;
-    FK_TRY(read_int(f, path, "n_kv_heads", 1, 1 << 16, &v));
+    FK_TRY(fk_h5_attr_range(f, path, "n_kv_heads", 1, 1 << 16, &v));
     sh->n_kv_heads = (int)v;
-    FK_TRY(read_int(f, path, "head_dim", 1, 4096, &v));
+    FK_TRY(fk_h5_attr_range(f, path, "head_dim", 1, 4096, &v));
     sh->head_dim = (int)v;
-    FK_TRY(read_int(f, path, "group", 1, 1 << 16, &v));
+    FK_TRY(fk_h5_attr_range(f, path, "group", 1, 1 << 16, &v));
     sh->group = (int)v;
-    FK_TRY(read_int(f, path, "rank", 1, 1 << 24, &v));
+    FK_TRY(fk_h5_attr_range(f, path, "rank", 1, 1 << 24, &v));
     sh->n_comp = (int)v;
-    FK_TRY(read_int(f, path, "keys_pre_rope", 0, 1, &v));
+    FK_TRY(fk_h5_attr_range(f, path, "keys_pre_rope", 0, 1, &v));
     sh->has_pre_rope = (int)v;
-    FK_TRY(read_int(f, path, "n_vectors", 1, 1L << 40, &sh->n_vectors));
+    FK_TRY(fk_h5_attr_range(f, path, "n_vectors", 1, 1L << 40, &sh->n_vectors));
     int rc = shape_check(sh, path);
     return rc == FK_EINVAL ? FK_ECORRUPT : rc;
-}
-
-/* Reads dataset `name` of the given float type and shape (rank dims) into dst. */
-static int read_ds(hid_t f, const char *path, const char *name, hid_t memtype, int rank,
-                   const hsize_t *want, void *dst)
-{
-    if (H5Lexists(f, name, H5P_DEFAULT) <= 0)
-        return fk_err(FK_ECORRUPT, "%s: missing dataset %s", path, name);
-    hid_t ds = H5Dopen2(f, name, H5P_DEFAULT);
-    if (ds < 0)
-        return fk_err(FK_ECORRUPT, "%s: %s is not a readable dataset", path, name);
-    int r = 0;
-    hsize_t dims[8];
-    int rc = fk_h5_shape(ds, path, name, &r, dims);
-    int same = rc == FK_OK && r == rank;
-    for (int i = 0; same && i < rank; i++)
-        same = dims[i] == want[i];
-    if (rc == FK_OK && !same) {
-        char got[96] = "", exp[96] = "";
-        for (int i = 0; i < r && i < 8; i++)
-            snprintf(got + strlen(got), sizeof got - strlen(got), "%s%llu", i ? ", " : "",
-                     (unsigned long long)dims[i]);
-        for (int i = 0; i < rank; i++)
-            snprintf(exp + strlen(exp), sizeof exp - strlen(exp), "%s%llu", i ? ", " : "",
-                     (unsigned long long)want[i]);
-        rc = fk_err(FK_ECORRUPT, "%s: dataset %s has shape [%s], expected [%s]", path, name,
-                    got, exp);
-    }
-    if (rc == FK_OK) {
-        hid_t ft = H5Dget_type(ds);
-        if (H5Tget_class(ft) != H5T_FLOAT)
-            rc = fk_err(FK_ECORRUPT, "%s: dataset %s must hold floats", path, name);
-        H5Tclose(ft);
-    }
-    if (rc == FK_OK && H5Dread(ds, memtype, H5S_ALL, H5S_ALL, H5P_DEFAULT, dst) < 0)
-        rc = fk_err(FK_ECORRUPT, "%s: cannot read dataset %s (truncated?)", path, name);
-    H5Dclose(ds);
-    return rc;
 }
 
 /* Basis rows of unit norm, eigenvalues finite and descending (>= 0 up to rounding). */
@@ -243,12 +194,12 @@ static int load_variant(struct fk_basis_file *b, hid_t f, int l, int v)
     hsize_t md[2] = {(hsize_t)sh->n_groups, (hsize_t)sh->dim};
     hsize_t vd[3] = {(hsize_t)sh->n_groups, (hsize_t)sh->n_comp, (hsize_t)sh->dim};
     snprintf(name, sizeof name, "%s/mean", g);
-    FK_TRY(read_ds(f, b->path, name, H5T_NATIVE_FLOAT, 2, md, fk_basis_mean(b, l, v)));
+    FK_TRY(fk_h5_read_floats(f, b->path, name, H5T_NATIVE_FLOAT, 2, md, fk_basis_mean(b, l, v)));
     for (int c = 0; c < 2; c++) {
         snprintf(name, sizeof name, "%s/%s_basis", g, center_names[c]);
-        FK_TRY(read_ds(f, b->path, name, H5T_NATIVE_FLOAT, 3, vd, fk_basis_vec(b, l, v, c)));
+        FK_TRY(fk_h5_read_floats(f, b->path, name, H5T_NATIVE_FLOAT, 3, vd, fk_basis_vec(b, l, v, c)));
         snprintf(name, sizeof name, "%s/%s_eigenvalues", g, center_names[c]);
-        FK_TRY(read_ds(f, b->path, name, H5T_NATIVE_DOUBLE, 2, vd, fk_basis_eig(b, l, v, c)));
+        FK_TRY(fk_h5_read_floats(f, b->path, name, H5T_NATIVE_DOUBLE, 2, vd, fk_basis_eig(b, l, v, c)));
         snprintf(name, sizeof name, "%s/%s", g, center_names[c]);
         FK_TRY(check_variant(b, name, fk_basis_vec(b, l, v, c), fk_basis_eig(b, l, v, c),
                              fk_basis_mean(b, l, v)));

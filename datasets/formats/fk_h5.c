@@ -203,3 +203,74 @@ int fk_h5_write(hid_t loc, const char *name, hid_t filetype, hid_t memtype, int 
     H5Sclose(sp);
     return rc;
 }
+
+int fk_h5_attr_range(hid_t f, const char *path, const char *name, long lo, long hi, long *out)
+{
+    int64_t v;
+    FK_TRY(fk_h5_attr_i64(f, path, name, &v));
+    if (v < lo || v > hi)
+        return fk_err(FK_ECORRUPT, "%s: attribute %s = %lld, expected %ld .. %ld", path, name,
+                      (long long)v, lo, hi);
+    *out = (long)v;
+    return FK_OK;
+}
+
+/* "a, b, c" of n dimensions into buf. */
+static void dims_text(char *buf, size_t cap, int n, const hsize_t *d)
+{
+    buf[0] = 0;
+    for (int i = 0; i < n && i < 8; i++)
+        snprintf(buf + strlen(buf), cap - strlen(buf), "%s%llu", i ? ", " : "",
+                 (unsigned long long)d[i]);
+}
+
+int fk_h5_open_floats(hid_t f, const char *path, const char *name, int rank, hsize_t *dims,
+                      hid_t *out)
+{
+    if (H5Lexists(f, name, H5P_DEFAULT) <= 0)
+        return fk_err(FK_ECORRUPT, "%s: missing dataset %s", path, name);
+    hid_t ds = H5Dopen2(f, name, H5P_DEFAULT);
+    if (ds < 0)
+        return fk_err(FK_ECORRUPT, "%s: %s is not a readable dataset", path, name);
+    int r = 0;
+    hsize_t d[8];
+    int rc = fk_h5_shape(ds, path, name, &r, d);
+    if (rc == FK_OK && r != rank) {
+        char got[96];
+        dims_text(got, sizeof got, r, d);
+        rc = fk_err(FK_ECORRUPT, "%s: dataset %s has shape [%s], expected %d dimension(s)",
+                    path, name, got, rank);
+    }
+    hid_t ft = rc == FK_OK ? H5Dget_type(ds) : -1;
+    if (rc == FK_OK && H5Tget_class(ft) != H5T_FLOAT)
+        rc = fk_err(FK_ECORRUPT, "%s: dataset %s must hold floats", path, name);
+    if (ft >= 0)
+        H5Tclose(ft);
+    if (rc != FK_OK) {
+        H5Dclose(ds);
+        return rc;
+    }
+    memcpy(dims, d, sizeof(hsize_t) * (size_t)rank);
+    *out = ds;
+    return FK_OK;
+}
+
+int fk_h5_read_floats(hid_t f, const char *path, const char *name, hid_t memtype, int rank,
+                      const hsize_t *want, void *dst)
+{
+    hid_t ds;
+    hsize_t dims[8];
+    FK_TRY(fk_h5_open_floats(f, path, name, rank, dims, &ds));
+    int rc = FK_OK;
+    if (memcmp(dims, want, sizeof(hsize_t) * (size_t)rank)) {
+        char got[96], exp[96];
+        dims_text(got, sizeof got, rank, dims);
+        dims_text(exp, sizeof exp, rank, want);
+        rc = fk_err(FK_ECORRUPT, "%s: dataset %s has shape [%s], expected [%s]", path, name,
+                    got, exp);
+    }
+    if (rc == FK_OK && H5Dread(ds, memtype, H5S_ALL, H5S_ALL, H5P_DEFAULT, dst) < 0)
+        rc = fk_err(FK_ECORRUPT, "%s: cannot read dataset %s (truncated?)", path, name);
+    H5Dclose(ds);
+    return rc;
+}

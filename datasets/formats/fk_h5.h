@@ -29,6 +29,16 @@ int fk_h5_put_f64(hid_t obj, const char *name, double value);
 /* Number of dimensions and extents of a dataset (rank <= 8). */
 int fk_h5_shape(hid_t ds, const char *file, const char *dsname, int *rank, hsize_t dims[8]);
 
+/* An integer attribute in [lo, hi] (FK_ECORRUPT naming file and attribute otherwise). */
+int fk_h5_attr_range(hid_t f, const char *path, const char *name, long lo, long hi, long *out);
+/* Opens dataset `name` of file path: present, of floats, of rank `rank`; its extents into
+ * dims; the caller closes *out. */
+int fk_h5_open_floats(hid_t f, const char *path, const char *name, int rank, hsize_t *dims,
+                      hid_t *out);
+/* Reads float dataset `name` of exactly the shape want (rank dims) as memtype into dst. */
+int fk_h5_read_floats(hid_t f, const char *path, const char *name, hid_t memtype, int rank,
+                      const hsize_t *want, void *dst);
+
 /* The IEEE binary16 file type (caller closes with H5Tclose). */
 hid_t fk_h5_f16_type(void);
 

@@ -24,6 +24,7 @@
 #include "core/fk_rewrite.h"
 #include "engine/fk_sweep.h"
 #include "formats/fk_basis.h"
+#include "formats/fk_calib.h"
 #include "formats/fk_dict.h"
 #include "formats/fk_h5.h"
 #include "formats/fk_trace.h"
@@ -68,6 +69,8 @@ static const struct command commands[] = {
     {"train-dict", "[...]", "train per-layer dictionaries (--help)", fk_cli_train_dict},
     {"train-basis", "--out BASIS.h5 [--group g] [--max-rank k] TRACES...",
      "per-layer PCA bases for the low-rank codecs (--help)", fk_cli_train_basis},
+    {"train-calib", "--out CALIB.h5 [--outliers F,...] [--sinks N] [--rope L] TRACES...",
+     "KVQuant calibration: key thresholds and k-means LUTs (--help)", fk_cli_train_calib},
     {"bench", "omp|replay [...]", "OMP kernel benchmark; replay benchmark vs reference (--help)",
      cmd_bench},
     {"plot", "RESULTS_DIR [--out DIR] [--format png|pdf|svg]", "figures of a results directory",
@@ -348,23 +351,44 @@ static int info_basis(const char *path)
     return 0;
 }
 
+static int info_calib(const char *path)
+{
+    struct fk_calib_file *c;
+    if (fk_calib_load(path, &c) < 0)
+        return fail(path);
+    const struct fk_calib_shape *sh = &c->sh;
+    char fr[FK_CALIB_MAX_FRACTIONS * 24] = "";
+    for (int i = 0; i < sh->n_fractions; i++)
+        snprintf(fr + strlen(fr), sizeof fr - strlen(fr), "%s%g", i ? ", " : "",
+                 sh->fractions[i]);
+    printf("%s: calibration v%d (KVQuant), model '%s', %d layers, %d KV heads, head_dim %d, "
+           "outlier fractions %s, %d sink(s), %ld calibration tokens\n", path,
+           FK_CALIB_VERSION, c->model_id, sh->n_layers, sh->n_kv_heads, sh->head_dim, fr,
+           sh->sinks, sh->n_vectors);
+    fk_calib_free(&c);
+    return 0;
+}
+
 static int info_one(const char *path, int verify)
 {
     int rc;
     if (info_results(path, &rc))
         return rc;
     hid_t fh = H5Fis_hdf5(path) > 0 ? H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT) : -1;
-    int is_dict = 0, is_basis = 0;
+    int is_dict = 0, is_basis = 0, is_calib = 0;
     if (fh >= 0) {
         char buf[64] = "";
         if (fk_h5_has_attr(fh, "schema") && fk_h5_attr_str(fh, path, "schema", buf, sizeof buf) == 0) {
             is_dict = !strcmp(buf, FK_DICT_SCHEMA);
             is_basis = !strcmp(buf, FK_BASIS_SCHEMA);
+            is_calib = !strcmp(buf, FK_CALIB_SCHEMA);
         }
         H5Fclose(fh);
     }
     if (is_basis)
         return info_basis(path);
+    if (is_calib)
+        return info_calib(path);
     if (is_dict) {
         struct fk_dict *d;
         if (fk_dict_load(path, &d) < 0)

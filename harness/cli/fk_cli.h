@@ -24,6 +24,7 @@ int fk_cli_trace(int argc, char **argv);
 int fk_cli_loop(int argc, char **argv);
 int fk_cli_train_dict(int argc, char **argv);
 int fk_cli_train_basis(int argc, char **argv);
+int fk_cli_train_calib(int argc, char **argv);
 int fk_cli_bench_omp(int argc, char **argv);
 int fk_cli_bench_replay(int argc, char **argv);
 int fk_cli_bench_loop(int argc, char **argv);
