@@ -132,17 +132,9 @@ static int open_file(const char *path, hid_t *f)
 
 static int read_shape(hid_t f, const char *path, struct fk_basis_shape *sh)
 {
-    char buf[64];
     memset(sh, 0, sizeof *sh);
-    FK_TRY(fk_h5_attr_str(f, path, "schema", buf, sizeof buf));
-    if (strcmp(buf, FK_BASIS_SCHEMA))
-        return fk_err(FK_ECORRUPT, "%s: attribute schema = \"%s\", expected \"%s\"", path, buf,
-                      FK_BASIS_SCHEMA);
+    FK_TRY(fk_h5_schema(f, path, FK_BASIS_SCHEMA, FK_BASIS_VERSION));
     long v = 0;
-    FK_TRY(fk_h5_attr_range(f, path, "schema_version", 0, 1L << 30, &v));
-    if (v != FK_BASIS_VERSION)
-        return fk_err(FK_ECORRUPT, "%s: schema_version = %ld, this reader reads version %d",
-                      path, v, FK_BASIS_VERSION);
     FK_TRY(fk_h5_attr_range(f, path, "n_layers", 1, 1 << 16, &v));
     sh->n_layers = (int)v;
     FK_TRY(fk_h5_attr_range(f, path, "n_kv_heads", 1, 1 << 16, &v));

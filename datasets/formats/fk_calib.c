@@ -187,17 +187,9 @@ static int read_fractions(hid_t f, const char *path, struct fk_calib_shape *sh)
 
 static int read_shape(hid_t f, const char *path, struct fk_calib_shape *sh)
 {
-    char buf[64];
     memset(sh, 0, sizeof *sh);
-    FK_TRY(fk_h5_attr_str(f, path, "schema", buf, sizeof buf));
-    if (strcmp(buf, FK_CALIB_SCHEMA))
-        return fk_err(FK_ECORRUPT, "%s: attribute schema = \"%s\", expected \"%s\"", path, buf,
-                      FK_CALIB_SCHEMA);
+    FK_TRY(fk_h5_schema(f, path, FK_CALIB_SCHEMA, FK_CALIB_VERSION));
     long v = 0;
-    FK_TRY(fk_h5_attr_range(f, path, "schema_version", 0, 1L << 30, &v));
-    if (v != FK_CALIB_VERSION)
-        return fk_err(FK_ECORRUPT, "%s: schema_version = %ld, this reader reads version %d",
-                      path, v, FK_CALIB_VERSION);
     FK_TRY(fk_h5_attr_range(f, path, "n_layers", 1, 1 << 16, &v));
     sh->n_layers = (int)v;
     FK_TRY(fk_h5_attr_range(f, path, "n_kv_heads", 1, 1 << 16, &v));

@@ -274,3 +274,18 @@ int fk_h5_read_floats(hid_t f, const char *path, const char *name, hid_t memtype
     H5Dclose(ds);
     return rc;
 }
+
+int fk_h5_schema(hid_t f, const char *path, const char *schema, int version)
+{
+    char buf[64];
+    FK_TRY(fk_h5_attr_str(f, path, "schema", buf, sizeof buf));
+    if (strcmp(buf, schema))
+        return fk_err(FK_ECORRUPT, "%s: attribute schema = \"%s\", expected \"%s\"", path, buf,
+                      schema);
+    long v = 0;
+    FK_TRY(fk_h5_attr_range(f, path, "schema_version", 0, 1L << 30, &v));
+    if (v != version)
+        return fk_err(FK_ECORRUPT, "%s: schema_version = %ld, this reader reads version %d",
+                      path, v, version);
+    return FK_OK;
+}

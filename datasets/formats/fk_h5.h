@@ -29,6 +29,9 @@ int fk_h5_put_f64(hid_t obj, const char *name, double value);
 /* Number of dimensions and extents of a dataset (rank <= 8). */
 int fk_h5_shape(hid_t ds, const char *file, const char *dsname, int *rank, hsize_t dims[8]);
 
+/* The root attributes schema = `schema` and schema_version = `version` (FK_ECORRUPT naming
+ * the file, what it holds and what this reader reads otherwise). */
+int fk_h5_schema(hid_t f, const char *path, const char *schema, int version);
 /* An integer attribute in [lo, hi] (FK_ECORRUPT naming file and attribute otherwise). */
 int fk_h5_attr_range(hid_t f, const char *path, const char *name, long lo, long hi, long *out);
 /* Opens dataset `name` of file path: present, of floats, of rank `rank`; its extents into
