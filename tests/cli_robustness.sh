@@ -416,6 +416,21 @@ chk "provenance has budgets 2,4" - grep -q '"budgets": *"2,4"' "$W/budgets-out/p
 chk "provenance has cost_baseline lexico" - grep -q '"cost_baseline": *"lexico"' \
     "$W/budgets-out/provenance.json"
 end
+# KVQuant's calibration (datasets/CALIB.md): refused before any cell
+cfg_case kvquant-no-calibration '[[codec]]
+name = "kvquant"' "codec kvquant needs a calibration" "train-calib"
+cfg_case kvquant-other-model "calibration = \"$DICTS/fortune-hd128-calib.h5\"
+[[codec]]
+name = \"kvquant\"" "fortune-hd128-calib.h5 has 4 layers x 1 KV heads x head_dim 128" \
+    "aidreams-260k-00.h5 has 4 x 4 x 16"
+cfg_case kvquant-uncalibrated-fraction "calibration = \"$DICTS/aidreams-260k-calib.h5\"
+[[codec]]
+name = \"kvquant\"
+outliers = 0.02" "(codec kvquant)" "outliers = 0.02, but calibration" "holds only 0, 0.01" \
+    "--outliers 0,0.01,0.02"
+cfg_case kvquant-needs-rope "calibration = \"$DICTS/aidreams-260k-calib.h5\"
+[[codec]]
+name = \"kvquant\"" "aidreams-260k-00.h5 does not describe its RoPE" "codec kvquant needs"
 # the prefill's row rewrites (core/fk_rewrite.h): refused before any cell
 cfg_case rewrite-think-over-quantiser '[[codec]]
 name = "kivi"

@@ -46,7 +46,7 @@ static void set_opt(struct fix *f, const char *name, double v)
 
 static void fix_open(struct fix *f)
 {
-    if ((f->ops->caps & FK_CAP_BASIS) && !f->basis.vec)
+    if ((f->ops->caps & (FK_CAP_BASIS | FK_CAP_CALIB)) && !f->basis.vec)
         fk_test_basis_init(&f->basis, f->n_kv, f->m, f->T, 77);
     for (int kind = 0; kind < 2; kind++) {
         if (f->ops->caps & FK_CAP_DICT) {

@@ -23,6 +23,7 @@
 #include "store/fk_results.h"
 #include "formats/fk_trace.h"
 #include "train/fk_train_basis.h"
+#include "train/fk_train_calib.h"
 
 static char tmpdir[256];
 
@@ -56,7 +57,10 @@ static void make_trace_enc(const char *path, int L, int Hq, int H, int d, int T,
 {
     struct fk_trace_info in = {.n_layers = L, .n_q_heads = Hq, .n_kv_heads = H, .head_dim = d,
                                .n_tokens = T, .prompt_len = P, .keys_post_rope = 1,
-                               .rope_theta = 10000, .n_queries = T, .has_queries = 1};
+                               .rope_theta = 10000, .n_queries = T, .has_queries = 1,
+                               /* described, for the codecs that code pre-RoPE keys */
+                               .has_rope = 1,
+                               .rope = {.theta = 10000, .layout = FK_ROPE_INTERLEAVED}};
     snprintf(in.model_id, sizeof in.model_id, "test");
     snprintf(in.source, sizeof in.source, "synthetic");
     struct fk_trace_writer *w;
@@ -245,8 +249,10 @@ static void run_cell(const char *codec, struct fk_trace **tr, int n_tr, const st
     run_cell_pool(codec, tr, n_tr, dict, jobs, attention, NULL, res);
 }
 
-/* The basis FK_CAP_BASIS codecs replay with (train_test_basis), or NULL. */
+/* The basis FK_CAP_BASIS codecs and the calibration FK_CAP_CALIB codecs replay with
+ * (train_test_basis), or NULL. */
 static struct fk_basis_file *g_basis;
+static struct fk_calib_file *g_calib;
 
 /* A basis of one group of all KV heads trained on the traces (pca's default rank 32 fits
  * 2 heads of head_dim 16). */
@@ -262,6 +268,12 @@ static void train_test_basis(char **paths, int n)
     ck_assert_msg(fk_train_basis_run(&c, NULL) == FK_OK, "%s", fk_errmsg());
     fk_basis_free(&g_basis);
     ck_assert_int_eq(fk_basis_load(out, &g_basis), FK_OK);
+    snprintf(out, sizeof out, "%s.calib.h5", paths[0]);
+    struct fk_train_calib_cfg cc = {.out = out, .traces = paths, .n_traces = n,
+                                    .n_fractions = 2, .fractions = {0, 0.01}, .sinks = 1};
+    ck_assert_msg(fk_train_calib_run(&cc, NULL) == FK_OK, "%s", fk_errmsg());
+    fk_calib_free(&g_calib);
+    ck_assert_int_eq(fk_calib_load(out, &g_calib), FK_OK);
 }
 
 static void run_cell_pool(const char *codec, struct fk_trace **tr, int n_tr,
@@ -289,6 +301,7 @@ static void run_cell_pool(const char *codec, struct fk_trace **tr, int n_tr,
     struct fk_cell_input in = {.ops = ops, .opts = o, .traces = tr, .n_traces = n_tr,
                                .dict = dict,
                                .basis = (ops->caps & FK_CAP_BASIS) ? g_basis : NULL,
+                               .calib = (ops->caps & FK_CAP_CALIB) ? g_calib : NULL,
                                /* an external codec reads each trace as its own prototype */
                                .external = (ops->caps & FK_CAP_EXTERNAL) ? tr : NULL};
     struct fk_replay_opts ro = {.jobs = jobs, .attention = attention, .attn_stride = 3,

@@ -34,6 +34,7 @@ struct bench {
     struct fk_trace **tr;
     struct fk_dict *dict;
     struct fk_basis_file *basis; /* the dataset's basis, when it names one */
+    struct fk_calib_file *calib; /* the dataset's calibration, when it names one */
     struct fk_replay_pool *pool; /* Gram buffers from run to run, as in a sweep */
     const struct fk_trace_info *ti;
     const struct fk_codec_ops *ref; /* the reference codec (reference_codec) */
@@ -163,6 +164,8 @@ static int open_data(struct bench *b)
         FK_TRY(fk_dict_load(b->ds->dict, &b->dict));
     if (b->ds->basis)
         FK_TRY(fk_basis_load(b->ds->basis, &b->basis));
+    if (b->ds->calib)
+        FK_TRY(fk_calib_load(b->ds->calib, &b->calib));
     FK_TRY(fk_results_prepare(b->s->output));
     FK_TRY(fk_replay_pool_new(&b->pool));
     b->ti = fk_trace_get_info(b->tr[0]);
@@ -177,6 +180,7 @@ static void close_data(struct bench *b)
     free(b->tr);
     fk_dict_free(&b->dict);
     fk_basis_free(&b->basis);
+    fk_calib_free(&b->calib);
     fk_sweep_free(&b->s);
 }
 
@@ -186,7 +190,8 @@ static struct fk_cell_input cell_input(const struct bench *b, const struct fk_co
     return (struct fk_cell_input){.ops = ops, .opts = opts, .traces = b->tr,
                                   .n_traces = b->ds->n_traces,
                                   .dict = (ops->caps & FK_CAP_DICT) ? b->dict : NULL,
-                                  .basis = (ops->caps & FK_CAP_BASIS) ? b->basis : NULL};
+                                  .basis = (ops->caps & FK_CAP_BASIS) ? b->basis : NULL,
+                                  .calib = (ops->caps & FK_CAP_CALIB) ? b->calib : NULL};
 }
 
 /* Cell c of the config: timed, committed, and with overhead replayed without attention. */
@@ -212,6 +217,7 @@ static int bench_cell(struct bench *b, int c, const struct fk_bench_replay_hooks
                                 .traces = (const char *const *)b->ds->traces,
                                 .n_traces = b->ds->n_traces, .dict = b->ds->dict,
                                 .basis = (cell->ops->caps & FK_CAP_BASIS) ? b->ds->basis : NULL,
+                                .calib = (cell->ops->caps & FK_CAP_CALIB) ? b->ds->calib : NULL,
                                 .sweep = s->name, .repeat = cell->repeat,
                                 .attn_stride = s->attention ? s->attn_stride : 0,
                                 .evict = cell->evict, .evict_opts = cell->evict_opts,

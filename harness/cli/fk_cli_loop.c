@@ -27,7 +27,7 @@
 
 struct loop_opts {
     const char *model, *tokenizer, *prompt, *prompt_ids, *cont, *cont_ids;
-    const char *codec, *dictionary, *basis, *series, *dump_logits, *evict;
+    const char *codec, *dictionary, *basis, *calib, *series, *dump_logits, *evict;
     const char *sets[SETS_CAP], *evict_sets[SETS_CAP], *rewrite_sets[SETS_CAP];
     int n_sets, n_evict_sets, n_rewrite_sets, steps;
     int block;                   /* --block: teacher forcing in blocks (fk_loop_codec.block) */
@@ -39,7 +39,7 @@ static void usage(FILE *f)
             "usage: fadkv-bench loop --model M.bin (--tokenizer T.bin --prompt TEXT | "
             "--prompt-ids ID,ID,...)\n"
             "                        --steps N --codec NAME [--set OPTION=VALUE]...\n"
-            "                        [--dictionary D.h5] [--basis B.h5]\n"
+            "                        [--dictionary D.h5] [--basis B.h5] [--calibration C.h5]\n"
             "                        [--continuation TEXT | --continuation-ids ID,...]\n"
             "                        [--series FILE.tsv] [--dump-logits FILE]\n"
             "                        [--evict POLICY [--evict-set OPTION=VALUE]...]\n"
@@ -109,6 +109,7 @@ static const char **string_option(struct loop_opts *o, const char *name)
         {"--codec", offsetof(struct loop_opts, codec)},
         {"--dictionary", offsetof(struct loop_opts, dictionary)},
         {"--basis", offsetof(struct loop_opts, basis)},
+        {"--calibration", offsetof(struct loop_opts, calib)},
         {"--series", offsetof(struct loop_opts, series)},
         {"--dump-logits", offsetof(struct loop_opts, dump_logits)},
         {"--evict", offsetof(struct loop_opts, evict)},
@@ -265,6 +266,7 @@ struct loop_data {
     struct fk_llama2c_tokenizer *tok;
     struct fk_dict *dict;
     struct fk_basis_file *basis;
+    struct fk_calib_file *calib;
     int32_t *prompt, *cont;
     int n_prompt, n_cont;
     void *opts, *evict_opts;
@@ -284,6 +286,7 @@ static void data_free(struct loop_data *d)
     fk_llama2c_model_free(&d->m);
     fk_dict_free(&d->dict);
     fk_basis_free(&d->basis);
+    fk_calib_free(&d->calib);
     free(d->prompt);
     free(d->cont);
     free(d->opts);
@@ -308,6 +311,8 @@ static int load(const struct loop_opts *o, const struct fk_codec_ops *ops, struc
         FK_TRY(fk_dict_load(o->dictionary, &d->dict));
     if (o->basis)
         FK_TRY(fk_basis_load(o->basis, &d->basis));
+    if (o->calib)
+        FK_TRY(fk_calib_load(o->calib, &d->calib));
     d->opts = calloc(1, ops->opts_size);
     if (!d->opts)
         return fk_err(FK_ENOMEM, "out of memory");
@@ -379,7 +384,7 @@ int fk_cli_loop(int argc, char **argv)
         rc = fk_loop_ref_build(d.m, d.prompt, d.n_prompt, d.cont, d.n_cont, o.steps, 1,
                                &d.ref);
     struct fk_loop_codec lc = {.ops = ops, .opts = d.opts, .dict = d.dict, .basis = d.basis,
-                               .evict = d.evict, .evict_opts = d.evict_opts,
+                               .calib = d.calib, .evict = d.evict, .evict_opts = d.evict_opts,
                                .rewrite = d.has_rewrite ? &d.rewrite : NULL,
                                .block = o.block};
     if (rc >= 0)

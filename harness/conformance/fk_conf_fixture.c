@@ -176,7 +176,7 @@ int fk_conf_stream_init(struct fk_conf_stream *s, const struct fk_conf_dict *d, 
 int fk_conf_env(struct fk_conf_run *r, const struct fk_codec_ops *ops,
                 const struct fk_conf_stream *src, struct fk_stream_env *env)
 {
-    if (ops->caps & FK_CAP_BASIS) {
+    if (ops->caps & (FK_CAP_BASIS | FK_CAP_CALIB)) {
         if (r->tb)
             fk_test_basis_free(r->tb);
         else if (!(r->tb = calloc(1, sizeof *r->tb)))

@@ -1,10 +1,14 @@
 /* SPDX-License-Identifier: MIT
- * A seeded random projection basis for the conformance suite and the unit suites that open
- * every codec with a struct
- * fk_stream_env (FK_CAP_BASIS codecs need one): one group of all the stream's heads
- * (g = n_heads, so that pca's default rank fits small head_dims), orthonormal rows (modified
- * Gram-Schmidt in double on Gaussian vectors), a random mean, a pre-RoPE variant, and the
- * RoPE (interleaved, theta 10000) with positions 0 .. T-1 for pre_rope.
+ * Seeded random model constants for the conformance suite and the unit suites that open
+ * every codec with a struct fk_stream_env:
+ *   FK_CAP_BASIS  a projection basis: one group of all the stream's heads (g = n_heads, so
+ *                 that pca's default rank fits small head_dims), orthonormal rows (modified
+ *                 Gram-Schmidt in double on Gaussian vectors), a random mean, a pre-RoPE
+ *                 variant;
+ *   FK_CAP_CALIB  a calibration (struct fk_calib) at the outlier fractions 0 and 0.01: key
+ *                 thresholds lower = -(1.5 + |g|), upper = 1.5 + |g'| (g, g' unit Gaussian,
+ *                 fp16), levels 2i / (2^b - 1) - 1 (even on [-1, 1]);
+ * and the RoPE (interleaved, theta 10000) with positions 0 .. T-1 for both.
  */
 #ifndef FK_TEST_BASIS_H
 #define FK_TEST_BASIS_H
@@ -17,6 +21,7 @@
 
 #include "core/fk_codec.h"
 #include "kernels/fk_rope.h"
+#include "kernels/fk_sparse.h"
 
 struct fk_test_basis {
     struct fk_basis b, pre;      /* b.pre_rope = &pre */
@@ -24,6 +29,10 @@ struct fk_test_basis {
     double *eig;                 /* shared by every variant: descending 1/(j+1) */
     int32_t *pos;
     struct fk_rope rope;
+    struct fk_calib cal[2];      /* K, V */
+    struct fk_kvq_cal kvq[2][2]; /* [kind][fraction 0, 0.01] */
+    float *cup, *clo;            /* [n_heads][m] key thresholds */
+    float lev[4 + 8 + 16];       /* the even levels of 2, 3 and 4 bits */
 };
 
 /* n orthonormal rows of dim values (n <= dim) into u. Returns 0, or -1 out of memory. */
@@ -73,7 +82,10 @@ static inline int fk_test_basis_init(struct fk_test_basis *t, int n_heads, int m
     t->pvec = malloc(sizeof(float) * 2 * (size_t)dim * dim);
     t->eig = malloc(sizeof(double) * (size_t)dim);
     t->pos = malloc(sizeof(int32_t) * (size_t)(T > 0 ? T : 1));
-    if (!r || !t->mean || !t->pmean || !t->vec || !t->pvec || !t->eig || !t->pos) {
+    t->cup = malloc(sizeof(float) * (size_t)dim);
+    t->clo = malloc(sizeof(float) * (size_t)dim);
+    if (!r || !t->mean || !t->pmean || !t->vec || !t->pvec || !t->eig || !t->pos || !t->cup ||
+        !t->clo) {
         if (r)
             gsl_rng_free(r);
         fk_test_basis_free(t);
@@ -93,7 +105,27 @@ static inline int fk_test_basis_init(struct fk_test_basis *t, int n_heads, int m
         }
     for (int i = 0; i < T; i++)
         t->pos[i] = i;
+    for (int c = 0; c < dim; c++) {
+        t->cup[c] = fk_fp16_decode(fk_fp16_encode((float)(1.5 + fabs(gsl_ran_gaussian(r, 1)))));
+        t->clo[c] = fk_fp16_decode(fk_fp16_encode((float)-(1.5 + fabs(gsl_ran_gaussian(r, 1)))));
+    }
     gsl_rng_free(r);
+    for (int b = FK_KVQ_BITS_MIN, o = 0; b <= FK_KVQ_BITS_MAX; o += 1 << b, b++)
+        for (int i = 0; i < 1 << b; i++)
+            t->lev[o + i] = (float)(2.0 * i / ((1 << b) - 1) - 1);
+    for (int k = 0; k < 2; k++) {
+        for (int f = 0; f < 2; f++) {
+            struct fk_kvq_cal *q = &t->kvq[k][f];
+            *q = (struct fk_kvq_cal){.outliers = f ? 0.01 : 0, .upper = k ? NULL : t->cup,
+                                     .lower = k ? NULL : t->clo};
+            for (int b = FK_KVQ_BITS_MIN, o = 0; b <= FK_KVQ_BITS_MAX; o += 1 << b, b++)
+                for (int g = 0; g < 2; g++)
+                    q->lut[b - FK_KVQ_BITS_MIN][g] =
+                        g == FK_KVQ_ROW || k == 1 /* values */ ? t->lev + o : NULL;
+        }
+        t->cal[k] = (struct fk_calib){.n_kv_heads = n_heads, .head_dim = m, .sinks = 0,
+                                      .n_kvq = 2, .kvq = t->kvq[k]};
+    }
     t->pre = (struct fk_basis){.group = n_heads, .n_groups = 1, .dim = dim, .n_comp = dim,
                                .mean = t->pmean, .vec = {t->pvec, t->pvec + (size_t)dim * dim},
                                .eig = {t->eig, t->eig}};
@@ -106,13 +138,17 @@ static inline int fk_test_basis_init(struct fk_test_basis *t, int n_heads, int m
     return 0;
 }
 
-/* Sets env's basis, positions and rope for a FK_CAP_BASIS codec (else leaves env alone). */
+/* Sets env's basis (FK_CAP_BASIS) or calibration (FK_CAP_CALIB), positions and rope for
+ * such a codec (else leaves env alone). */
 static inline void fk_test_basis_env(const struct fk_test_basis *t,
                                      const struct fk_codec_ops *ops, struct fk_stream_env *env)
 {
-    if (!(ops->caps & FK_CAP_BASIS))
+    if (!(ops->caps & (FK_CAP_BASIS | FK_CAP_CALIB)))
         return;
-    env->basis = &t->b;
+    if (ops->caps & FK_CAP_BASIS)
+        env->basis = &t->b;
+    if (ops->caps & FK_CAP_CALIB)
+        env->calib = &t->cal[env->kind];
     env->positions = t->pos;
     env->rope = &t->rope;
 }
@@ -125,6 +161,9 @@ static inline void fk_test_basis_free(struct fk_test_basis *t)
     free(t->pvec);
     free(t->eig);
     free(t->pos);
+    free(t->cup);
+    free(t->clo);
+    t->cup = t->clo = NULL;
     t->mean = t->pmean = t->vec = t->pvec = NULL;
     t->eig = NULL;
     t->pos = NULL;

@@ -355,7 +355,8 @@ static int open_states(struct fk_unit *u)
         struct fk_stream_env env = {.layer = u->layer, .kind = k, .head_dim = u->head_dim,
                                     .n_heads = u->n_kv_heads, .n_tokens = u->n_tokens,
                                     .base = u->bases ? &u->bases[k] : NULL,
-                                    .basis = u->basis[k], .external = u->ext[k],
+                                    .basis = u->basis[k], .calib = u->calib[k],
+                                    .external = u->ext[k],
                                     .positions = u->positions,
                                     .rope = u->rope, .reference = u->ro->reference};
         /* the rows encode_event hands over, known in advance (none in reference mode, and

@@ -43,6 +43,7 @@ struct fk_unit {
     enum fk_encoding kv_enc[2];
     const struct fk_base_dict *bases; /* [2] the K and V bases (FK_CAP_DICT), or NULL */
     const struct fk_basis *basis[2];  /* the K and V projection bases (FK_CAP_BASIS), or NULL */
+    const struct fk_calib *calib[2];  /* the K and V calibrations (FK_CAP_CALIB), or NULL */
     const int32_t *positions;         /* [T] the trace's position ids */
     const float *ext[2];              /* [H][T][m] external K and V rows (FK_CAP_EXTERNAL) */
     double attn_inv_scale, attn_softcap; /* the layer's attention (fk_trace_layer_attention) */

@@ -5,6 +5,7 @@
 #include "engine/fk_replay.h"
 #include "engine/fk_heads.h"
 
+#include <math.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -482,6 +483,8 @@ static int replay_layer(struct worker *w, int ti, int layer, const struct fk_bas
                         .rope = info->has_rope && info->keys_post_rope ? &info->rope : NULL};
     for (int k = 0; k < 2 && w->in->basis; k++)
         u.basis[k] = fk_basis_get(w->in->basis, layer, k);
+    for (int k = 0; k < 2 && w->in->calib; k++)
+        u.calib[k] = fk_calib_get(w->in->calib, layer, k);
     u.attention = ro->attention && (!ro->attn_layers || ro->attn_layers[layer]);
     size_t nkv = (size_t)u.n_kv_heads * u.n_tokens * u.head_dim;
     double t0 = fk_clock_s(CLOCK_MONOTONIC);
@@ -662,6 +665,8 @@ static int check_cell(const struct fk_cell_input *in, const struct fk_replay_opt
     FK_TRY(fk_replay_check_evict(in));
     if (in->ops->caps & FK_CAP_BASIS)
         return fk_replay_check_basis(in);
+    if (in->ops->caps & FK_CAP_CALIB)
+        return fk_replay_check_calib(in);
     if (in->ops->check)
         FK_TRY(in->ops->check(in->opts, i0->head_dim, in->dict ? in->dict->n_atoms : 0));
     return FK_OK;
@@ -689,7 +694,7 @@ int fk_replay_check_external(const struct fk_cell_input *in)
     return FK_OK;
 }
 
-/* FK_NEED_ROPE: every trace's RoPE with post-RoPE keys, and the basis's pre-RoPE keys. */
+/* FK_NEED_ROPE: every trace's RoPE with post-RoPE keys, and a basis's pre-RoPE keys. */
 static int check_rope_need(const struct fk_cell_input *in)
 {
     for (int t = 0; t < in->n_traces; t++) {
@@ -697,14 +702,15 @@ static int check_rope_need(const struct fk_cell_input *in)
         if (!it->has_rope)
             return fk_err(FK_ECONFIG, "trace %s does not describe its RoPE (no rope_layout "
                           "attribute; datasets/README.md says how to stamp it), which codec "
-                          "%s needs for pre_rope = 1", fk_trace_path(in->traces[t]),
-                          in->ops->name);
+                          "%s needs%s", fk_trace_path(in->traces[t]), in->ops->name,
+                          in->basis ? " for pre_rope = 1" : " (its keys are coded pre-RoPE)");
         if (!it->keys_post_rope)
             return fk_err(FK_ECONFIG, "trace %s stores pre-RoPE keys (keys_post_rope = 0): "
-                          "codec %s un-rotates post-RoPE keys (set pre_rope = 0)",
-                          fk_trace_path(in->traces[t]), in->ops->name);
+                          "codec %s un-rotates post-RoPE keys%s",
+                          fk_trace_path(in->traces[t]), in->ops->name,
+                          in->basis ? " (set pre_rope = 0)" : "");
     }
-    if (!in->basis->sh.has_pre_rope)
+    if (in->basis && !in->basis->sh.has_pre_rope)
         return fk_err(FK_ECONFIG, "basis %s has no pre-RoPE keys (train-basis makes them only "
                       "from calibration traces that all have rope_layout), which codec %s "
                       "needs for pre_rope = 1", in->basis->path, in->ops->name);
@@ -728,6 +734,48 @@ int fk_replay_check_basis(const struct fk_cell_input *in)
         return fk_err_context(FK_ECONFIG, "codec %s with basis %s (group %d x head_dim %d, %d "
                               "components)", ops->name, in->basis->path, in->basis->sh.group,
                               in->basis->sh.head_dim, in->basis->sh.n_comp);
+    if (ops->needs && (ops->needs(in->opts) & FK_NEED_ROPE))
+        FK_TRY(check_rope_need(in));
+    return FK_OK;
+}
+
+/* The calibrated fraction of the codec's option with role FK_ROLE_CALIB_FRACTION. */
+static int check_calib_fraction(const struct fk_cell_input *in)
+{
+    const struct fk_option *o = fk_codec_role(in->ops, FK_ROLE_CALIB_FRACTION);
+    if (!o)
+        return FK_OK;
+    double f = fk_opts_get(in->opts, o);
+    const struct fk_calib_shape *sh = &in->calib->sh;
+    char have[256] = "", list[256] = ""; /* "0, 0.01" for people, "0,0.01," for the CLI */
+    for (int i = 0; i < sh->n_fractions; i++) {
+        if (fabs(sh->fractions[i] - f) <= 1e-12)
+            return FK_OK;
+        snprintf(have + strlen(have), sizeof have - strlen(have), "%s%g", i ? ", " : "",
+                 sh->fractions[i]);
+        snprintf(list + strlen(list), sizeof list - strlen(list), "%g,", sh->fractions[i]);
+    }
+    return fk_err(FK_ECONFIG, "codec %s: %s = %g, but calibration %s holds only %s (train it "
+                  "with `fadkv-bench train-calib --outliers %s%g ...`)", in->ops->name, o->name,
+                  f, in->calib->path, have, list, f);
+}
+
+int fk_replay_check_calib(const struct fk_cell_input *in)
+{
+    const struct fk_codec_ops *ops = in->ops;
+    if (!(ops->caps & FK_CAP_CALIB))
+        return FK_OK;
+    if (!in->calib)
+        return fk_err(FK_ECONFIG, "codec %s needs a calibration (set calibration = \"...\", a "
+                      "file of `fadkv-bench train-calib`)", ops->name);
+    for (int t = 0; t < in->n_traces; t++)
+        FK_TRY(fk_calib_check_trace(&in->calib->sh, in->calib->path,
+                                    fk_trace_get_info(in->traces[t]),
+                                    fk_trace_path(in->traces[t])));
+    FK_TRY(check_calib_fraction(in));
+    if (ops->check && in->n_traces > 0 && ops->check(in->opts, in->calib->sh.head_dim, 0) < 0)
+        return fk_err_context(FK_ECONFIG, "codec %s with calibration %s", ops->name,
+                              in->calib->path);
     if (ops->needs && (ops->needs(in->opts) & FK_NEED_ROPE))
         FK_TRY(check_rope_need(in));
     return FK_OK;

@@ -30,6 +30,7 @@
 #include "core/fk_codec.h"
 #include "core/fk_evict.h"
 #include "formats/fk_basis.h"
+#include "formats/fk_calib.h"
 #include "formats/fk_dict.h"
 #include "formats/fk_trace.h"
 
@@ -132,6 +133,7 @@ struct fk_cell_input {
     int n_traces;
     const struct fk_dict *dict;       /* required when ops->caps & FK_CAP_DICT */
     const struct fk_basis_file *basis; /* required when ops->caps & FK_CAP_BASIS */
+    const struct fk_calib_file *calib; /* required when ops->caps & FK_CAP_CALIB */
     struct fk_trace *const *external; /* [n_traces] reconstruction files, trace-shaped;
                                        * required when ops->caps & FK_CAP_EXTERNAL */
     const struct fk_evict_ops *evict; /* (optional) a token-eviction policy over the codec
@@ -152,6 +154,11 @@ int fk_replay_cell(const struct fk_cell_input *in, const struct fk_replay_opts *
  * head_dim and the basis's components; FK_NEED_ROPE: every trace describes its RoPE with
  * post-RoPE keys, and the basis has pre-RoPE keys. Nothing to check for other codecs. */
 int fk_replay_check_basis(const struct fk_cell_input *in);
+/* The same for a calibrated quantiser (FK_CAP_CALIB): a calibration is given and matches
+ * every trace's layers, KV heads and head_dim, holds the fraction of the codec's option
+ * with role FK_ROLE_CALIB_FRACTION; ops->check accepts the options with the traces'
+ * head_dim; FK_NEED_ROPE: every trace describes its RoPE with post-RoPE keys. */
+int fk_replay_check_calib(const struct fk_cell_input *in);
 /* The same for a codec of external reconstructions (FK_CAP_EXTERNAL): a reconstruction file
  * for every trace, each with its trace's layers, KV heads, tokens and head_dim. */
 int fk_replay_check_external(const struct fk_cell_input *in);

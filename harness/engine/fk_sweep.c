@@ -426,6 +426,11 @@ static int load_dataset(const struct fk_toml_value *tab, const char *name, int i
             FK_TRY(get_str(e->value, &p));
             if (!(ds->basis = fk_sweep_path(e->value, p)))
                 return fk_err(FK_ENOMEM, "out of memory");
+        } else if (!strcmp(e->key, "calibration")) {
+            const char *p;
+            FK_TRY(get_str(e->value, &p));
+            if (!(ds->calib = fk_sweep_path(e->value, p)))
+                return fk_err(FK_ENOMEM, "out of memory");
         } else if (!is_sweep && !strcmp(e->key, "head_pattern")) {
             const char *p;
             FK_TRY(get_str(e->value, &p));
@@ -447,7 +452,8 @@ static int load_dataset(const struct fk_toml_value *tab, const char *name, int i
             ds->defaults = e->value;
         } else if (!is_sweep && strcmp(e->key, "name")) {
             return entry_err(e, "unknown key in [[dataset]] (allowed: name, traces, dictionary, "
-                                "basis, head_pattern, reconstructions, defaults; model, "
+                                "basis, calibration, head_pattern, reconstructions, defaults; "
+                                "model, "
                                 "tokenizer, prompts, steps)");
         }
     }
@@ -517,7 +523,17 @@ static int hash_dataset(struct fk_dataset *ds)
     uint8_t d[32];
     fk_sha256_final(&c, d);
     fk_sha256_hex(d, hex);
-    ds->content_hash = xstrdup(hex);
+    if (!ds->calib) {
+        ds->content_hash = xstrdup(hex);
+        return FK_OK;
+    }
+    /* the calibration's hash after a '+': only the cells that read it (FK_CAP_CALIB) hash
+     * it into their ids, so naming one keeps every other cell's id */
+    char both[64 + 1 + 64 + 1];
+    memcpy(both, hex, 64);
+    both[64] = '+';
+    FK_TRY(fk_sha256_file(ds->calib, both + 65));
+    ds->content_hash = xstrdup(both);
     return FK_OK;
 }
 
@@ -1114,8 +1130,10 @@ static int load_sweep_table(struct fk_sweep *s, const struct fk_toml_value *tab)
         } else if (!strcmp(k, "budgets")) {
             FK_TRY(get_budgets(e, &s->budgets));
         } else if (strcmp(k, "traces") && strcmp(k, "dictionary") && strcmp(k, "basis") &&
-                   strcmp(k, "reconstructions") && strcmp(k, "plugins")) {
+                   strcmp(k, "calibration") && strcmp(k, "reconstructions") &&
+                   strcmp(k, "plugins")) {
             return entry_err(e, "unknown key in [sweep] (allowed: name, traces, dictionary, basis, "
+                                "calibration, "
                                 "output, jobs, mem_limit, cell_timeout, attention, attn_stride, "
                                 "attn_layers, recall, recall_every, repeats, base_seed, "
                                 "cost_baseline, budgets, plugins)");
@@ -1140,6 +1158,7 @@ void fk_sweep_free(struct fk_sweep **sp)
         free(ds->name);
         free(ds->dict);
         free(ds->basis);
+        free(ds->calib);
         free(ds->head_pattern);
         for (int i = 0; ds->recon && i < ds->n_traces; i++)
             free(ds->recon[i]);
@@ -1262,6 +1281,8 @@ static void cell_identity(const struct fk_sweep *s, struct fk_sweep_cell *cell)
     fk_sha256_update(&h, FK_HARNESS_VERSION, strlen(FK_HARNESS_VERSION));
     if (ds->content_hash)
         fk_sha256_update(&h, ds->content_hash, 64);
+    if (ds->content_hash && (cell->ops->caps & FK_CAP_CALIB) && strlen(ds->content_hash) == 129)
+        fk_sha256_update(&h, ds->content_hash + 65, 64); /* the calibration (hash_dataset) */
     char extra[128];
     snprintf(extra, sizeof extra, ";attention=%d;stride=%d;recall=%d/%d;seed=%llu",
              s->attention, s->attn_stride, s->recall, s->recall_every,

@@ -33,11 +33,15 @@ struct fk_dataset {
     int n_traces;
     char *dict;                  /* dictionary path or NULL */
     char *basis;                 /* basis file path (low-rank codecs) or NULL */
+    char *calib;                 /* calibration file path (key calibration: FK_CAP_CALIB
+                                  * codecs) or NULL */
     char *head_pattern;          /* head pattern file path (engine/fk_heads.h) or NULL */
     char *recon_dir;             /* directory of external reconstructions (codec external):
                                   * DIR/<trace file name> for each trace, or NULL */
     char **recon;                /* [n_traces] those paths (recon_dir set), else NULL */
-    char *content_hash;          /* sha256 over the traces', dictionary's and basis's hashes */
+    char *content_hash;          /* sha256 over the traces', dictionary's and basis's hashes;
+                                  * with a calibration, '+' and its sha256 (only the cells
+                                  * that read it hash it into their ids) */
     const struct fk_toml_value *defaults; /* dataset's option defaults (resolution only) */
     /* A model dataset (closed loop, harness/loop): a llama2.c checkpoint instead of traces;
      * traces[i] is then where the runner writes prompt i's exact decode

@@ -294,6 +294,14 @@ static int loop_open(struct loop *lp, const struct fk_loop_codec *c)
         return fk_err(FK_ECONFIG, "codec %s needs a dictionary (model %s)", ops->name, path);
     if ((ops->caps & FK_CAP_BASIS) && !c->basis)
         return fk_err(FK_ECONFIG, "codec %s needs a basis (model %s)", ops->name, path);
+    if ((ops->caps & FK_CAP_CALIB) && !c->calib)
+        return fk_err(FK_ECONFIG, "codec %s needs a calibration (model %s)", ops->name, path);
+    if ((ops->caps & FK_CAP_CALIB) && (c->calib->sh.n_layers != lp->L ||
+        c->calib->sh.n_kv_heads != lp->H || c->calib->sh.head_dim != lp->m_dim))
+        return fk_err(FK_ECONFIG, "calibration %s has %d layers, %d KV heads, head_dim %d but "
+                      "model %s has %d, %d, %d", c->calib->path, c->calib->sh.n_layers,
+                      c->calib->sh.n_kv_heads, c->calib->sh.head_dim, path, lp->L, lp->H,
+                      lp->m_dim);
     if ((ops->caps & FK_CAP_DICT)
         && (c->dict->head_dim != lp->m_dim || c->dict->n_layers != lp->L))
         return fk_err(FK_ECONFIG, "dictionary %s has %d layers of head_dim %d but model %s "
@@ -344,6 +352,7 @@ static int loop_open(struct loop *lp, const struct fk_loop_codec *c)
                 .layer = l, .kind = k, .head_dim = lp->m_dim, .n_heads = lp->H,
                 .n_tokens = lp->T, .base = (ops->caps & FK_CAP_DICT) ? b : NULL,
                 .basis = c->basis ? fk_basis_get(c->basis, l, k) : NULL,
+                .calib = (ops->caps & FK_CAP_CALIB) ? fk_calib_get(c->calib, l, k) : NULL,
                 .positions = lp->positions,
                 .rope = fk_llama2c_model_rope_default(lp->m) ? &lp->rope : NULL};
             int rc = ops->open(c->opts, &env, &lp->st[l * 2 + k]);

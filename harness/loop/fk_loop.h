@@ -36,6 +36,7 @@
 #include "core/fk_evict.h"
 #include "core/fk_rewrite.h"
 #include "formats/fk_basis.h"
+#include "formats/fk_calib.h"
 #include "formats/fk_dict.h"
 #include "gen/fk_llama2c.h"
 
@@ -69,6 +70,7 @@ struct fk_loop_codec {
     const void *opts;                  /* ops->opts_size bytes, checked */
     const struct fk_dict *dict;        /* required when ops->caps & FK_CAP_DICT */
     const struct fk_basis_file *basis; /* required when ops->caps & FK_CAP_BASIS */
+    const struct fk_calib_file *calib; /* required when ops->caps & FK_CAP_CALIB */
     /* (optional) a token-eviction policy over the codec (core/fk_evict.h), driven by the
      * contract there: keep bits set as tokens arrive, prefill() after the prompt's forward
      * passes, decode() at every layer of decode position t once its q, k, v exist and before

@@ -233,6 +233,8 @@ int fk_run_load_dataset(struct run *r, const struct fk_sweep_cell *cell)
     }
     if (rc == FK_OK && !L->basis && ds->basis && (cell->ops->caps & FK_CAP_BASIS))
         rc = fk_basis_load(ds->basis, &L->basis);
+    if (rc == FK_OK && !L->calib && ds->calib && (cell->ops->caps & FK_CAP_CALIB))
+        rc = fk_calib_load(ds->calib, &L->calib);
     if (rc == FK_OK && !L->heads && ds->head_pattern && cell->evict)
         rc = fk_head_pattern_load(ds->head_pattern, &L->heads);
     if (rc == FK_OK && !L->recon && ds->recon && (cell->ops->caps & FK_CAP_EXTERNAL)) {
@@ -258,8 +260,9 @@ static int check_cell(struct run *r, const struct fk_sweep_cell *cell)
     const struct loaded *L = &r->ld[cell->dataset];
     if (!cell->ops->check || !L->traces || r->s->datasets[cell->dataset].n_traces < 1)
         return FK_OK;
-    /* a basis codec's check needs the basis's component count: check_basis runs it */
-    if (cell->ops->caps & FK_CAP_BASIS)
+    /* a basis codec's check needs the basis's component count, a calibrated one its
+     * calibration: check_basis runs them */
+    if (cell->ops->caps & (FK_CAP_BASIS | FK_CAP_CALIB))
         return FK_OK;
     int hd = fk_trace_get_info(L->traces[0])->head_dim;
     int na = (cell->ops->caps & FK_CAP_DICT) && L->dict ? L->dict->n_atoms : 0;
@@ -279,6 +282,7 @@ void fk_run_free_loaded(struct run *r)
         free(r->ld[d].traces);
         fk_dict_free(&r->ld[d].dict);
         fk_basis_free(&r->ld[d].basis);
+        fk_calib_free(&r->ld[d].calib);
         fk_head_pattern_free(&r->ld[d].heads);
         for (int i = 0; r->ld[d].recon && i < r->s->datasets[d].n_traces; i++)
             fk_trace_close(&r->ld[d].recon[i]);
@@ -297,17 +301,20 @@ static struct fk_cell_input cell_input(const struct run *r, const struct fk_swee
                                   .n_traces = r->s->datasets[cell->dataset].n_traces,
                                   .dict = (cell->ops->caps & FK_CAP_DICT) ? L->dict : NULL,
                                   .basis = (cell->ops->caps & FK_CAP_BASIS) ? L->basis : NULL,
+                                  .calib = (cell->ops->caps & FK_CAP_CALIB) ? L->calib : NULL,
                                   .external = (cell->ops->caps & FK_CAP_EXTERNAL) ? L->recon
                                                                                   : NULL,
                                   .evict = cell->evict, .evict_opts = cell->evict_opts,
                                   .rewrite = cell->rewrite, .heads = L->heads};
 }
 
-/* A low-rank cell's basis against its traces and options, before any cell runs. */
+/* A low-rank cell's basis, a calibrated cell's calibration, against its traces and
+ * options, before any cell runs. */
 static int check_basis(const struct run *r, const struct fk_sweep_cell *cell)
 {
     struct fk_cell_input in = cell_input(r, cell);
-    if (fk_replay_check_basis(&in) == FK_OK && fk_replay_check_external(&in) == FK_OK &&
+    if (fk_replay_check_basis(&in) == FK_OK && fk_replay_check_calib(&in) == FK_OK &&
+        fk_replay_check_external(&in) == FK_OK &&
         fk_replay_check_evict(&in) == FK_OK)
         return FK_OK;
     char msg[1100];
@@ -394,6 +401,7 @@ void fk_run_cell_meta(const struct run *r, const struct fk_sweep_cell *cell,
                                   .n_traces = ds->n_traces,
                                   .dict = (cell->ops->caps & FK_CAP_DICT) ? ds->dict : NULL,
                                   .basis = (cell->ops->caps & FK_CAP_BASIS) ? ds->basis : NULL,
+                                  .calib = (cell->ops->caps & FK_CAP_CALIB) ? ds->calib : NULL,
                                   .attn_stride = s->attention ? s->attn_stride : 0,
                                   .seed = (long)(cell->seed & 0x7fffffffffffffffULL),
                                   .repeat = cell->repeat,

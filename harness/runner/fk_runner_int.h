@@ -15,17 +15,19 @@
 struct fk_trace;
 struct fk_dict;
 struct fk_basis_file;
+struct fk_calib_file;
 struct fk_loop_set;
 struct fk_cell_meta;
 struct fk_cell_loop;
 struct run;
 struct fk_worker;
 
-/* Opened traces, dictionary and basis of one dataset. */
+/* Opened traces, dictionary, basis and calibration of one dataset. */
 struct loaded {
     struct fk_trace **traces;
     struct fk_dict *dict;
     struct fk_basis_file *basis;
+    struct fk_calib_file *calib; /* the dataset's calibration (codecs with FK_CAP_CALIB) */
     struct fk_trace **recon;     /* [n_traces] reconstruction files (codec external) or NULL */
     struct fk_loop_set *loop;    /* model dataset: the model and its exact decodes, or NULL */
     struct fk_head_pattern *heads; /* the dataset's head_pattern, or NULL */

@@ -100,7 +100,7 @@ int fk_runner_loop_cell(const struct fk_loop_set *set, const struct fk_cell_inpu
     const struct fk_llama2c_config *c = fk_llama2c_model_config(set->m);
     FK_TRY(alloc_loop(out, set->n, c->n_layers, set->n ? set->refs[0].n_steps : 0));
     struct fk_loop_codec lc = {.ops = in->ops, .opts = in->opts, .dict = in->dict,
-                               .basis = in->basis, .evict = in->evict,
+                               .basis = in->basis, .calib = in->calib, .evict = in->evict,
                                .evict_opts = in->evict_opts, .rewrite = in->rewrite,
                                .head_scores = in->heads ? in->heads->score : NULL,
                                .head_layers = in->heads ? in->heads->n_layers : 0,

@@ -281,6 +281,8 @@ static void meta_head(struct fk_sb *b, const struct fk_cell_meta *m, const char 
     fk_sb_printf(b, "dictionary\t%s\nbasis\t%s\nn_traces\t%d\nseed\t%ld\nattn_stride\t%d\n",
               m->dict ? m->dict : "", m->basis ? m->basis : "", m->n_traces, m->seed,
               m->attn_stride);
+    if (m->calib)
+        fk_sb_printf(b, "calibration\t%s\n", m->calib);
     fk_sb_printf(b, "repeat\t%d\n", m->repeat);
     fk_sb_printf(b, "sweep\t");
     for (const char *p = m->sweep ? m->sweep : ""; *p; p++)

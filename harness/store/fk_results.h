@@ -51,6 +51,7 @@ struct fk_cell_meta {
     int n_traces;
     const char *dict;            /* dictionary path or NULL */
     const char *basis;           /* basis file path or NULL */
+    const char *calib;           /* calibration file path or NULL (no line in meta.tsv) */
     int attn_stride;             /* 0 = no attention */
     long seed;                   /* the cell's seed */
     int repeat;                  /* 0 .. repeats-1 of the sweep (cells.csv column repeat) */
