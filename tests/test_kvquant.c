@@ -196,10 +196,13 @@ static int ref_key(const struct ref *p, const struct fk_test_basis *tb, int h, i
 
 /* ---- tests ----------------------------------------------------------------------------- */
 
-/* _i: bits 2..4 x levels x fraction x value group. */
+/* _i: bits 2..4 x levels x fraction x value group, then (_i >= 24) the same with rows of
+ * ties: two thirds of the values equal, so that more than half of a row are outliers on
+ * one side and its median enters the range. */
 START_TEST(rows_equal_reference)
 {
-    int bits = 2 + _i % 3, uniform = (_i / 3) % 2, f1 = (_i / 6) % 2, head_grp = _i / 12;
+    int ties = _i >= 24, c = _i % 24;
+    int bits = 2 + c % 3, uniform = (c / 3) % 2, f1 = (c / 6) % 2, head_grp = c / 12;
     char b[8];
     snprintf(b, sizeof b, "%d", bits);
     const char *kv[] = {"bits", b, "levels", uniform ? "uniform" : "nuq", "outliers",
@@ -210,6 +213,8 @@ START_TEST(rows_equal_reference)
         struct run r;
         ck_assert_msg(run_open(&r, kv, kind, 1) == FK_OK, "%s", fk_errmsg());
         make_rows(x, kind ? 1.0 : 1.2);
+        for (int j = 0; ties && j < T * H * M; j++)
+            x[j] = j % 3 ? -8.0f : x[j]; /* the row minimum, tied */
         ck_assert_msg(run_encode(&r, x, T * H) == FK_OK, "%s", fk_errmsg());
         const struct fk_kvq_cal *cal = &r.tb.kvq[kind][f1];
         struct ref p = {.bits = bits, .uniform = uniform, .f = cal->outliers,
@@ -250,6 +255,8 @@ START_TEST(rows_equal_reference)
         }
         /* the data have outliers when the fraction asks for them */
         ck_assert(f1 ? n_out > 0 : n_out == 0);
+        /* rows of ties: more than half of each value row are outliers */
+        ck_assert(!ties || !f1 || kind == 0 || n_out > (T - SINKS) * H * M / 2);
         struct fk_stream_stats st;
         r.ops->stats(r.st, &st);
         ck_assert_msg(fabs(st.bytes_codes - bytes) < 1e-6 * bytes, "%g, by hand %g",
@@ -318,7 +325,7 @@ static Suite *suite(void)
 {
     Suite *s = suite_create("kvquant");
     TCase *tc = tcase_create("rules");
-    tcase_add_loop_test(tc, rows_equal_reference, 0, 24);
+    tcase_add_loop_test(tc, rows_equal_reference, 0, 48);
     tcase_add_test(tc, sinks_are_fp16);
     tcase_add_test(tc, refusals);
     suite_add_tcase(s, tc);

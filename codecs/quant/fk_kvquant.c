@@ -85,8 +85,12 @@ struct kvq {
     double t;                    /* 1 - f/2 */
     const float *upper, *lower;  /* keys: [H][m] thresholds */
     const float *lut;            /* [nl] ascending (nuq) */
+    double mid[16];              /* [nl - 1] the midpoints of consecutive levels */
+    double *kzp, *krg;           /* keys: [H m] each channel's centre and half-width */
     double *cs, *sn;             /* keys: [T][m/2] RoPE angles of the trace's positions */
-    double *rot;                 /* [m] */
+    double *v, *u, *rc;          /* [H m] a row (keys: pre-RoPE), u, its coded values */
+    int32_t *code;               /* [H m] level indices */
+    uint8_t *out;                /* [H m] 1: an outlier */
     float *sel, *y;              /* [H m] a value row's selection copy, its x_hat */
     int *cnt;                    /* [H] outliers per head of a value row */
     double bytes;                /* bytes of the stored rows */
@@ -125,7 +129,13 @@ static void kvq_close(void *state)
     fkr_free(&q->r);
     free(q->cs);
     free(q->sn);
-    free(q->rot);
+    free(q->kzp);
+    free(q->krg);
+    free(q->v);
+    free(q->u);
+    free(q->rc);
+    free(q->code);
+    free(q->out);
     free(q->cnt);
     free(q->sel);
     free(q->y);
@@ -200,46 +210,60 @@ static int kvq_open(const void *opts, const struct fk_stream_env *env, void **st
         FK_TRY(rope_table(q, env));
     FK_TRY(fkr_init(&q->r, env, "kvquant"));
     size_t n = (size_t)q->H * q->m;
-    q->rot = malloc(sizeof(double) * (size_t)q->m + 1);
+    double **d[] = {&q->kzp, &q->krg, &q->v, &q->u, &q->rc};
+    for (int i = 0; i < 5; i++)
+        *d[i] = malloc(sizeof(double) * n + 1);
+    q->code = malloc(sizeof(int32_t) * n + 1);
+    q->out = malloc(n + 1);
     q->cnt = malloc(sizeof(int) * (size_t)q->H + 1);
     q->sel = malloc(sizeof(float) * n + 1);
     q->y = malloc(sizeof(float) * n + 1);
-    if (!q->rot || !q->cnt || !q->sel || !q->y)
+    if (!q->kzp || !q->krg || !q->v || !q->u || !q->rc || !q->code || !q->out || !q->cnt ||
+        !q->sel || !q->y)
         return fk_err(FK_ENOMEM, "out of memory (kvquant state)");
+    for (int k = 0; k + 1 < q->nl; k++) /* exact: two floats' sum fits a double */
+        q->mid[k] = ((double)q->lut[k] + q->lut[k + 1]) / 2;
+    for (size_t c = 0; q->kind == KIND_K && c < n; c++) {
+        q->kzp[c] = ((double)q->upper[c] + q->lower[c]) / 2;
+        q->krg[c] = ((double)q->upper[c] - q->lower[c]) / 2;
+    }
     return FK_OK;
 }
 
-/* The index of the level nearest to u (ties: the lower; lut ascending). */
-static int nearest(const float *lut, int nl, double u)
+/* The coded values r [n] of the values v [n] on the ranges centred at zp with half-width
+ * rg (per value, or one for all: stride 0). nuq: the nearest level of u = (v - zp) / rg,
+ * a tie to the lower, found as the number of level midpoints below u; uniform: the grid of
+ * 2^bits values from zp - rg to zp + rg. A range of width 0 gives its centre. One pass per
+ * step over the row, so that each vectorises. */
+static void code_span(struct kvq *q, const double *v, const double *zp, const double *rg,
+                      int stride, int n)
 {
-    int lo = 0, hi = nl; /* the first level >= u, by bisection */
-    while (lo < hi) {
-        int mid = (lo + hi) / 2;
-        if (lut[mid] < u)
-            lo = mid + 1;
-        else
-            hi = mid;
-    }
-    if (lo == nl)
-        return nl - 1;
-    if (lo > 0 && u - lut[lo - 1] <= lut[lo] - u)
-        return lo - 1;
-    return lo;
-}
-
-/* The coded value of v on the range [lo, up]. */
-static double level(const struct kvq *q, double v, double lo, double up)
-{
-    if (!(up > lo))
-        return (up + lo) / 2;
+    double *u = q->u, *r = q->rc;
+    int32_t *c = q->code;
     if (q->o.levels == L_NUQ) {
-        double zp = (up + lo) / 2, rg = (up - lo) / 2;
-        return q->lut[nearest(q->lut, q->nl, (v - zp) / rg)] * rg + zp;
+        for (int j = 0; j < n; j++)
+            u[j] = rg[j * stride] > 0 ? (v[j] - zp[j * stride]) / rg[j * stride] : 0;
+        for (int j = 0; j < n; j++)
+            c[j] = 0;
+        for (int k = 0; k + 1 < q->nl; k++)
+            for (int j = 0; j < n; j++)
+                c[j] += u[j] > q->mid[k];
+        for (int j = 0; j < n; j++)
+            r[j] = q->lut[c[j]] * rg[j * stride] + zp[j * stride];
+        return;
     }
-    double top = q->nl - 1, qx = top / (up - lo), off = lo * qx;
-    double c = rint(qx * v - off); /* the default rounding mode: half to even */
-    c = c < 0 ? 0 : c > top ? top : c;
-    return (c + off) / qx;
+    double top = q->nl - 1;
+    for (int j = 0; j < n; j++) {
+        double lo = zp[j * stride] - rg[j * stride], up = zp[j * stride] + rg[j * stride];
+        if (!(up > lo)) {
+            r[j] = zp[j * stride];
+            continue;
+        }
+        double qx = top / (up - lo), off = lo * qx;
+        double k = rint(qx * v[j] - off); /* the default rounding mode: half to even */
+        k = k < 0 ? 0 : k > top ? top : k;
+        r[j] = (k + off) / qx;
+    }
 }
 
 /* Bytes of one coded (not sink) head row with n_out outliers. */
@@ -253,32 +277,43 @@ static double row_bytes(const struct kvq *q, int n_out)
     return b;
 }
 
+/* y [n] = fp16(the outliers' values, the others' coded values), saturated to +-65504. */
+static void round_out(const struct kvq *q, const double *v, int n, float *y)
+{
+    for (int j = 0; j < n; j++) {
+        double a = q->out[j] ? v[j] : q->rc[j];
+        a = a > 65504.0 ? 65504.0 : a < -65504.0 ? -65504.0 : a;
+        y[j] = (float)a;
+    }
+    fk_fp16_round(y, (size_t)n);
+}
+
 /* Key x (post-RoPE) of head h at token t into y; returns its outliers. */
 static int code_key(struct kvq *q, int h, int t, const float *x, float *y)
 {
     int m = q->m, n_out = 0;
     size_t half = (size_t)m / 2;
+    double *v = q->v;
     for (int j = 0; j < m; j++)
-        q->rot[j] = x[j];
-    fk_rope_apply(q->layout, m, q->cs + (size_t)t * half, q->sn + (size_t)t * half, -1, q->rot);
+        v[j] = x[j];
+    fk_rope_apply(q->layout, m, q->cs + (size_t)t * half, q->sn + (size_t)t * half, -1, v);
     const float *lo = q->lower + (size_t)h * m, *up = q->upper + (size_t)h * m;
     for (int j = 0; j < m; j++) {
-        double v = q->rot[j], r;
-        if (q->o.outliers > 0 && (v > up[j] || v < lo[j])) {
-            r = v;
-            n_out++;
-        } else {
-            r = level(q, v, lo[j], up[j]);
-        }
-        q->rot[j] = fkq_half((float)r);
+        q->out[j] = q->o.outliers > 0 && (v[j] > up[j] || v[j] < lo[j]);
+        n_out += q->out[j];
     }
-    fk_rope_apply(q->layout, m, q->cs + (size_t)t * half, q->sn + (size_t)t * half, +1, q->rot);
+    code_span(q, v, q->kzp + (size_t)h * m, q->krg + (size_t)h * m, 1, m);
+    round_out(q, v, m, y);
     for (int j = 0; j < m; j++)
-        y[j] = (float)q->rot[j];
+        v[j] = y[j];
+    fk_rope_apply(q->layout, m, q->cs + (size_t)t * half, q->sn + (size_t)t * half, +1, v);
+    for (int j = 0; j < m; j++)
+        y[j] = (float)v[j];
     return n_out;
 }
 
-/* The q-quantile of the n values in sel (the linear rule; sel is reordered). */
+/* The p-quantile of the n values in sel (the linear rule; sel is reordered): the j-th
+ * smallest by selection, the next one the smallest of those after it. */
 static double quantile(float *sel, int n, double p)
 {
     double pos = p * (n - 1);
@@ -286,7 +321,9 @@ static double quantile(float *sel, int n, double p)
     double a = gsl_stats_float_select(sel, 1, (size_t)n, j);
     if (j + 1 >= (size_t)n)
         return a;
-    double b = gsl_stats_float_select(sel, 1, (size_t)n, j + 1);
+    float b = sel[j + 1];
+    for (size_t i = j + 2; i < (size_t)n; i++)
+        b = sel[i] < b ? sel[i] : b;
     return a + (pos - (double)j) * (b - a);
 }
 
@@ -294,29 +331,37 @@ static double quantile(float *sel, int n, double p)
  * outliers of head row k of it (zeroed first). */
 static void code_values(struct kvq *q, const float *x, int n, float *y, int *out_per_head)
 {
-    double up = INFINITY, lo = -INFINITY, med = 0;
+    double up = INFINITY, lo = -INFINITY;
     if (q->o.outliers > 0) {
         memcpy(q->sel, x, sizeof(float) * (size_t)n);
         up = quantile(q->sel, n, q->t);
         lo = quantile(q->sel, n, 1 - q->t);
-        med = gsl_stats_float_select(q->sel, 1, (size_t)n, (size_t)(n - 1) / 2);
     }
     memset(out_per_head, 0, sizeof(int) * (size_t)(n / q->m));
     double mn = INFINITY, mx = -INFINITY;
+    int below = 0, above = 0; /* outliers on either side */
     for (int i = 0; i < n; i++) {
-        double v = x[i] >= up || x[i] <= lo ? med : x[i];
-        mn = v < mn ? v : mn;
-        mx = v > mx ? v : mx;
+        q->v[i] = x[i];
+        q->out[i] = x[i] >= up || x[i] <= lo;
+        below += x[i] <= lo;
+        above += x[i] >= up && x[i] > lo;
+        if (!q->out[i]) {
+            mn = x[i] < mn ? x[i] : mn;
+            mx = x[i] > mx ? x[i] : mx;
+        }
+        out_per_head[i / q->m] += q->out[i];
+    }
+    /* the outliers stand in as the (lower) median, which the other values bracket unless
+     * more than half of them are outliers on one side (a row of ties) */
+    if (below > (n - 1) / 2 || above > n - 1 - (n - 1) / 2) {
+        memcpy(q->sel, x, sizeof(float) * (size_t)n);
+        double med = gsl_stats_float_select(q->sel, 1, (size_t)n, (size_t)(n - 1) / 2);
+        mn = med < mn ? med : mn;
+        mx = med > mx ? med : mx;
     }
     double zp = fkq_half((float)((mx + mn) / 2)), rg = fkq_half((float)((mx - mn) / 2));
-    for (int i = 0; i < n; i++) {
-        if (x[i] >= up || x[i] <= lo) {
-            y[i] = fkq_half(x[i]);
-            out_per_head[i / q->m]++;
-        } else {
-            y[i] = fkq_half((float)level(q, x[i], zp - rg, zp + rg));
-        }
-    }
+    code_span(q, q->v, &zp, &rg, 0, n);
+    round_out(q, q->v, n, y);
 }
 
 /* Rows i .. i + H - 1 of ev: one token's heads 0 .. H - 1 (value_group = row). */
