@@ -30,6 +30,15 @@ set -- $line
 [ "$6 $7" = "all equal" ] || fail "codes hash row says $6 $7"
 printf '%s\n' "$out" | grep -q "^  SGEMM floor vectors/s " || fail "no SGEMM floor row: $out"
 
+# the greedy loop's roofline: the counts by hand for N 128, s 4 (three correlation passes,
+# pass k: k - 1 earlier rows, c read and written, its row written; one Gram row each), and
+# a reachable share of the floor in (0, 1]
+plain=$("$BIN" "${ARGS[@]}" --kernels none) || fail "plain run failed"
+printf '%s\n' "$plain" | grep -q "^  counted  *1152 multiply-adds, 6 KiB from L2, 2 KiB of Gram rows$" ||
+    fail "roofline counts: $(printf '%s\n' "$plain" | grep -A1 '^roofline')"
+best=$(printf '%s\n' "$plain" | awk '$1 == "best" && $2 == "reachable" {print $3}')
+awk -v b="$best" 'BEGIN { exit !(b > 0 && b <= 1) }' || fail "best reachable share '$best'"
+
 "$BIN" "${ARGS[@]}" --kernels 'Has well' >/dev/null 2>&1
 [ $? -eq 2 ] || fail "--kernels 'Has well' should be a usage error (2)"
 echo "ok: --kernels same reproduces the --tsv run's codes ($hash, $kern kernels)"

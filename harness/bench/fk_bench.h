@@ -111,6 +111,28 @@ struct fk_bench_screen_result {
 int fk_bench_screen_run(const struct fk_bench_omp_cfg *cfg, const struct fk_bench_omp_data *data,
                         int pool, struct fk_bench_screen_result *res);
 
+/* The roofline of Batch-OMP's greedy loop in Gram mode (`bench omp`), per vector coded to s
+ * atoms over N, one core: after the correlation SGEMM (the floor), s - 1 correlation
+ * passes (codecs/kernels/fk_omp.c, strip_full), pass k reading the new atom's Gram row
+ * (N floats, a random row of the N x N Gram: from memory), the k - 1 earlier rows of its
+ * orthonormalised correlations (k - 1 times N floats, from L2), reading and writing the
+ * correlations c and writing its own row (3 N). Counted: row_bytes = 4 N (s - 1), l2_bytes =
+ * 4 N sum_k (k + 2), macs = N sum_k (k + 1) (the earlier rows, the scaling, c's update).
+ * Measured on this core: the read bandwidth over a buffer of (s + 1) N floats held in L2
+ * (best of 5 passes) and over random whole rows of an N x N buffer (best of 3). The bound:
+ * t = t_floor + max(l2_bytes / l2_gbs, row_bytes / row_gbs) (the two streams overlapped,
+ * the arithmetic free), its ratio to the floor t_floor / t; `serial` adds them instead. */
+struct fk_bench_roofline {
+    double macs, l2_bytes, row_bytes;   /* counted per vector */
+    double l2_gbs, row_gbs;             /* measured, GB/s */
+    double t_floor, t_l2, t_row;        /* seconds per vector */
+    double bound_ratio, serial_ratio;   /* t_floor / t: at most what the loop can reach */
+};
+
+/* gemm_vps_per_core: the SGEMM floor's vectors per second on one core. */
+int fk_bench_omp_roofline(int n_atoms, int sparsity, double gemm_vps_per_core,
+                          struct fk_bench_roofline *out);
+
 /* CLI layer (harness/cli/fk_cli_bench_omp.c): `bench omp` with argv[0] = "omp"; parses its own
  * options, prints a table. Returns the process exit status (0, 1 on failure, 2 on usage). */
 int fk_cli_bench_omp(int argc, char **argv);

@@ -196,6 +196,25 @@ static void print_result(const struct omp_args *a, const struct fk_bench_omp_dat
         printf("  wrote codes to %s\n", codes_out);
 }
 
+/* The roofline of the greedy loop (fk_bench.h): counted, measured, the bound and where the
+ * end to end stands against it. */
+static void print_roofline(const struct fk_bench_roofline *rl,
+                           const struct fk_bench_omp_result *res, int threads)
+{
+    double got = 1.0 / res->floor_ratio, t_e2e = threads / res->e2e_vps;
+    printf("roofline of the greedy loop, per vector and core (counted: s - 1 correlation passes)\n");
+    printf("  %-34s %12.0f multiply-adds, %.0f KiB from L2, %.0f KiB of Gram rows\n",
+           "counted", rl->macs, rl->l2_bytes / 1024, rl->row_bytes / 1024);
+    printf("  %-34s %12.1f GB/s over (s + 1) N floats, %.1f GB/s over random Gram rows\n",
+           "measured read bandwidth", rl->l2_gbs, rl->row_gbs);
+    printf("  %-34s %12.2f us (SGEMM floor) + max(%.2f us L2, %.2f us rows)\n", "bound",
+           rl->t_floor * 1e6, rl->t_l2 * 1e6, rl->t_row * 1e6);
+    printf("  %-34s %12.3f of the floor (%.3f with the two streams in turn)\n",
+           "best reachable", rl->bound_ratio, rl->serial_ratio);
+    printf("  %-34s %12.3f of the floor (%.2f us per vector): %.2f of the bound\n",
+           "end to end", got, t_e2e * 1e6, got / rl->bound_ratio);
+}
+
 /* The figures both kernel columns show: name, label, printf format. */
 static const struct fk_cli_fig_label figs[] = {
     {"gemm_vps", "SGEMM floor vectors/s", "%.0f"},
@@ -259,6 +278,12 @@ int fk_cli_bench_omp(int argc, char **argv)
                                       a.cfg.threads);
     if (rc == FK_OK && !a.tsv)
         print_result(&a, &data, &res);
+    struct fk_bench_roofline rl;
+    int have_rl = rc == FK_OK && !a.tsv && data.n_atoms % 64 == 0 && a.cfg.sparsity >= 2 &&
+                  fk_bench_omp_roofline(data.n_atoms, a.cfg.sparsity,
+                                        res.gemm_vps / a.cfg.threads, &rl) == FK_OK;
+    if (have_rl)
+        print_roofline(&rl, &res, a.cfg.threads);
     int pool = a.pool < 0 ? data.n_atoms / 16 : a.pool;
     if (pool > 0 && pool < a.cfg.sparsity)
         pool = a.cfg.sparsity;
