@@ -70,4 +70,34 @@ if replay a --ref-codec nosuch >"$tmp/out" 2>"$tmp/err"; then
 fi
 grep -q "ref-codec nosuch: no such codec" "$tmp/err" || { echo "FAIL: $(cat "$tmp/err")"; exit 1; }
 ! grep -q "^lexico " "$tmp/out" || { echo "FAIL: cells ran before the bad --ref-codec was refused"; exit 1; }
+# --dataset: a config of two datasets replays the named one's cells only, on its own traces
+# (each dataset's cells carry its options), and refuses a name it does not have
+cat >"$tmp/two.toml" <<TOML
+[sweep]
+name = "replay-two"
+output = "$tmp/res-two"
+attention = false
+[[dataset]]
+name = "fortune"
+traces = ["$src/datasets/embedded/fortune-byte-4L-00.h5"]
+dictionary = "$src/datasets/dicts/fortune-byte-4L.h5"
+defaults = { s = 8, n = 32 }
+[[dataset]]
+name = "baby"
+traces = ["$src/datasets/embedded/babyllama-tok105-00.h5"]
+dictionary = "$src/datasets/dicts/babyllama-tok105.h5"
+defaults = { s = 4, n = 32 }
+[[codec]]
+name = "lexico"
+TOML
+"$bin" bench replay --config "$tmp/two.toml" --dataset baby --no-kernel --ref-layers 0 \
+    --kernels none >"$tmp/two.out"
+grep -q "head_dim 16" "$tmp/two.out" || { echo "FAIL: not babyllama's traces: $(head -1 "$tmp/two.out")"; exit 1; }
+[ "$(grep -c '^lexico ' "$tmp/two.out")" = 1 ] || { echo "FAIL: not one lexico cell: $(cat "$tmp/two.out")"; exit 1; }
+[ "$(ls "$tmp/res-two/cells/"*.meta | wc -l)" = 1 ] || { echo "FAIL: other cells ran"; exit 1; }
+grep -q "^dataset	baby$" "$tmp/res-two/cells/"*.meta || { echo "FAIL: the cell is not baby's"; exit 1; }
+if "$bin" bench replay --config "$tmp/two.toml" --dataset nosuch --no-kernel >"$tmp/out" 2>"$tmp/err"; then
+    echo "FAIL: --dataset nosuch succeeded"; exit 1
+fi
+grep -q "dataset nosuch: .* has no such dataset (it has fortune, baby)" "$tmp/err" || { echo "FAIL: $(cat "$tmp/err")"; exit 1; }
 echo "ok: bench replay's coding figures match the cells' own files"

@@ -30,7 +30,8 @@ void fk_bench_replay_defaults(struct fk_bench_replay_cfg *cfg)
 struct bench {
     const struct fk_bench_replay_cfg *cfg;
     struct fk_sweep *s;
-    struct fk_dataset *ds;       /* the config's first dataset */
+    struct fk_dataset *ds;       /* the dataset replayed (cfg->dataset, else the first) */
+    int d;                       /* its index */
     struct fk_trace **tr;
     struct fk_dict *dict;
     struct fk_basis_file *basis; /* the dataset's basis, when it names one */
@@ -154,7 +155,18 @@ static int open_data(struct bench *b)
     FK_TRY(fk_sweep_load(cfg->config, no_attn_set, !cfg->attention, 1, &b->s));
     if (cfg->jobs > 0)
         b->s->jobs = cfg->jobs;
-    b->ds = &b->s->datasets[0];
+    for (b->d = 0; cfg->dataset && b->d < b->s->n_datasets; b->d++)
+        if (!strcmp(b->s->datasets[b->d].name, cfg->dataset))
+            break;
+    if (b->d == b->s->n_datasets) {
+        char names[512] = "";
+        for (int d = 0; d < b->s->n_datasets; d++)
+            snprintf(names + strlen(names), sizeof names - strlen(names), "%s%s", d ? ", " : "",
+                     b->s->datasets[d].name);
+        return fk_err(FK_EINVAL, "--dataset %s: %s has no such dataset (it has %s)",
+                      cfg->dataset, cfg->config, names);
+    }
+    b->ds = &b->s->datasets[b->d];
     b->tr = calloc((size_t)b->ds->n_traces, sizeof *b->tr);
     if (!b->tr)
         return fk_err(FK_ENOMEM, "out of memory");
@@ -253,7 +265,8 @@ static int bench_cells(struct bench *b, const struct fk_bench_replay_hooks *h,
         return fk_err(FK_ENOMEM, "out of memory");
     int n_ids = 0, rc = FK_OK;
     for (int c = 0; c < s->n_cells && rc == FK_OK; c++) {
-        if (b->cfg->only && strcmp(s->cells[c].ops->name, b->cfg->only))
+        if ((b->cfg->only && strcmp(s->cells[c].ops->name, b->cfg->only)) ||
+            s->cells[c].dataset != b->d) /* another dataset's options, for other data */
             continue;
         rc = bench_cell(b, c, h, out);
         ids[n_ids++] = s->cells[c].id;
@@ -278,7 +291,7 @@ static int reference_codec(const struct bench *b, const struct fk_codec_ops **op
         return fk_err(FK_EINVAL, "--ref-codec %s: no such codec (fadkv-bench codecs)",
                       b->cfg->ref_codec);
     for (int c = 0; !o && c < s->n_cells; c++)
-        if ((s->cells[c].ops->caps & want) == want)
+        if ((s->cells[c].ops->caps & want) == want && s->cells[c].dataset == b->d)
             o = s->cells[c].ops;
     for (int i = 0; !o && fk_codecs[i]; i++)
         if ((fk_codecs[i]->caps & want) == want)
@@ -299,7 +312,7 @@ static int pick_reference(const struct bench *b, const struct fk_codec_ops **ops
         return fk_err(FK_ENOMEM, "out of memory");
     fk_opts_defaults(o, *opts);
     for (int c = 0; c < s->n_cells; c++) /* the last cell of that codec, as before */
-        if (s->cells[c].ops == o)
+        if (s->cells[c].ops == o && s->cells[c].dataset == b->d)
             memcpy(*opts, s->cells[c].opts, o->opts_size);
     *ops = o;
     return FK_OK;

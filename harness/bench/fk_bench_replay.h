@@ -21,7 +21,9 @@
 #define FK_BENCH_MAX_ROUNDS 15
 
 struct fk_bench_replay_cfg {
-    const char *config;          /* sweep file (its first dataset is replayed) */
+    const char *config;          /* sweep file (one of its datasets is replayed) */
+    const char *dataset;         /* the dataset's name (NULL: the config's first); the cells
+                                  * of the others are not run */
     int jobs;                    /* worker threads, 0: the config's */
     int ref_layers;              /* layers of the optimised vs reference comparison (0: none) */
     int scale_layers;            /* layers of the thread-scaling rounds */

@@ -13,11 +13,12 @@
 
 static void usage(FILE *f)
 {
-    fprintf(f, "usage: fadkv-bench bench replay [--config FILE] [--jobs N] [--ref-layers K]\n"
-               "       [--scale-layers K] [--no-kernel] [--no-attention] [--overhead]\n"
-               "       [--only CODEC] [--ref-codec CODEC] [--rounds R]\n"
+    fprintf(f, "usage: fadkv-bench bench replay [--config FILE] [--dataset NAME] [--jobs N]\n"
+               "       [--ref-layers K] [--scale-layers K] [--no-kernel] [--no-attention]\n"
+               "       [--overhead] [--only CODEC] [--ref-codec CODEC] [--rounds R]\n"
                "       [--kernels best|NAME|same|none] [--tsv]\n"
-               "Runs every cell of FILE (default configs/bench-3b.toml) and prints vectors/s,\n"
+               "Runs every cell of FILE's dataset NAME (default: FILE's first; default FILE\n"
+               "configs/bench-3b.toml) and prints vectors/s,\n"
                "a time breakdown, peak memory and each coding cell's CPU per vector against\n"
                "the reference codec's; then the reference codec (--ref-codec, by\n"
                "default the config's first static dictionary codec: lexico) optimised vs\n"
@@ -50,6 +51,7 @@ static int parse(int argc, char **argv, struct fk_bench_replay_cfg *c, const cha
                    : !strcmp(a, "--rounds")       ? &c->rounds
                                                   : NULL;
         const char **str = !strcmp(a, "--config")      ? &c->config
+                           : !strcmp(a, "--dataset")   ? &c->dataset
                            : !strcmp(a, "--only")      ? &c->only
                            : !strcmp(a, "--ref-codec") ? &c->ref_codec
                                                        : NULL;
