@@ -298,10 +298,8 @@ int fk_basis_save(const struct fk_basis_file *cb, const char *path, const char *
 {
     struct fk_basis_file *b = (struct fk_basis_file *)cb; /* the slot accessors are not const */
     char tmp[4096];
-    snprintf(tmp, sizeof tmp, "%s.tmp", path);
-    hid_t f = H5Fcreate(tmp, H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
-    if (f < 0)
-        return fk_err(FK_EIO, "%s: cannot create (directory missing or not writable?)", path);
+    hid_t f;
+    FK_TRY(fk_h5_create_tmp(path, tmp, sizeof tmp, &f));
     int rc = write_attrs(f, b, attrs);
     hid_t lg = rc ? -1 : H5Gcreate2(f, "layers", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
     if (!rc && lg < 0)
@@ -318,13 +316,6 @@ int fk_basis_save(const struct fk_basis_file *cb, const char *path, const char *
     }
     if (lg >= 0)
         H5Gclose(lg);
-    if (H5Fclose(f) < 0 && !rc)
-        rc = fk_err(FK_EIO, "%s: closing failed (disk full?)", tmp);
-    if (!rc && rename(tmp, path) != 0)
-        rc = fk_err(FK_EIO, "%s: cannot rename %s into place", path, tmp);
-    if (rc) {
-        remove(tmp);
-        return fk_err_context(rc, "%s", path);
-    }
-    return FK_OK;
+    rc = fk_h5_commit_tmp(f, tmp, path, rc);
+    return rc ? fk_err_context(rc, "%s", path) : FK_OK;
 }

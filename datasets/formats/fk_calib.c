@@ -334,10 +334,8 @@ int fk_calib_save(const struct fk_calib_file *cc, const char *path, const char *
 {
     struct fk_calib_file *c = (struct fk_calib_file *)cc; /* the slot accessors are not const */
     char tmp[4096];
-    snprintf(tmp, sizeof tmp, "%s.tmp", path);
-    hid_t f = H5Fcreate(tmp, H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
-    if (f < 0)
-        return fk_err(FK_EIO, "%s: cannot create (directory missing or not writable?)", path);
+    hid_t f;
+    FK_TRY(fk_h5_create_tmp(path, tmp, sizeof tmp, &f));
     int rc = write_attrs(f, c, attrs);
     hid_t lcpl = H5Pcreate(H5P_LINK_CREATE);
     if (!rc && (lcpl < 0 || H5Pset_create_intermediate_group(lcpl, 1) < 0))
@@ -347,13 +345,6 @@ int fk_calib_save(const struct fk_calib_file *cc, const char *path, const char *
             rc = write_slot(c, f, lcpl, l, fi);
     if (lcpl >= 0)
         H5Pclose(lcpl);
-    if (H5Fclose(f) < 0 && !rc)
-        rc = fk_err(FK_EIO, "%s: closing failed (disk full?)", tmp);
-    if (!rc && rename(tmp, path) != 0)
-        rc = fk_err(FK_EIO, "%s: cannot rename %s into place", path, tmp);
-    if (rc) {
-        remove(tmp);
-        return fk_err_context(rc, "%s", path);
-    }
-    return FK_OK;
+    rc = fk_h5_commit_tmp(f, tmp, path, rc);
+    return rc ? fk_err_context(rc, "%s", path) : FK_OK;
 }

@@ -180,10 +180,8 @@ int fk_dict_save(const char *path, int n_layers, int head_dim, int n_atoms, cons
                  const char *const *attrs)
 {
     char tmp[4096];
-    snprintf(tmp, sizeof tmp, "%s.tmp", path);
-    hid_t f = H5Fcreate(tmp, H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
-    if (f < 0)
-        return fk_err(FK_EIO, "%s: cannot create (directory missing or not writable?)", path);
+    hid_t f;
+    FK_TRY(fk_h5_create_tmp(path, tmp, sizeof tmp, &f));
     int rc = fk_h5_put_str(f, "schema", FK_DICT_SCHEMA);
     if (!rc) rc = fk_h5_put_i64(f, "schema_version", FK_DICT_VERSION);
     if (!rc) rc = fk_h5_put_i64(f, "head_dim", head_dim);
@@ -204,13 +202,7 @@ int fk_dict_save(const char *path, int n_layers, int head_dim, int n_atoms, cons
     }
     if (lg >= 0)
         H5Gclose(lg);
-    if (H5Fclose(f) < 0 && !rc)
-        rc = fk_err(FK_EIO, "%s: closing failed (disk full?)", tmp);
-    if (!rc && rename(tmp, path) != 0)
-        rc = fk_err(FK_EIO, "%s: cannot rename %s into place", path, tmp);
-    if (rc)
-        remove(tmp);
-    return rc;
+    return fk_h5_commit_tmp(f, tmp, path, rc);
 }
 
 int fk_gram_build(const float *atoms, int n, int m, float **gram)

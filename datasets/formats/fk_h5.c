@@ -289,3 +289,23 @@ int fk_h5_schema(hid_t f, const char *path, const char *schema, int version)
                       path, v, version);
     return FK_OK;
 }
+
+int fk_h5_create_tmp(const char *path, char *tmp, size_t cap, hid_t *f)
+{
+    snprintf(tmp, cap, "%s.tmp", path);
+    *f = H5Fcreate(tmp, H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+    if (*f < 0)
+        return fk_err(FK_EIO, "%s: cannot create (directory missing or not writable?)", path);
+    return FK_OK;
+}
+
+int fk_h5_commit_tmp(hid_t f, const char *tmp, const char *path, int rc)
+{
+    if (H5Fclose(f) < 0 && !rc)
+        rc = fk_err(FK_EIO, "%s: closing failed (disk full?)", tmp);
+    if (!rc && rename(tmp, path) != 0)
+        rc = fk_err(FK_EIO, "%s: cannot rename %s into place", path, tmp);
+    if (rc)
+        remove(tmp);
+    return rc;
+}

@@ -42,6 +42,13 @@ int fk_h5_open_floats(hid_t f, const char *path, const char *name, int rank, hsi
 int fk_h5_read_floats(hid_t f, const char *path, const char *name, hid_t memtype, int rank,
                       const hsize_t *want, void *dst);
 
+/* The atomic write of an HDF5 file: fk_h5_create_tmp creates PATH.tmp (its name into tmp,
+ * cap bytes) for writing; fk_h5_commit_tmp closes it and, when rc is FK_OK, renames it to
+ * path, else (or when closing or renaming fails) removes it: a failed write leaves no
+ * file. Returns rc, or the closing or renaming failure, with path in the message. */
+int fk_h5_create_tmp(const char *path, char *tmp, size_t cap, hid_t *f);
+int fk_h5_commit_tmp(hid_t f, const char *tmp, const char *path, int rc);
+
 /* The IEEE binary16 file type (caller closes with H5Tclose). */
 hid_t fk_h5_f16_type(void);
 
