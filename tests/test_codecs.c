@@ -1296,11 +1296,11 @@ START_TEST(ahead_within_rounding)
 }
 END_TEST
 
-static const float *guard_gram_row(void *ctx, int j, float *scratch)
+static struct fk_gram_row guard_gram_row(void *ctx, int j, float *scratch)
 {
     (void)scratch;
     const struct tdict *d = ctx;
-    return d->gram + (size_t)j * (size_t)d->N;
+    return (struct fk_gram_row){.head = d->gram + (size_t)j * (size_t)d->N};
 }
 
 /* stats.guarded counts the codes OMP's precision guard cut. The dictionary of test_sparse's

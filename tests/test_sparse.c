@@ -30,12 +30,18 @@ struct tdict {
     struct fk_dict_view v;
 };
 
-static const float *row_of(void *ctx, int j, float *scratch)
+static struct fk_gram_row row_of(void *ctx, int j, float *scratch)
 {
     const struct tdict *t = ctx;
-    /* copy through scratch to exercise the scratch contract */
-    memcpy(scratch, t->gram + (size_t)j * t->n, (size_t)t->n * sizeof(float));
-    return scratch;
+    /* two pieces split where row j says (0 .. n, mostly inside a strip of the kernel's
+     * pass), copied through scratch in swapped order (tail first, head after it): a read
+     * from the wrong piece gets another entry, and the codes must not see the seam */
+    int split = (int)(((long)j * 37 + 5) % (t->n + 1));
+    const float *g = t->gram + (size_t)j * t->n;
+    memcpy(scratch, g + split, (size_t)(t->n - split) * sizeof(float));
+    memcpy(scratch + (t->n - split), g, (size_t)split * sizeof(float));
+    return (struct fk_gram_row){.head = scratch + (t->n - split), .tail = scratch,
+                                .split = split};
 }
 
 static void tdict_finish(struct tdict *t)

@@ -130,6 +130,11 @@ struct dc {
                                   * each (rows are allocated one by one and never copied as a
                                   * block: a doubling block held two copies at its peak) */
     int ga_cols, ga_slots;       /* appended-atom columns of each row; pointer slots */
+    float *gb;                   /* [N][ga_cols] the appended atoms' entries of base rows
+                                  * (gb[j][a] = ga[a][j]), the tails of base Gram rows,
+                                  * gathered when a row is read (gb_fill[j] of them so far) */
+    int32_t *gb_fill;            /* [N] */
+    int gb_ld;                   /* row stride of gb (ga_cols when it was allocated) */
     uint32_t *ref_count, *prefill_use, *use_total; /* [acap] */
     int32_t *last_use;           /* [acap] decode step of the last use (replace only) */
     double *ema;                 /* [acap] activity, lazily decayed (replace only) */

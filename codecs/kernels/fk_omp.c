@@ -460,6 +460,23 @@ static int omp_start(double xx, double tol_rel, int s, int m, int live, struct f
     return s_eff < live ? s_eff : live;
 }
 
+/* Entry i of a Gram row, and len entries from i on as one array: in place, or copied into
+ * buf (len floats) when they straddle the row's seam. */
+static inline const float *row_ptr(const struct fk_gram_row *r, size_t i)
+{
+    return !r->tail || i < (size_t)r->split ? r->head + i : r->tail + (i - (size_t)r->split);
+}
+
+static const float *row_span(const struct fk_gram_row *r, size_t i, size_t len, float *buf)
+{
+    size_t sp = (size_t)r->split;
+    if (!r->tail || i + len <= sp || i >= sp)
+        return row_ptr(r, i);
+    memcpy(buf, r->head + i, sizeof(float) * (sp - i));
+    memcpy(buf + (sp - i), r->tail, sizeof(float) * (i + len - sp));
+    return buf;
+}
+
 /* One vector's Batch-OMP in Gram mode as a resumable state: omp_init, then omp_step until
  * it is no longer active (each step accepts or excludes one candidate and, when the code
  * goes on, runs the fused correlation pass and selects the next candidate, fetching its Gram
@@ -471,7 +488,7 @@ struct gstate {
     const struct fk_dict_view *d;
     const float *x, *a;
     struct fk_code *out;
-    const float *grow; /* Gram row of the selected candidate j */
+    struct fk_gram_row grow; /* Gram row of the selected candidate j */
     double xx, tol2, zz;
     int n, ld, s_eff, k, j, have_max, active;
     float mx;
@@ -567,9 +584,9 @@ static void omp_select(struct gstate *g)
     g->grow = d->gram_row(d->gram_ctx, j, g->ws.scratch);
     /* the step starts with G_jj and G_{S,j}, scattered over the row and far ahead of its
      * pass: fetch them now, while the other vector in flight runs its pass */
-    __builtin_prefetch(g->grow + j, 0, 3);
+    __builtin_prefetch(row_ptr(&g->grow, (size_t)j), 0, 3);
     for (int l = 0; l < g->k; l++)
-        __builtin_prefetch(g->grow + g->out->idx[l], 0, 3);
+        __builtin_prefetch(row_ptr(&g->grow, (size_t)g->out->idx[l]), 0, 3);
     /* the atom is read again by omp_finish (the residual), after many Gram rows went by */
     const float *at = d->atoms + (size_t)j * (size_t)d->m;
     for (int i = 0; i < d->m; i += 16)
@@ -633,16 +650,16 @@ static inline void prefetch_strip(const float *p)
 /* Accepts or excludes the selected candidate; when the code goes on, updates the correlations
  * (c -= z_k q_k^T D with q_k^T D = (G_j - sum_l w_l q_l^T D) / L_kk, fused with the max) while
  * prefetching pf (a Gram row, NULL = none), then selects the next candidate. */
-static void omp_step(struct gstate *g, const float *pf)
+static void omp_step(struct gstate *g, const struct fk_gram_row *pf)
 {
     struct omp_ws *ws = &g->ws;
     struct fk_code *out = g->out;
     const int ld = g->ld, k0 = g->k, j = g->j;
-    const float *grow = g->grow;
+    const struct fk_gram_row *grow = &g->grow;
     out->iters++;
-    double gjj = grow[j];
+    double gjj = *row_ptr(grow, (size_t)j);
     for (int l = 0; l < k0; l++)
-        ws->w[l] = grow[out->idx[l]]; /* g = G_{S,j}, solved in place below */
+        ws->w[l] = *row_ptr(grow, (size_t)out->idx[l]); /* g = G_{S,j}, solved below */
     double ww = fwd_solve(ws->L, ld, k0, ws->w, ws->w);
     double delta2 = gjj - ww;
     if (!(gjj > 0) || delta2 <= 1e-6 * gjj) {
@@ -679,20 +696,20 @@ static void omp_step(struct gstate *g, const float *pf)
     float inv = (float)(1.0 / lkk), zf = (float)zk;
     float *dmk = ws->dm + (size_t)(k - 1) * nn;
     int keep = k + 1 < g->s_eff; /* the row of the last update is never read again */
-    float sink[STRIP];
+    float sink[STRIP], seam[STRIP];
     float mx = 0.0f;
     for (int b = 0; b < nfull; b++) {
         size_t o = (size_t)b * STRIP;
-        prefetch_strip(pf ? pf + o : NULL);
-        float v = strip_full(grow + o, ws->dm + o, nn, wf, k - 1, inv, zf, ws->c + o,
-                             keep ? dmk + o : sink);
+        prefetch_strip(pf ? row_ptr(pf, o) : NULL);
+        float v = strip_full(row_span(grow, o, STRIP, seam), ws->dm + o, nn, wf, k - 1, inv,
+                             zf, ws->c + o, keep ? dmk + o : sink);
         ws->smax[b] = v;
         mx = v > mx ? v : mx;
     }
     if (nfull < ns) {
         size_t o = (size_t)nfull * STRIP;
-        float v = strip_tail(g->n - (int)o, grow + o, ws->dm + o, nn, wf, k - 1, inv, zf,
-                             ws->c + o, dmk + o);
+        float v = strip_tail(g->n - (int)o, row_span(grow, o, nn - o, seam), ws->dm + o, nn,
+                             wf, k - 1, inv, zf, ws->c + o, dmk + o);
         ws->smax[nfull] = v;
         mx = v > mx ? v : mx;
     }
@@ -727,9 +744,9 @@ size_t fk_omp_batch_work_floats(int n_atoms, int m, int s)
 }
 
 /* A vector's Gram row is worth prefetching when its next step runs a correlation pass. */
-static const float *row_to_prefetch(const struct gstate *g)
+static const struct fk_gram_row *row_to_prefetch(const struct gstate *g)
 {
-    return g->active && g->k + 1 < g->s_eff ? g->grow : NULL;
+    return g->active && g->k + 1 < g->s_eff ? &g->grow : NULL;
 }
 
 int fk_omp_gram_batch(const struct fk_dict_view *d, int nx, const float *x, const float *a,
@@ -757,7 +774,7 @@ int fk_omp_gram_batch(const struct fk_dict_view *d, int nx, const float *x, cons
     for (int l = 0; busy > 0; l = (l + 1) % FK_OMP_LANES) {
         if (!g[l].active)
             continue;
-        const float *pf = NULL;
+        const struct fk_gram_row *pf = NULL;
         for (int o = 1; o < FK_OMP_LANES; o++) { /* the next lane to step */
             const struct gstate *h = &g[(l + o) % FK_OMP_LANES];
             if (h->active) {

@@ -35,9 +35,19 @@ struct fk_code {
     int iters;               /* greedy iterations run, counting excluded candidates */
 };
 
-/* Row j of the Gram matrix D^T D (length n_atoms). May fill and return scratch
- * (n_atoms floats) or return a pointer into a stored matrix. */
-typedef const float *(*fk_gram_row_fn)(void *ctx, int j, float *scratch);
+/* Row j of the Gram matrix D^T D (n_atoms floats) in at most two pieces: row[i] = head[i]
+ * for i < split, tail[i - split] after (tail NULL: the row is head alone). A dictionary that
+ * grows keeps its stored base Gram as the head and the appended atoms' entries as the tail,
+ * so a row is read where it lies, never copied. */
+struct fk_gram_row {
+    const float *head;
+    const float *tail;
+    int split;
+};
+
+/* Row j of D^T D: pointers into stored matrices, or into scratch (n_atoms floats) when the
+ * function computes the row. */
+typedef struct fk_gram_row (*fk_gram_row_fn)(void *ctx, int j, float *scratch);
 
 /* A read-only view of a dictionary as a coder sees it. */
 struct fk_dict_view {

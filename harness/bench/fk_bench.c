@@ -238,11 +238,11 @@ struct gram_store {
     size_t n;       /* atoms */
 };
 
-static const float *gram_row_stored(void *ctx, int j, float *scratch)
+static struct fk_gram_row gram_row_stored(void *ctx, int j, float *scratch)
 {
     const struct gram_store *gs = ctx;
     (void)scratch;
-    return gs->g + (size_t)j * gs->n;
+    return (struct fk_gram_row){.head = gs->g + (size_t)j * gs->n};
 }
 
 enum job_mode { JOB_E2E, JOB_E2E1, JOB_GEMM };

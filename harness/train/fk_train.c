@@ -30,11 +30,11 @@ void fk_train_defaults(struct fk_train_opts *o)
                                 .batch = 1024, .jobs = 1};
 }
 
-static const float *gram_row(void *ctx, int j, float *scratch)
+static struct fk_gram_row gram_row(void *ctx, int j, float *scratch)
 {
     const struct fk_base_dict *b = ctx;
     (void)scratch;
-    return b->gram + (size_t)j * b->n_atoms;
+    return (struct fk_gram_row){.head = b->gram + (size_t)j * b->n_atoms};
 }
 
 static void normalise(float *a, int m)
