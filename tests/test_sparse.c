@@ -814,16 +814,22 @@ START_TEST(topn_vs_sort)
 {
     gsl_rng *r = gsl_rng_alloc(gsl_rng_mt19937);
     gsl_rng_set(r, 21);
-    const int N_MAX = 4096; /* 700: one candidate pass; 4096: the sampled threshold first */
+    const int N_MAX = 4133; /* 700: one candidate pass; 4096: the sampled threshold first */
     float *a = malloc(N_MAX * sizeof(float)), *work = malloc(2 * N_MAX * sizeof(float));
     uint8_t *dead = malloc(N_MAX);
     int32_t *out = malloc(N_MAX * sizeof(int32_t)), *ref = malloc(N_MAX * sizeof(int32_t));
     struct pair *p = malloc(N_MAX * sizeof *p);
-    const int ns[] = {1, 2, 7, 64, 256, 400, 699, 700, 2100, 5000}; /* 2100: > 2048 candidates */
-    for (int trial = 0; trial < 96; trial++) {
-        const int N = trial < 60 ? 700 : N_MAX;
+    /* 2100: > 2048 candidates; 8 .. 32: the sorted list, screened by block maxima when the
+     * blocks of 32 atoms are at least n (not at N 600, n 32) */
+    const int ns[] = {1, 2, 7, 8, 16, 32, 64, 256, 400, 699, 700, 2100, 5000};
+    for (int trial = 0; trial < 128; trial++) {
+        /* from trial 96: N not a multiple of 32 or 600; NaNs (ranked below every number),
+         * a rising ramp (each block beats the last), a dead array without a dead atom */
+        const int N = trial < 60 ? 700 : trial < 96 ? 4096 : trial % 8 < 4 ? 4133 : 600;
+        int kind = trial < 96 ? -1 : trial % 4;
         int levels = trial % 3 == 0 ? 5 : (trial % 3 == 1 ? 50 : 0); /* many ties */
-        int tiny = trial >= 90; /* every |a| within 4096 float steps of 1: a narrow key range */
+        int tiny = trial >= 90 && trial < 96; /* |a| within 4096 float steps of 1 */
+        int use_dead = kind < 0 ? trial % 2 : kind >= 2;
         int live = 0;
         for (int j = 0; j < N; j++) {
             double u = gsl_ran_gaussian(r, 1.0);
@@ -831,16 +837,20 @@ START_TEST(topn_vs_sort)
             if (tiny)
                 a[j] = (u < 0 ? -1.0f : 1.0f) *
                        (1.0f + FLT_EPSILON * (float)gsl_rng_uniform_int(r, 4096));
-            dead[j] = trial % 2 ? (gsl_rng_uniform(r) < 0.2) : 0;
-            if (!dead[j])
-                p[live++] = (struct pair){fabsf(a[j]), j};
+            if (kind == 1)
+                a[j] = (float)(j + (levels ? 0 : u)) * (j % 2 ? 1.0f : -1.0f);
+            if ((kind == 0 || kind == 3) && gsl_rng_uniform(r) < 0.05)
+                a[j] = NAN;
+            dead[j] = use_dead && kind != 2 ? (gsl_rng_uniform(r) < 0.2) : 0;
+            if (!dead[j]) /* the screening order: NaN below every number */
+                p[live++] = (struct pair){isnan(a[j]) ? -1.0f : fabsf(a[j]), j};
         }
         qsort(p, (size_t)live, sizeof *p, cmp_pair);
         for (size_t q = 0; q < sizeof ns / sizeof ns[0]; q++) {
             int n = ns[q];
             int want = n < live ? n : live;
             for (int sort = 0; sort < 2; sort++) {
-                int got = fk_topn(a, trial % 2 ? dead : NULL, N, n, sort, out, work);
+                int got = fk_topn(a, use_dead ? dead : NULL, N, n, sort, out, work);
                 ck_assert_int_eq(got, want);
                 for (int i = 0; i < want; i++)
                     ref[i] = p[i].j;

@@ -6,9 +6,11 @@
  * is unique. |a_j| is ranked by an integer key built from its bit pattern (for non-negative
  * floats the order of the bits is the numeric order): dead atoms 0, NaN 1, else bits + 2.
  *   - small n (PL: n = s; n <= TOPN_SMALL and n_atoms >= TOPN_SHARE n): one pass keeping the
- *     n best in a sorted list; a block of keys whose largest key cannot enter the list is
- *     skipped after one vectorised max. (A pool of N/4, GM at N = 128, would enter the list
- *     at nearly every key, each a mispredicted branch and a shift.)
+ *     n best in a sorted list over the blocks of TOPN_BLK atoms whose largest |a| reaches
+ *     the n-th largest of the blocks' maxima (one vectorised pass computes them); within a
+ *     block, only the keys above the list's threshold are visited. (A pool of N/4, GM at
+ *     N = 128, would enter the list at nearly every key, each a mispredicted branch and a
+ *     shift.)
  *   - otherwise (GM: the pool), O(n_atoms): one vectorised pass computes every key; the
  *     threshold t0 of a conservative rank among SAMPLE evenly spaced keys; one branch-free
  *     pass collects the atoms with key >= t0 (a few more than n, ascending); the exact n-th
@@ -31,6 +33,7 @@
 
 #define TOPN_SMALL 32 /* n up to this: the sorted-list pass */
 #define TOPN_BLK 32   /* keys per block of the sorted-list pass */
+#define TOPN_MAXBLK 1024 /* blocks whose maxima screen the sorted-list pass (32k atoms) */
 #define TOPN_SHARE 16 /* ... and n_atoms at least this many times n */
 #define CHUNK 1024    /* atoms per call of the key pass */
 #define SAMPLE 256    /* keys sampled for the threshold estimate */
@@ -120,20 +123,120 @@ static void sort_ascending(int32_t *v, int n)
     }
 }
 
-/* Small n: one pass keeping the best n (key desc, index asc) in a sorted list. Returns
- * n_eff = min(n, live atoms). */
+/* Index of the lowest set bit of m != 0. */
+static inline int lowest_bit(uint64_t m)
+{
+#if defined(__GNUC__)
+    return __builtin_ctzll(m);
+#else
+    int i = 0;
+    while (!(m & 1u)) {
+        m >>= 1;
+        i++;
+    }
+    return i;
+#endif
+}
+
+/* f[i] = key[i] >= t0, i < len (vectorised). */
+FK_CLONES static void ge_flags(const int32_t *restrict key, int len, int32_t t0,
+                               uint8_t *restrict f)
+{
+    for (int i = 0; i < len; i++)
+        f[i] = key[i] >= t0;
+}
+
+/* Bit i set when key[i] >= t0, i < len <= 64: the flags, then eight 0/1 bytes packed to
+ * eight bits by one multiplication. */
+static uint64_t ge_mask(const int32_t *key, int len, int32_t t0)
+{
+    uint8_t f[64];
+    memset(f + len, 0, (size_t)(64 - len));
+    ge_flags(key, len, t0, f);
+    uint64_t mk = 0;
+    for (int b = 0; b < (len + 7) / 8; b++) {
+        uint64_t w = 0; /* byte i holds flag 8 b + i (one load on a little-endian CPU) */
+        for (int i = 0; i < 8; i++)
+            w |= (uint64_t)f[8 * b + i] << (8 * i);
+        mk |= ((w * 0x0102040810204080u) >> 56) << (8 * b);
+    }
+    return mk;
+}
+
+/* Appends to cand every atom of key[0 .. n) whose key is >= t0, in index order: a mask of
+ * 64 keys at a time, then its set bits: a store per candidate only (a branch-free store per
+ * key, chained on the count, cost several times as much). */
+static int collect(const int32_t *key, int n, int32_t t0, int32_t *cand)
+{
+    int nc = 0;
+    for (int j0 = 0; j0 < n; j0 += 64) {
+        uint64_t mk = ge_mask(key + j0, n - j0 < 64 ? n - j0 : 64, t0);
+        for (; mk; mk &= mk - 1)
+            cand[nc++] = j0 + lowest_bit(mk);
+    }
+    return nc;
+}
+
+/* bm[b] = the largest |a| bit pattern among atoms b TOPN_BLK .. (b + 1) TOPN_BLK - 1 of
+ * a[0 .. n) (the last block may be shorter), in one vectorised pass; returns the largest.
+ * A NaN gives a pattern above 0x7F800000. */
+FK_CLONES512 static int32_t block_absmax(const float *restrict a, int n,
+                                          int32_t *restrict bm)
+{
+    int b = 0;
+    int32_t top = 0;
+    for (int b0 = 0; b0 < n; b0 += TOPN_BLK, b++) {
+        int len = n - b0 < TOPN_BLK ? n - b0 : TOPN_BLK;
+        uint32_t mx = 0;
+        for (int i = 0; i < len; i++) {
+            uint32_t u;
+            memcpy(&u, &a[b0 + i], sizeof u);
+            u &= 0x7FFFFFFFu;
+            mx = u > mx ? u : mx;
+        }
+        bm[b] = (int32_t)mx;
+        top = bm[b] > top ? bm[b] : top;
+    }
+    return top; /* the largest of all */
+}
+
+FK_CLONES512 static int any_set(const uint8_t *restrict dead, int n);
+FK_CLONES512 static int32_t kth_key_count(const int32_t *restrict kb, int nc, int r,
+                                          int32_t res);
+
+/* Small n: one pass keeping the best n (key desc, index asc) in a sorted list. Without dead
+ * atoms or NaN, only the blocks whose largest |a| reaches the n-th largest of the blocks'
+ * maxima, t0, are read: n blocks hold an atom >= t0, so every one of the best n is >= t0
+ * (t0 from a bisection over the maxima; the blocks' order cannot make many keys enter).
+ * Returns n_eff = min(n, live atoms). */
 static int topn_small(const float *a, const uint8_t *dead, int n_atoms, int n, int sort,
                       int32_t *out)
 {
-    int32_t kb[TOPN_BLK], lk[TOPN_SMALL], li[TOPN_SMALL];
+    int32_t kb[TOPN_BLK], lk[TOPN_SMALL], li[TOPN_SMALL], bm[TOPN_MAXBLK];
     int cnt = 0, live = 0;
     int32_t thr = 0; /* a key must exceed thr to enter: 0 (not dead) until the list is full */
+    int nb = (n_atoms + TOPN_BLK - 1) / TOPN_BLK, pre = 0;
+    if (dead && !any_set(dead, n_atoms))
+        dead = NULL;
+    int32_t t0 = 0;
+    if (!dead && nb >= n && nb <= TOPN_MAXBLK) {
+        int32_t top = block_absmax(a, n_atoms, bm);
+        t0 = kth_key_count(bm, nb, n, 1);
+        if (top <= 0x7F800000) { /* no NaN */
+            pre = 1;
+            thr = t0 + 1; /* keys >= t0 + 2 enter */
+        }
+    }
     for (int b0 = 0; b0 < n_atoms; b0 += TOPN_BLK) {
         int len = n_atoms - b0 < TOPN_BLK ? n_atoms - b0 : TOPN_BLK;
+        if (pre && bm[b0 / TOPN_BLK] < t0)
+            continue;
         int32_t mx = keys_block(a + b0, dead ? dead + b0 : NULL, len, kb, &live);
         if (mx <= thr)
             continue;
-        for (int i = 0; i < len; i++) {
+        /* the keys above the threshold at the block's start, in index order */
+        for (uint64_t mk = ge_mask(kb, len, thr + 1); mk; mk &= mk - 1) {
+            int i = lowest_bit(mk);
             int32_t k = kb[i];
             if (k <= thr)
                 continue;
@@ -187,54 +290,6 @@ FK_CLONES512 static int32_t kth_key_count(const int32_t *restrict kb, int nc, in
             b = mid;
     }
     return (int32_t)a;
-}
-
-/* Index of the lowest set bit of m != 0. */
-static inline int lowest_bit(uint64_t m)
-{
-#if defined(__GNUC__)
-    return __builtin_ctzll(m);
-#else
-    int i = 0;
-    while (!(m & 1u)) {
-        m >>= 1;
-        i++;
-    }
-    return i;
-#endif
-}
-
-/* f[i] = key[i] >= t0, i < len (vectorised). */
-FK_CLONES static void ge_flags(const int32_t *restrict key, int len, int32_t t0,
-                               uint8_t *restrict f)
-{
-    for (int i = 0; i < len; i++)
-        f[i] = key[i] >= t0;
-}
-
-/* Appends to cand every atom of key[0 .. n) whose key is >= t0, in index order: the flags
- * of 64 keys packed into a mask (eight 0/1 bytes to eight bits by one multiplication), then
- * its set bits: a store per candidate only (a branch-free store per key, chained on the
- * count, cost several times as much). */
-static int collect(const int32_t *key, int n, int32_t t0, int32_t *cand)
-{
-    int nc = 0;
-    uint8_t f[64];
-    for (int j0 = 0; j0 < n; j0 += 64) {
-        int len = n - j0 < 64 ? n - j0 : 64;
-        memset(f + len, 0, (size_t)(64 - len));
-        ge_flags(key + j0, len, t0, f);
-        uint64_t mk = 0;
-        for (int b = 0; b < 8; b++) {
-            uint64_t w = 0; /* byte i holds flag 8 b + i (one load on a little-endian CPU) */
-            for (int i = 0; i < 8; i++)
-                w |= (uint64_t)f[8 * b + i] << (8 * i);
-            mk |= ((w * 0x0102040810204080u) >> 56) << (8 * b);
-        }
-        for (; mk; mk &= mk - 1)
-            cand[nc++] = j0 + lowest_bit(mk);
-    }
-    return nc;
 }
 
 #define KTH_STACK 2048 /* candidates whose keys are selected on a stack copy */
