@@ -50,15 +50,15 @@ static int omp_wants_gram(const struct dc_code_opts *o)
 }
 
 static int omp_encode(struct dc *d, const struct fk_dict_view *v, int nx, const float *x,
-                      const float *a, struct fk_code *out)
+                      const float *a, size_t lda, struct fk_code *out)
 {
     const struct dc_code_opts *o = &d->o.code;
     if (v->gram_row)
-        FK_TRY(fk_omp_gram_batch(v, nx, x, a, (size_t)d->Nt, o->s, o->tol, d->work, out));
+        FK_TRY(fk_omp_gram_batch(v, nx, x, a, lda, o->s, o->tol, d->work, out));
     for (int i = 0; i < nx; i++) {
         struct fk_code *c = &out[i];
         if (!v->gram_row)
-            FK_TRY(fk_omp_naive(v, x + (size_t)i * d->m, a + (size_t)i * d->Nt, NULL, 0, o->s,
+            FK_TRY(fk_omp_naive(v, x + (size_t)i * d->m, a + (size_t)i * lda, NULL, 0, o->s,
                                 o->tol, d->work, c));
         d->st.macs += cost_omp(d->m, d->Nt, c->iters > c->k ? c->iters : c->k);
     }
@@ -88,12 +88,12 @@ static int refine(struct dc *d, const struct fk_dict_view *v, const float *x, st
 }
 
 static int gm_encode(struct dc *d, const struct fk_dict_view *v, int nx, const float *x,
-                     const float *a, struct fk_code *out)
+                     const float *a, size_t lda, struct fk_code *out)
 {
     const struct dc_code_opts *o = &d->o.code;
     double gss[FK_SMAX * FK_SMAX]; /* G_SS of the pool OMP, reused by the refinement */
     for (int i = 0; i < nx; i++) {
-        const float *xi = x + (size_t)i * d->m, *ai = a + (size_t)i * d->Nt;
+        const float *xi = x + (size_t)i * d->m, *ai = a + (size_t)i * lda;
         struct fk_code *c = &out[i];
         int np = fk_topn(ai, d->dead, d->Nt, d->o.code.n, 0, d->pool, d->work);
         FK_TRY(fk_omp_pool(v, xi, ai, d->pool, np, d->o.code.s, d->work, c, gss));
@@ -114,10 +114,10 @@ static double gm_estimate(const struct dc_code_opts *o, int m, int N)
 const struct dc_coder dc_coder_gm = {.encode = gm_encode, .estimate = gm_estimate};
 
 static int pl_encode(struct dc *d, const struct fk_dict_view *v, int nx, const float *x,
-                     const float *a, struct fk_code *out)
+                     const float *a, size_t lda, struct fk_code *out)
 {
     for (int i = 0; i < nx; i++) {
-        const float *xi = x + (size_t)i * d->m, *ai = a + (size_t)i * d->Nt;
+        const float *xi = x + (size_t)i * d->m, *ai = a + (size_t)i * lda;
         struct fk_code *c = &out[i];
         double xx = fk_dot_seq(xi, xi, d->m);
         memset(c, 0, sizeof *c);

@@ -498,7 +498,7 @@ int dc_encode_fresh(struct dc *d, const float *x, struct fk_code *c)
 {
     struct fk_dict_view v = dc_view(d);
     fk_correlate(&v, x, 1, d->corr);
-    return d->coder->encode(d, &v, 1, x, d->corr, c);
+    return d->coder->encode(d, &v, 1, x, d->corr, (size_t)d->Nt, c);
 }
 
 /* The event must hold the next tokens of each head, each once, in order; an adaptive
@@ -549,7 +549,8 @@ void dc_slot_rewritten(struct dc *d, int j)
 }
 
 /* The window of tokens t0 .. t0 + ah_tok - 1 (within the trace) of every head, against
- * the current atoms; 0 when out of memory (the lookahead is then off). */
+ * the current atoms, rows of ah_ld = ah_cols floats (room for atoms appended later); 0 when
+ * out of memory (the lookahead is then off). */
 static int ahead_fill(struct dc *d, int t0)
 {
     int H = d->env.n_heads, T = d->env.n_tokens, m = d->m, Nt = d->Nt;
@@ -568,7 +569,8 @@ static int ahead_fill(struct dc *d, int t0)
     for (int h = 0; h < H; h++)
         memcpy(d->arows + (size_t)h * d->ah_tok * m, d->ahead + ((size_t)h * T + t0) * m,
                sizeof(float) * (size_t)n * m);
-    fk_correlate_to(dc_atoms(d), Nt, m, d->arows, (int)rows, d->acorr, (size_t)Nt);
+    d->ah_ld = (size_t)d->ah_cols;
+    fk_correlate_to(dc_atoms(d), Nt, m, d->arows, (int)rows, d->acorr, d->ah_ld);
     for (int i = 0; i < d->n_stale; i++)
         d->stale[d->stale_ids[i]] = 0;
     d->n_stale = 0;
@@ -578,8 +580,8 @@ static int ahead_fill(struct dc *d, int t0)
     return 1;
 }
 
-/* The columns of the rewritten slots (stale_ids) for nc rows x into a [nc][lda]: the slots'
- * atoms gathered, one product, scattered. 0 when out of memory. */
+/* The columns of the rewritten slots (stale_ids) for nc rows x into a (row r at a + r lda):
+ * the slots' atoms gathered, one product, scattered. 0 when out of memory. */
 static int stale_columns(struct dc *d, const float *x, int nc, float *a, size_t lda)
 {
     int ns = d->n_stale, m = d->m;
@@ -603,47 +605,73 @@ static int stale_columns(struct dc *d, const float *x, int nc, float *a, size_t 
 }
 
 /* The correlations of nc event rows x (tokens tok, heads head, in token order) with every
- * current atom into a [nc][Nt] from the window. 0 when it cannot (a row is not the row
- * ahead, or the rows span more tokens than a window, or no memory); a is then partly
- * written. */
-static int ahead_fetch(struct dc *d, const float *x, const int32_t *tok, const int32_t *head,
-                       int nc, float *a)
+ * current atom from the window: NULL when it cannot (a row is not the row ahead, or the rows
+ * span more tokens than a window, or no memory). When the rows lie evenly spaced in the
+ * window (an event of one token of every head, in head order) and their rows have room for
+ * the atoms appended since, they are served in place (row i at the result + i *lda; the
+ * changed atoms' columns written into them: each window row belongs to one event);
+ * otherwise copied into d->corr (*lda = Nt). */
+static const float *ahead_fetch(struct dc *d, const float *x, const int32_t *tok,
+                                const int32_t *head, int nc, size_t *lda)
 {
     int T = d->env.n_tokens, m = d->m, Nt = d->Nt;
     int t_lo = tok[0], t_hi = tok[nc - 1];
     if (t_hi - t_lo >= d->ah_tok)
-        return 0;
+        return NULL;
     if ((t_lo < d->ah_t0 || t_hi >= d->ah_t0 + d->ah_n) && !ahead_fill(d, t_lo))
-        return 0;
+        return NULL;
     int nw = d->ah_nt;
+    size_t ld = d->ah_ld, r0 = 0, step = 1;
+    int even = Nt <= d->ah_cols; /* room for the atoms appended since */
     for (int i = 0; i < nc; i++) {
         int t = tok[i], h = head[i];
         if (t < d->ah_t0 || t >= d->ah_t0 + d->ah_n ||
             memcmp(x + (size_t)i * m, d->ahead + ((size_t)h * T + t) * m,
                    sizeof(float) * (size_t)m))
-            return 0;
-        memcpy(a + (size_t)i * Nt,
-               d->acorr + ((size_t)h * d->ah_tok + (size_t)(t - d->ah_t0)) * (size_t)nw,
-               sizeof(float) * (size_t)nw);
+            return NULL;
+        size_t ri = (size_t)h * d->ah_tok + (size_t)(t - d->ah_t0);
+        if (i == 0)
+            r0 = ri;
+        else if (i == 1)
+            step = ri - r0; /* wraps when ri < r0: then not even */
+        even &= ri == r0 + (size_t)i * step && (i == 0 || ri > r0);
     }
-    if (d->n_stale > 0 && !stale_columns(d, x, nc, a, (size_t)Nt))
-        return 0;
+    float *a;
+    if (even) {
+        a = d->acorr + r0 * ld;
+        *lda = step * ld;
+    } else {
+        a = d->corr;
+        *lda = (size_t)Nt;
+        for (int i = 0; i < nc; i++) {
+            size_t ri = (size_t)head[i] * d->ah_tok + (size_t)(tok[i] - d->ah_t0);
+            memcpy(a + (size_t)i * Nt, d->acorr + ri * ld, sizeof(float) * (size_t)nw);
+        }
+    }
+    if (d->n_stale > 0 && !stale_columns(d, x, nc, a, *lda))
+        return NULL;
     if (Nt > nw)
-        fk_correlate_to(dc_atoms(d) + (size_t)nw * m, Nt - nw, m, x, nc, a + nw, (size_t)Nt);
-    return 1;
+        fk_correlate_to(dc_atoms(d) + (size_t)nw * m, Nt - nw, m, x, nc, a + nw, *lda);
+    return a;
 }
 
-/* The correlations of a block of nc event rows x with the atoms of view v into d->corr:
- * from the window when its rows are these (a full block of DC_BLK rows gets its own
- * SGEMM), else by their own SGEMM. */
-static void block_correlate(struct dc *d, const struct fk_dict_view *v, const float *x,
-                            const int32_t *tok, const int32_t *head, int nc)
+/* The correlations of a block of nc event rows x with the atoms of view v (row i at the
+ * result + i *lda): from the window when its rows are these (a full block of DC_BLK rows
+ * gets its own SGEMM), else by their own SGEMM into d->corr. */
+static const float *block_correlate(struct dc *d, const struct fk_dict_view *v, const float *x,
+                                    const int32_t *tok, const int32_t *head, int nc,
+                                    size_t *lda)
 {
-    if (d->ahead && nc < DC_BLK && ahead_fetch(d, x, tok, head, nc, d->corr)) {
-        d->ah_served++;
-        return;
+    if (d->ahead && nc < DC_BLK) {
+        const float *a = ahead_fetch(d, x, tok, head, nc, lda);
+        if (a) {
+            d->ah_served++;
+            return a;
+        }
     }
     fk_correlate(v, x, nc, d->corr);
+    *lda = (size_t)v->n_atoms;
+    return d->corr;
 }
 
 /* Phase A of nb vectors x [nb][m] (tokens tok, heads head): codes into d->codes, d->needs
@@ -658,10 +686,11 @@ static int encode_span(struct dc *d, const float *x, const int32_t *tok, const i
         const float *xb = x + (size_t)c0 * d->m;
         struct fk_dict_view v = dc_view(d);
         double t0 = fk_thread_cpu_s();
-        block_correlate(d, &v, xb, tok + c0, head + c0, nc);
+        size_t lda;
+        const float *a = block_correlate(d, &v, xb, tok + c0, head + c0, nc, &lda);
         double t1 = fk_thread_cpu_s();
         d->st.t_corr += t1 - t0;
-        FK_TRY(d->coder->encode(d, &v, nc, xb, d->corr, &d->codes[c0]));
+        FK_TRY(d->coder->encode(d, &v, nc, xb, a, lda, &d->codes[c0]));
         for (int i = 0; i < nc; i++) {
             const struct fk_code *c = &d->codes[c0 + i];
             d->needs[c0 + i] = can_adapt && !(c->flags & FK_CODE_ZERO) &&

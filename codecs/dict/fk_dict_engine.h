@@ -76,10 +76,11 @@ struct dc_coder {
      * Gram matrix and serves Gram rows in the view (unless reference mode or an adaptation
      * that does not keep them). */
     int (*wants_gram)(const struct dc_code_opts *o);
-    /* Codes nx vectors x [nx][m] with correlations a [nx][v->n_atoms] (= D^T x) into
-     * out [nx], adding the cost model to d->st.macs. Uses d->work and d->pool. */
+    /* Codes nx vectors x [nx][m] with correlations a (= D^T x; row i at a + i lda, of
+     * v->n_atoms) into out [nx], adding the cost model to d->st.macs. Uses d->work and
+     * d->pool. */
     int (*encode)(struct dc *d, const struct fk_dict_view *v, int nx, const float *x,
-                  const float *a, struct fk_code *out);
+                  const float *a, size_t lda, struct fk_code *out);
     /* Multiply-adds to code one vector over N atoms, estimated before any run. */
     double (*estimate)(const struct dc_code_opts *o, int m, int N);
 };
@@ -147,10 +148,11 @@ struct dc {
     /* correlations ahead (fk_dict_engine.c, "Correlations ahead") */
     const float *ahead;          /* the rows of later events [n_heads][n_tokens][m] while the
                                   * lookahead is on, else NULL */
-    float *acorr;                /* [n_heads * ah_tok][ah_nt] the window's correlations */
+    float *acorr;                /* [n_heads * ah_tok][ah_ld] the window's correlations */
     float *arows;                /* [n_heads * ah_tok][m] the window's rows, head-major */
     int ah_tok, ah_t0, ah_n;     /* tokens per window; first token held; tokens held */
     int ah_nt, ah_cols;          /* atoms when the window was computed; acorr's row room */
+    size_t ah_ld;                /* acorr's row stride (ah_cols when it was computed) */
     uint8_t *stale;              /* [N] base slot rewritten since the window was computed */
     int32_t *stale_ids;          /* [N] those slots, n_stale of them */
     int n_stale;
