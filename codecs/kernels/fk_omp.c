@@ -93,14 +93,16 @@ static int clamp_s(int s, int m)
     return s < 1 ? 1 : s;
 }
 
-/* Work layout (in floats), shared by both modes:
- *   [0, dbl)          doubles: L (s*s), z, w, gamma (s each), rx (m)  (aligned to 64 B)
+/* Work layout (in floats, from the first 64-byte boundary; each array starts on one),
+ * shared by both modes:
+ *   [0, dbl)          doubles: L (s*s), z, w, gamma (s each), rx (m)
  *   c                 n_atoms floats: residual correlations
  *   smax              n_atoms/STRIP + 1 floats: per-strip maxima
  *   r                 m floats (naive residual)
  *   mask              n_atoms bytes: 1 = selected or excluded
  *   scratch           n_atoms floats (rounded up to 16): Gram row scratch for d->gram_row
- *   dm                (s - 1) * n_atoms floats: q_k^T D rows (Gram mode), then 16 floats
+ *   dm                (s - 1) rows of n_atoms floats, each row 64-byte aligned (stride
+ *                     ldm, a multiple of 16): q_k^T D rows (Gram mode), then 16 floats
  * Naive mode with candidates uses scratch .. the end of dm (s * n_atoms floats, from a 64-byte
  * boundary) as its pool copy when the candidates' rows fit. */
 struct omp_ws {
@@ -114,46 +116,50 @@ struct omp_ws {
     float *smax;    /* (n_atoms / STRIP + 1) strip maxima */
     float *r;       /* (m) residual in float */
     uint8_t *mask;  /* (n_atoms) banned atoms */
-    float *dm;      /* (s - 1, n_atoms) orthonormalised correlation rows */
+    float *dm;      /* (s - 1, ldm) orthonormalised correlation rows */
+    size_t ldm;     /* their stride: n_atoms rounded up to 16 floats (aligned loads) */
     float *end;     /* one past the last float of dm and its slack */
 };
+
+#define R16(x) (((x) + 15) & ~(size_t)15)
 
 static size_t ws_layout(int n_atoms, int m, int s, float *work, struct omp_ws *ws)
 {
     size_t n = (size_t)n_atoms, sm = (size_t)s;
     size_t ndbl = sm * sm + 3 * sm + (size_t)m;
-    size_t off = 16 + 2 * ndbl; /* 16 floats of slack to align the doubles to 64 B */
+    /* offsets from the first 64-byte boundary in work (16 floats of slack), each array on
+     * a boundary of its own: the passes' 64-byte loads and stores never straddle lines */
+    size_t off = R16(2 * ndbl);
     size_t c_off = off;
-    off += n;
+    off += R16(n);
     size_t smax_off = off;
-    off += n / STRIP + 2;
+    off += R16(n / STRIP + 2);
     size_t r_off = off;
-    off += (size_t)m;
+    off += R16((size_t)m);
     size_t mask_off = off;
-    off += (n + 3) / 4;
-    off = (off + 15) & ~(size_t)15;
+    off += R16((n + 3) / 4);
     size_t scr_off = off;
-    off += (n + 15) & ~(size_t)15;
-    size_t dm_off = off;
-    off += (sm > 1 ? sm - 1 : 0) * n + 16; /* + 16: the pool copy's alignment slack */
+    off += R16(n);
+    size_t dm_off = off, ldm = R16(n);
+    off += (sm > 1 ? sm - 1 : 0) * ldm + 16; /* + 16: the end's slack */
     if (work && ws) {
-        uintptr_t p = (uintptr_t)work;
-        uintptr_t q = (p + 63) & ~(uintptr_t)63;
-        double *dbl = (double *)(void *)q;
+        float *base = (float *)(void *)(((uintptr_t)work + 63) & ~(uintptr_t)63);
+        double *dbl = (double *)(void *)base;
         ws->L = dbl;
         ws->z = dbl + sm * sm;
         ws->w = ws->z + sm;
         ws->gamma = ws->w + sm;
         ws->rx = ws->gamma + sm;
-        ws->c = work + c_off;
-        ws->scratch = work + scr_off;
-        ws->smax = work + smax_off;
-        ws->r = work + r_off;
-        ws->mask = (uint8_t *)(work + mask_off);
-        ws->dm = work + dm_off;
-        ws->end = work + off;
+        ws->c = base + c_off;
+        ws->scratch = base + scr_off;
+        ws->smax = base + smax_off;
+        ws->r = base + r_off;
+        ws->mask = (uint8_t *)(base + mask_off);
+        ws->dm = base + dm_off;
+        ws->ldm = ldm;
+        ws->end = base + off;
     }
-    return off;
+    return off + 16;
 }
 
 size_t fk_omp_work_floats(int n_atoms, int m, int s)
@@ -694,21 +700,22 @@ static void omp_step(struct gstate *g, const struct fk_gram_row *pf)
     const size_t nn = (size_t)g->n;
     const int nfull = g->n / STRIP, ns = (g->n + STRIP - 1) / STRIP;
     float inv = (float)(1.0 / lkk), zf = (float)zk;
-    float *dmk = ws->dm + (size_t)(k - 1) * nn;
+    const size_t ldm = ws->ldm;
+    float *dmk = ws->dm + (size_t)(k - 1) * ldm;
     int keep = k + 1 < g->s_eff; /* the row of the last update is never read again */
     float sink[STRIP], seam[STRIP];
     float mx = 0.0f;
     for (int b = 0; b < nfull; b++) {
         size_t o = (size_t)b * STRIP;
         prefetch_strip(pf ? row_ptr(pf, o) : NULL);
-        float v = strip_full(row_span(grow, o, STRIP, seam), ws->dm + o, nn, wf, k - 1, inv,
+        float v = strip_full(row_span(grow, o, STRIP, seam), ws->dm + o, ldm, wf, k - 1, inv,
                              zf, ws->c + o, keep ? dmk + o : sink);
         ws->smax[b] = v;
         mx = v > mx ? v : mx;
     }
     if (nfull < ns) {
         size_t o = (size_t)nfull * STRIP;
-        float v = strip_tail(g->n - (int)o, row_span(grow, o, nn - o, seam), ws->dm + o, nn,
+        float v = strip_tail(g->n - (int)o, row_span(grow, o, nn - o, seam), ws->dm + o, ldm,
                              wf, k - 1, inv, zf, ws->c + o, dmk + o);
         ws->smax[nfull] = v;
         mx = v > mx ? v : mx;
