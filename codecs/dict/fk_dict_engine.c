@@ -454,6 +454,8 @@ int dc_open(const struct dc_coder *coder, const struct dc_adapt *adapt, const vo
     return FK_OK;
 }
 
+#define AH_ROOM(cols) ((cols) / 4 > 256 ? (cols) / 4 : 256) /* the window's spare columns */
+
 int dc_open_ahead(const struct dc_coder *coder, const struct dc_adapt *adapt, const void *opts,
                   const struct fk_stream_env *env, const float *ahead, void **state)
 {
@@ -464,8 +466,10 @@ int dc_open_ahead(const struct dc_coder *coder, const struct dc_adapt *adapt, co
     int H = env->n_heads;
     d->ah_tok = DC_BLK / H > 1 ? DC_BLK / H : 1;
     size_t rows = (size_t)H * (size_t)d->ah_tok;
-    d->ah_cols = d->N;
-    d->acorr = malloc(sizeof(float) * rows * (size_t)d->N);
+    /* room for atoms a growing stream appends (a window computed again on new memory
+     * faults in every page of it: 4 MiB at N 4096) */
+    d->ah_cols = d->N + (d->cap > d->N ? AH_ROOM(d->N) : 0);
+    d->acorr = malloc(sizeof(float) * rows * (size_t)d->ah_cols);
     d->arows = calloc(rows * (size_t)d->m, sizeof(float));
     d->stale = calloc((size_t)d->N, 1);
     d->stale_ids = malloc(sizeof(int32_t) * (size_t)d->N);
@@ -556,7 +560,8 @@ static int ahead_fill(struct dc *d, int t0)
     int H = d->env.n_heads, T = d->env.n_tokens, m = d->m, Nt = d->Nt;
     size_t rows = (size_t)H * d->ah_tok;
     if (Nt > d->ah_cols) {
-        int cols = Nt > d->ah_cols + 256 ? Nt : d->ah_cols + 256;
+        int cols = d->ah_cols + AH_ROOM(d->ah_cols);
+        cols = cols > Nt ? cols : Nt;
         free(d->acorr); /* computed again below: nothing to keep */
         d->acorr = malloc(sizeof(float) * rows * (size_t)cols);
         if (!d->acorr) {
