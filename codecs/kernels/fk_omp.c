@@ -287,23 +287,33 @@ static float strip_full(const float *restrict g, const float *restrict dm, size_
     return strip_full8(g, dm, ld, wf, k, inv, zk, c, out);
 }
 
-/* Tail strip (len < STRIP), scalar; same arithmetic per element as strip_full. */
-static float strip_tail(int len, const float *g, const float *dm, size_t ld, const float *wf,
-                        int k, float inv, float zk, float *c, float *out)
+/* Tail strip (len < STRIP); the same arithmetic per element as strip_full, in loops over
+ * the elements that vectorise (an element's chain over l runs in the same order). At N 128
+ * every atom goes through here. */
+FK_CLONES static float strip_tail(int len, const float *restrict g, const float *restrict dm,
+                                  size_t ld, const float *restrict wf, int k, float inv,
+                                  float zk, float *restrict c, float *restrict out)
 {
-    float mx = 0.0f;
+    float t[STRIP];
+    for (int i = 0; i < len; i++)
+        t[i] = g[i];
+    for (int l = 0; l < k; l++) {
+        const float *restrict r = dm + (size_t)l * ld;
+        float w = wf[l];
+        for (int i = 0; i < len; i++)
+            t[i] -= w * r[i];
+    }
+    uint32_t mb = 0;
     for (int i = 0; i < len; i++) {
-        float t = g[i];
-        for (int l = 0; l < k; l++)
-            t -= wf[l] * dm[(size_t)l * ld + i];
-        float v = t * inv;
+        float v = t[i] * inv;
         out[i] = v;
         float cv = c[i] - zk * v;
         c[i] = cv;
-        float av = fabsf(cv);
-        mx = av > mx ? av : mx;
+        uint32_t b = absbits(cv);
+        b = b > 0x7F800000u ? 0 : b; /* a NaN is passed over, as a float max would */
+        mb = b > mb ? b : mb;
     }
-    return mx;
+    return frombits(mb);
 }
 
 /* c = a (copy) and strip maxima of |c|. */
