@@ -220,6 +220,7 @@ static int topn_small(const float *a, const uint8_t *dead, int n_atoms, int n, i
         dead = NULL;
     int32_t t0 = 0;
     if (!dead && nb >= n && nb <= TOPN_MAXBLK) {
+        memset(bm, 0, sizeof(int32_t) * (size_t)nb); /* what GCC cannot see the clone do */
         int32_t top = block_absmax(a, n_atoms, bm);
         t0 = kth_key_count(bm, nb, n, 1);
         if (top <= 0x7F800000) { /* no NaN */
