@@ -11,12 +11,12 @@
  *     block, only the keys above the list's threshold are visited. (A pool of N/4, GM at
  *     N = 128, would enter the list at nearly every key, each a mispredicted branch and a
  *     shift.)
- *   - otherwise (GM: the pool), O(n_atoms): one vectorised pass computes every key; the
- *     threshold t0 of a conservative rank among SAMPLE evenly spaced keys; one branch-free
- *     pass collects the atoms with key >= t0 (a few more than n, ascending); the exact n-th
- *     largest key among them comes from a bisection of their range with vectorised counts
- *     (of all keys when there are very many candidates), ties go
- *     to the smaller index. When fewer than n atoms reach t0, every live atom is a
+ *   - otherwise (GM: the pool), O(n_atoms): the threshold t0 of a conservative rank among
+ *     SAMPLE evenly spaced keys; one pass computes every key and collects the atoms with
+ *     key >= t0 with their keys (a few more than n, ascending; on AVX-512 16 keys per
+ *     compare and a compress, else 64 per mask whose set bits are visited); the exact n-th
+ *     largest key among them comes from a bisection of their range with vectorised counts,
+ *     ties go to the smaller index. When fewer than n atoms reach t0, every live atom is a
  *     candidate (same result, slower).
  * The pool comes out in ascending index order without sorting; only an ordered pool
  * (sort != 0) is sorted, O(n log n). Integer keys: every clone gives the same result.
@@ -30,6 +30,9 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#if FK_AVX512_FN
+#include <immintrin.h>
+#endif
 
 #define TOPN_SMALL 32 /* n up to this: the sorted-list pass */
 #define TOPN_BLK 32   /* keys per block of the sorted-list pass */
@@ -81,15 +84,22 @@ static int before(int32_t ka, int32_t ia, int32_t kb, int32_t ib)
     return ka > kb || (ka == kb && ia < ib);
 }
 
-static void sift_down(const int32_t *key, int32_t *id, int root, int end)
+/* The screening key of atom j (0 when dead). */
+static inline int32_t key_of(const float *a, const uint8_t *dead, int32_t j)
+{
+    return dead && dead[j] ? 0 : screen_key(a[j]);
+}
+
+static void sift_down(const float *a, const uint8_t *dead, int32_t *id, int root, int end)
 {
     for (;;) {
         int ch = 2 * root + 1;
         if (ch >= end)
             return;
-        if (ch + 1 < end && before(key[id[ch]], id[ch], key[id[ch + 1]], id[ch + 1]))
+        if (ch + 1 < end &&
+            before(key_of(a, dead, id[ch]), id[ch], key_of(a, dead, id[ch + 1]), id[ch + 1]))
             ch++;
-        if (!before(key[id[root]], id[root], key[id[ch]], id[ch]))
+        if (!before(key_of(a, dead, id[root]), id[root], key_of(a, dead, id[ch]), id[ch]))
             return;
         int32_t t = id[root];
         id[root] = id[ch];
@@ -100,15 +110,15 @@ static void sift_down(const int32_t *key, int32_t *id, int root, int end)
 
 /* Heapsort of n atom ids into screening order (first = largest key): a max-heap under
  * "comes later", whose root is the id that belongs last. */
-static void sort_ids(const int32_t *key, int32_t *id, int n)
+static void sort_ids(const float *a, const uint8_t *dead, int32_t *id, int n)
 {
     for (int start = n / 2 - 1; start >= 0; start--)
-        sift_down(key, id, start, n);
+        sift_down(a, dead, id, start, n);
     for (int end = n - 1; end > 0; end--) {
         int32_t t = id[0];
         id[0] = id[end];
         id[end] = t;
-        sift_down(key, id, 0, end);
+        sift_down(a, dead, id, 0, end);
     }
 }
 
@@ -146,35 +156,24 @@ FK_CLONES static void ge_flags(const int32_t *restrict key, int len, int32_t t0,
         f[i] = key[i] >= t0;
 }
 
-/* Bit i set when key[i] >= t0, i < len <= 64: the flags, then eight 0/1 bytes packed to
- * eight bits by one multiplication. */
+/* Eight 0/1 bytes f[0 .. 8) packed to eight bits (bit i = f[i]) by one multiplication. */
+static inline uint64_t pack8(const uint8_t *f)
+{
+    uint64_t w; /* byte i holds flag i on a little-endian CPU */
+    memcpy(&w, f, sizeof w);
+    return (w * 0x0102040810204080u) >> 56;
+}
+
+/* Bit i set when key[i] >= t0, i < len <= 64: the flags, packed eight at a time. */
 static uint64_t ge_mask(const int32_t *key, int len, int32_t t0)
 {
     uint8_t f[64];
     memset(f + len, 0, (size_t)(64 - len));
     ge_flags(key, len, t0, f);
     uint64_t mk = 0;
-    for (int b = 0; b < (len + 7) / 8; b++) {
-        uint64_t w = 0; /* byte i holds flag 8 b + i (one load on a little-endian CPU) */
-        for (int i = 0; i < 8; i++)
-            w |= (uint64_t)f[8 * b + i] << (8 * i);
-        mk |= ((w * 0x0102040810204080u) >> 56) << (8 * b);
-    }
+    for (int b = 0; b < (len + 7) / 8; b++)
+        mk |= pack8(f + 8 * b) << (8 * b);
     return mk;
-}
-
-/* Appends to cand every atom of key[0 .. n) whose key is >= t0, in index order: a mask of
- * 64 keys at a time, then its set bits: a store per candidate only (a branch-free store per
- * key, chained on the count, cost several times as much). */
-static int collect(const int32_t *key, int n, int32_t t0, int32_t *cand)
-{
-    int nc = 0;
-    for (int j0 = 0; j0 < n; j0 += 64) {
-        uint64_t mk = ge_mask(key + j0, n - j0 < 64 ? n - j0 : 64, t0);
-        for (; mk; mk &= mk - 1)
-            cand[nc++] = j0 + lowest_bit(mk);
-    }
-    return nc;
 }
 
 /* bm[b] = the largest |a| bit pattern among atoms b TOPN_BLK .. (b + 1) TOPN_BLK - 1 of
@@ -293,8 +292,6 @@ FK_CLONES512 static int32_t kth_key_count(const int32_t *restrict kb, int nc, in
     return (int32_t)a;
 }
 
-#define KTH_STACK 2048 /* candidates whose keys are selected on a stack copy */
-
 /* 1 when some dead[i] != 0, i < n (vectorised). */
 FK_CLONES512 static int any_set(const uint8_t *restrict dead, int n)
 {
@@ -304,16 +301,129 @@ FK_CLONES512 static int any_set(const uint8_t *restrict dead, int n)
     return o != 0;
 }
 
-/* Larger n (see the file comment). key, cand: n_atoms int32 each. Returns n_eff. */
-static int topn_large(const float *a, const uint8_t *dead, int n_atoms, int n, int32_t *out,
-                      int32_t *key, int32_t *cand)
+/* Live atoms among dead[0 .. n) (vectorised). */
+FK_CLONES512 static int count_live_bytes(const uint8_t *restrict dead, int n)
 {
-    int live = 0;
-    if (dead && !any_set(dead, n_atoms))
-        dead = NULL; /* the keys without the dead test: the same keys, a shorter pass */
-    for (int c0 = 0; c0 < n_atoms; c0 += CHUNK) {
-        int len = n_atoms - c0 < CHUNK ? n_atoms - c0 : CHUNK;
-        keys_block(a + c0, dead ? dead + c0 : NULL, len, key + c0, &live);
+    int lv = 0;
+    for (int i = 0; i < n; i++)
+        lv += dead[i] == 0;
+    return lv;
+}
+
+/* The atoms of a[0 .. n) whose screening key is >= t0 >= 1, in index order: their ids to
+ * cand and their keys to ck; returns how many. 64 keys at a time are computed and compared
+ * (vectorised), their flags packed to a mask, and only its set bits are visited. */
+FK_CLONES512 static int collect_keys(const float *restrict a, const uint8_t *restrict dead,
+                                     int n, int32_t t0, int32_t *restrict cand,
+                                     int32_t *restrict ck)
+{
+    int nc = 0;
+    for (int j0 = 0; j0 < n; j0 += 64) {
+        int len = n - j0 < 64 ? n - j0 : 64;
+        int32_t k[64];
+        uint8_t f[64];
+        if (len == 64 && !dead) {
+            for (int i = 0; i < 64; i++)
+                k[i] = screen_key(a[j0 + i]);
+        } else {
+            for (int i = 0; i < len; i++)
+                k[i] = dead && dead[j0 + i] ? 0 : screen_key(a[j0 + i]);
+            for (int i = len; i < 64; i++)
+                k[i] = 0;
+        }
+        for (int i = 0; i < 64; i++)
+            f[i] = k[i] >= t0;
+        uint64_t mk = 0;
+        for (int b = 0; b < 8; b++)
+            mk |= pack8(f + 8 * b) << (8 * b);
+        for (; mk; mk &= mk - 1) {
+            int i = lowest_bit(mk);
+            cand[nc] = j0 + i;
+            ck[nc] = k[i];
+            nc++;
+        }
+    }
+    return nc;
+}
+
+#if FK_AVX512_FN
+/* collect_keys for AVX-512F: 16 keys per compare, the ids and keys of those >= t0 moved
+ * together by a compress and written by a masked store (no branch per candidate). The same
+ * keys and order as collect_keys. */
+FK_AVX512_ONLY static int collect_keys16(const float *restrict a, const uint8_t *restrict dead,
+                                         int n, int32_t t0, int32_t *restrict cand,
+                                         int32_t *restrict ck)
+{
+    const __m512i absm = _mm512_set1_epi32(0x7FFFFFFF), inf = _mm512_set1_epi32(0x7F800000);
+    const __m512i two = _mm512_set1_epi32(2), one = _mm512_set1_epi32(1);
+    const __m512i tv = _mm512_set1_epi32(t0), step = _mm512_set1_epi32(16);
+    __m512i ids = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    int nc = 0;
+    for (int j = 0; j < n; j += 16) {
+        int len = n - j < 16 ? n - j : 16;
+        __mmask16 lm = (__mmask16)((1u << len) - 1u);
+        __m512i b = _mm512_and_si512(_mm512_maskz_loadu_epi32(lm, a + j), absm);
+        __m512i k = _mm512_mask_mov_epi32(_mm512_add_epi32(b, two),
+                                          _mm512_cmpgt_epi32_mask(b, inf), one); /* NaN */
+        __mmask16 m = _mm512_mask_cmpge_epi32_mask(lm, k, tv);
+        if (dead) {
+            uint8_t tail[16] = {0};
+            const uint8_t *dj = dead + j;
+            if (len < 16)
+                dj = memcpy(tail, dj, (size_t)len);
+            __m128i db = _mm_loadu_si128((const __m128i *)(const void *)dj);
+            m &= _mm512_cmpeq_epi32_mask(_mm512_cvtepu8_epi32(db), _mm512_setzero_si512());
+        }
+        __mmask16 st = (__mmask16)((1u << __builtin_popcount(m)) - 1u);
+        _mm512_mask_storeu_epi32(cand + nc, st, _mm512_maskz_compress_epi32(m, ids));
+        _mm512_mask_storeu_epi32(ck + nc, st, _mm512_maskz_compress_epi32(m, k));
+        nc += __builtin_popcount(m);
+        ids = _mm512_add_epi32(ids, step);
+    }
+    return nc;
+}
+
+/* The n_eff ids of cand[0 .. nc) whose keys ck exceed thr, with the first ties of thr in
+ * index order up to n_eff, to out (in order). */
+FK_AVX512_ONLY static void select16(const int32_t *restrict cand, const int32_t *restrict ck,
+                                    int nc, int32_t thr, int ties, int32_t *restrict out)
+{
+    const __m512i tv = _mm512_set1_epi32(thr);
+    int w = 0;
+    for (int i = 0; i < nc; i += 16) {
+        int len = nc - i < 16 ? nc - i : 16;
+        __mmask16 lm = (__mmask16)((1u << len) - 1u);
+        __m512i k = _mm512_maskz_loadu_epi32(lm, ck + i);
+        __mmask16 m = _mm512_mask_cmpgt_epi32_mask(lm, k, tv);
+        unsigned eq = _mm512_mask_cmpeq_epi32_mask(lm, k, tv);
+        for (; eq && ties > 0; eq &= eq - 1, ties--)
+            m |= (__mmask16)(eq & -eq);
+        __mmask16 st = (__mmask16)((1u << __builtin_popcount(m)) - 1u);
+        _mm512_mask_storeu_epi32(out + w, st,
+                                 _mm512_maskz_compress_epi32(m, _mm512_loadu_si512(cand + i)));
+        w += __builtin_popcount(m);
+    }
+}
+#endif
+
+/* How many of ck[0 .. nc) exceed thr (vectorised). */
+FK_CLONES512 static int count_gt(const int32_t *restrict ck, int nc, int32_t thr)
+{
+    int c = 0;
+    for (int i = 0; i < nc; i++)
+        c += ck[i] > thr;
+    return c;
+}
+
+/* Larger n (see the file comment). cand, ck: n_atoms int32 each. Returns n_eff. */
+static int topn_large(const float *a, const uint8_t *dead, int n_atoms, int n, int32_t *out,
+                      int32_t *cand, int32_t *ck)
+{
+    int live = n_atoms;
+    if (dead) {
+        live = count_live_bytes(dead, n_atoms);
+        if (live == n_atoms)
+            dead = NULL; /* the keys without the dead test: the same keys, a shorter pass */
     }
     int n_eff = n < live ? n : live;
     if (n_eff <= 0)
@@ -326,36 +436,34 @@ static int topn_large(const float *a, const uint8_t *dead, int n_atoms, int n, i
         int q = (int)(1.3 * n_eff * (double)SAMPLE / n_atoms) + 6;
         if (q < SAMPLE / 2) {
             int32_t sk[SAMPLE];
-            for (int i = 0; i < SAMPLE; i++)
-                sk[i] = key[i * stride];
+            for (int i = 0; i < SAMPLE; i++) {
+                int j = i * stride;
+                sk[i] = dead && dead[j] ? 0 : screen_key(a[j]);
+            }
             t0 = kth_key_count(sk, SAMPLE, q, SAMPLE_RES);
             t0 = t0 > 1 ? t0 : 1;
         }
     }
-    int nc = collect(key, n_atoms, t0, cand);
+    int v16 = FK_AVX512_FN && fk_have_avx512();
+    int nc = v16 ? collect_keys16(a, dead, n_atoms, t0, cand, ck)
+                 : collect_keys(a, dead, n_atoms, t0, cand, ck);
     if (nc < n_eff)
-        nc = collect(key, n_atoms, 1, cand);
+        nc = v16 ? collect_keys16(a, dead, n_atoms, 1, cand, ck)
+                 : collect_keys(a, dead, n_atoms, 1, cand, ck);
     if (nc == n_eff) {
         memcpy(out, cand, sizeof(int32_t) * (size_t)n_eff);
         return n_eff;
     }
     /* the n_eff-th largest key among the candidates, which is the n_eff-th largest of all
-     * keys (every key outside them is below t0); searched on a copy of theirs when few */
-    int32_t thr;
-    if (nc <= KTH_STACK) {
-        int32_t kb[KTH_STACK];
-        for (int i = 0; i < nc; i++)
-            kb[i] = key[cand[i]];
-        thr = kth_key_count(kb, nc, n_eff, 1);
-    } else {
-        thr = kth_key_count(key, n_atoms, n_eff, 1);
+     * keys (every key outside them is below t0) */
+    int32_t thr = kth_key_count(ck, nc, n_eff, 1);
+    int ties = n_eff - count_gt(ck, nc, thr), w = 0;
+    if (v16) {
+        select16(cand, ck, nc, thr, ties, out);
+        return n_eff;
     }
-    int gt = 0;
-    for (int i = 0; i < nc; i++)
-        gt += key[cand[i]] > thr;
-    int ties = n_eff - gt, w = 0;
     for (int i = 0; i < nc; i++) { /* in place, branch-free: w <= i */
-        int32_t k = key[cand[i]];
+        int32_t k = ck[i];
         int tie = (k == thr) & (ties > 0);
         ties -= tie;
         cand[w] = cand[i];
@@ -373,10 +481,10 @@ int fk_topn(const float *a, const uint8_t *dead, int n_atoms, int n, int sort, i
     /* the sorted list pays off while few keys enter it: n a small share of the atoms */
     if (n <= TOPN_SMALL && (long)n * TOPN_SHARE <= n_atoms)
         return topn_small(a, dead, n_atoms, n, sort, out);
-    int32_t *key = (int32_t *)(void *)work, *cand = key + n_atoms;
-    int n_eff = topn_large(a, dead, n_atoms, n, out, key, cand);
+    int32_t *cand = (int32_t *)(void *)work, *ck = cand + n_atoms;
+    int n_eff = topn_large(a, dead, n_atoms, n, out, cand, ck);
     if (sort && n_eff > 1)
-        sort_ids(key, out, n_eff);
+        sort_ids(a, dead, out, n_eff);
     return n_eff;
 }
 

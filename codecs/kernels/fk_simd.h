@@ -4,7 +4,9 @@
  * adds an x86-64-v3 clone instead (AVX2 with FMA, for loops that call fma() explicitly);
  * FK_CLONES512 adds an AVX-512F clone to FK_CLONES (for 16-float vector kernels).
  * FK_AVX512_ONLY builds a function for AVX-512F alone: call it only where fk_have_avx512()
- * (0 where the clones are off), with a path of the same bits for the other CPUs.
+ * (0 where the clones are off), with a path of the same bits for the other CPUs. FK_AVX512_FN
+ * is 1 where such a function is built for AVX-512F (then it may use the <immintrin.h>
+ * intrinsics of AVX-512F, for what plain C cannot say: a compress), else 0.
  * The build turns floating-point contraction off (-ffp-contract=off, meson.build) and the
  * kernels keep their lanes independent, so every clone computes the same bits. The clones
  * are off under clang (libFuzzer builds) and AddressSanitizer, whose instrumentation and
@@ -28,16 +30,19 @@
 #if FK_SIMD_MAX > 1
 #define FK_CLONES512 __attribute__((target_clones("avx512f", "avx2", "default")))
 #define FK_AVX512_ONLY __attribute__((target("avx512f")))
+#define FK_AVX512_FN 1
 #define fk_have_avx512() __builtin_cpu_supports("avx512f")
 #define FK_SIMD_PATHS "avx512f avx2 default"
 #else
 #define FK_CLONES512 FK_CLONES
 #define FK_AVX512_ONLY
+#define FK_AVX512_FN 0
 #define fk_have_avx512() 0
 #define FK_SIMD_PATHS "avx2 default"
 #endif
 #else
 #define FK_AVX512_ONLY
+#define FK_AVX512_FN 0
 #define fk_have_avx512() 0
 #define FK_CLONES512
 #define FK_CLONES
