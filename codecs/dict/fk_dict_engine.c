@@ -734,7 +734,13 @@ int dc_encode(void *state, const struct fk_event *ev, struct fk_vec_out *out)
                 dc_commit(d, h, t, ev->x + (size_t)g * m, &d->codes[i], ev->phase, step,
                           &out[g], 0, 0);
         }
-        /* phase C: adapt the rest in (token, head) order */
+        /* phase C: adapt the rest in (token, head) order (the thread's CPU clock is a system
+         * call: read only when some vector adapts) */
+        int any = 0;
+        for (int i = 0; i < nb; i++)
+            any |= d->needs[i];
+        if (!any)
+            continue;
         double ta = fk_thread_cpu_s();
         for (int i = 0; i < nb; i++) {
             if (!d->needs[i])
