@@ -5,13 +5,16 @@
 # directory record them (the store's meta, written by another path), and "x ref" divides it
 # by the reference codec's cell (--ref-codec, else the config's first static dictionary
 # codec); a cell that codes nothing (full) has no figure; a bad --ref-codec is an error
-# before any cell runs. usage: test_bench_replay.sh FADKV_BENCH  (FK_SRCDIR: the source tree)
+# before any cell runs. The coding rounds (--coding-rounds R --coding-shares S) replay every
+# cell's vectors R / S times over (each layer in exactly one share), the reference's ratio
+# is 1 in every round, and bad counts are refused.
+# usage: test_bench_replay.sh FADKV_BENCH  (FK_SRCDIR: the source tree)
 set -euo pipefail
 bin=$(realpath "$1")
 src=${FK_SRCDIR:?FK_SRCDIR: the source tree}
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-for run in a b; do
+for run in a b c d; do
     cat >"$tmp/$run.toml" <<TOML
 [sweep]
 name = "replay-figures"
@@ -37,6 +40,8 @@ replay() { "$bin" bench replay --config "$tmp/$1.toml" --no-kernel --ref-layers 
            --kernels none "${@:2}"; }
 replay a --tsv >"$tmp/a.tsv"
 replay b --tsv --ref-codec gm >"$tmp/b.tsv"
+replay c --tsv --coding-rounds 3 >"$tmp/c.tsv"            # 4 layers in 3 shares: 1 pass
+replay d --tsv --coding-rounds 2 --coding-shares 1 >"$tmp/d.tsv" # all layers twice
 # (rel_tol 1e-5: the meta records t_gram to 6 significant digits)
 python3 - "$tmp" <<'PY'
 import glob, math, os, sys
@@ -64,7 +69,31 @@ def check(run, ref):
     assert float(f[f"cell {order.index(ref)} {ref} coding x ref"]) == 1.0
 check("a", "lexico")
 check("b", "gm")
+def rounds(run, passes):
+    f = kv(os.path.join(tmp, run + ".tsv"))
+    metas = {}
+    for p in glob.glob(os.path.join(tmp, "res-" + run, "cells", "*.meta")):
+        m = kv(p)
+        metas[m["codec"]] = int(m["vectors"])
+    for i, c in enumerate(order):
+        got = int(f[f"cell {i} {c} rounds vectors"])
+        assert got == passes * metas[c], (run, c, got, metas[c])
+        ratio = f.get(f"cell {i} {c} coding x ref rounds")
+        if c == "full":
+            assert ratio is None, f"{run}: the full cell has a rounds ratio"
+        else:
+            assert float(ratio) > 0, (run, c, ratio)
+    assert float(f["cell 2 lexico coding x ref rounds"]) == 1.0
+rounds("c", 1)
+rounds("d", 2)
 PY
+for bad in "--coding-rounds 1" "--coding-rounds 16" "--coding-rounds 2 --coding-shares 0"; do
+    # shellcheck disable=SC2086
+    if replay a $bad >"$tmp/out" 2>"$tmp/err"; then
+        echo "FAIL: $bad succeeded"; exit 1
+    fi
+    grep -q "coding-" "$tmp/err" || { echo "FAIL: $bad: $(cat "$tmp/err")"; exit 1; }
+done
 if replay a --ref-codec nosuch >"$tmp/out" 2>"$tmp/err"; then
     echo "FAIL: --ref-codec nosuch succeeded"; exit 1
 fi

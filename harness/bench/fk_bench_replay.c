@@ -206,21 +206,35 @@ static struct fk_cell_input cell_input(const struct bench *b, const struct fk_co
                                   .calib = (ops->caps & FK_CAP_CALIB) ? b->calib : NULL};
 }
 
+/* "CODEC", "CODEC+POLICY", with "+merge" and "+think" for the prefill's row rewrites. */
+static void cell_name(const struct fk_sweep_cell *cell, char *name, size_t size)
+{
+    const struct fk_rewrite *rw = cell->rewrite;
+    snprintf(name, size, "%s%s%s%s%s", cell->ops->name, cell->evict ? "+" : "",
+             cell->evict ? cell->evict->name : "",
+             rw && rw->merge != FK_MERGE_NONE ? "+merge" : "", rw && rw->think > 0 ? "+think" : "");
+}
+
+/* The input of cell c (its codec, options, eviction policy and rewrites). */
+static struct fk_cell_input sweep_cell_input(const struct bench *b, int c)
+{
+    const struct fk_sweep_cell *cell = &b->s->cells[c];
+    struct fk_cell_input in = cell_input(b, cell->ops, cell->opts);
+    in.evict = cell->evict; /* a token-eviction policy over the codec: "CODEC+POLICY" */
+    in.evict_opts = cell->evict_opts;
+    in.rewrite = cell->rewrite; /* and the prefill's row rewrites: "+merge", "+think" */
+    return in;
+}
+
 /* Cell c of the config: timed, committed, and with overhead replayed without attention. */
 static int bench_cell(struct bench *b, int c, const struct fk_bench_replay_hooks *h,
                       struct fk_bench_replay_result *out)
 {
     const struct fk_sweep *s = b->s;
     const struct fk_sweep_cell *cell = &s->cells[c];
-    struct fk_cell_input in = cell_input(b, cell->ops, cell->opts);
-    in.evict = cell->evict; /* a token-eviction policy over the codec: "CODEC+POLICY" */
-    in.evict_opts = cell->evict_opts;
-    in.rewrite = cell->rewrite; /* and the prefill's row rewrites: "+merge", "+think" */
+    struct fk_cell_input in = sweep_cell_input(b, c);
     char name[128];
-    const struct fk_rewrite *rw = cell->rewrite;
-    snprintf(name, sizeof name, "%s%s%s%s%s", cell->ops->name, cell->evict ? "+" : "",
-             cell->evict ? cell->evict->name : "",
-             rw && rw->merge != FK_MERGE_NONE ? "+merge" : "", rw && rw->think > 0 ? "+think" : "");
+    cell_name(cell, name, sizeof name);
     struct fk_cell_result res;
     struct fk_bench_cell_row row = {.codec = name};
     FK_TRY(run(b, &in, s->jobs, s->attention, 0, NULL, &res, &row.t));
@@ -256,6 +270,14 @@ static int bench_cell(struct bench *b, int c, const struct fk_bench_replay_hooks
     return rc;
 }
 
+/* Cell c is run: it is the dataset's (another dataset's options are for other data) and
+ * --only's codec. */
+static int cell_wanted(const struct bench *b, int c)
+{
+    const struct fk_sweep_cell *cell = &b->s->cells[c];
+    return cell->dataset == b->d && (!b->cfg->only || !strcmp(cell->ops->name, b->cfg->only));
+}
+
 static int bench_cells(struct bench *b, const struct fk_bench_replay_hooks *h,
                        struct fk_bench_replay_result *out)
 {
@@ -265,8 +287,7 @@ static int bench_cells(struct bench *b, const struct fk_bench_replay_hooks *h,
         return fk_err(FK_ENOMEM, "out of memory");
     int n_ids = 0, rc = FK_OK;
     for (int c = 0; c < s->n_cells && rc == FK_OK; c++) {
-        if ((b->cfg->only && strcmp(s->cells[c].ops->name, b->cfg->only)) ||
-            s->cells[c].dataset != b->d) /* another dataset's options, for other data */
+        if (!cell_wanted(b, c))
             continue;
         rc = bench_cell(b, c, h, out);
         ids[n_ids++] = s->cells[c].id;
@@ -276,6 +297,52 @@ static int bench_cells(struct bench *b, const struct fk_bench_replay_hooks *h,
     free(ids);
     if (rc == FK_OK)
         out->cells_rss_kib = peak_rss_kib();
+    return rc;
+}
+
+/* Coding rounds: in round r, every cell in turn on the layers l with l mod S = r mod S (S
+ * shares of the layers; the same jobs as the cells, no attention, nothing written); each
+ * cell's coding CPU of the round goes to out. Layers are independent streams, so S rounds
+ * code every vector of the cells once more. */
+static int coding_rounds(struct bench *b, struct fk_bench_replay_result *out)
+{
+    int L = b->ti->n_layers, R = b->cfg->coding_rounds;
+    int S = b->cfg->coding_shares > 0 ? b->cfg->coding_shares : R;
+    S = S > L ? L : S;
+    out->coding_shares = S;
+    uint8_t *mask = calloc((size_t)L, 1);
+    if (!mask)
+        return fk_err(FK_ENOMEM, "out of memory");
+    int rc = FK_OK;
+    for (int r = 0; r < R && rc == FK_OK; r++) {
+        for (int l = 0; l < L; l++)
+            mask[l] = l % S == r % S;
+        int k = 0;
+        for (int c = 0; c < b->s->n_cells && rc == FK_OK; c++) {
+            if (!cell_wanted(b, c))
+                continue;
+            if (k == FK_BENCH_MAX_CELLS) {
+                rc = fk_err(FK_EINVAL, "--coding-rounds: at most %d cells, the config has more",
+                            FK_BENCH_MAX_CELLS);
+                break;
+            }
+            struct fk_cell_input in = sweep_cell_input(b, c);
+            struct fk_cell_result res;
+            struct fk_bench_timing t = {0};
+            rc = run(b, &in, b->s->jobs, 0, 0, mask, &res, &t);
+            if (rc != FK_OK)
+                break;
+            fk_cell_result_free(&res);
+            cell_name(&b->s->cells[c], out->round_cell[k], sizeof out->round_cell[k]);
+            out->round_cpu[k][r] = t.gram + t.corr + t.code + t.adapt;
+            out->round_vectors[k][r] = t.vectors;
+            k++;
+        }
+        out->n_round_cells = k;
+        if (rc == FK_OK)
+            out->coding_rounds = r + 1;
+    }
+    free(mask);
     return rc;
 }
 
@@ -445,6 +512,8 @@ int fk_bench_replay_run(const struct fk_bench_replay_cfg *cfg,
     }
     if (rc == FK_OK)
         rc = bench_cells(&b, hooks, out);
+    if (rc == FK_OK && cfg->coding_rounds > 0)
+        rc = coding_rounds(&b, out);
     if (rc == FK_OK)
         rc = bench_reference(&b, out);
     close_data(&b);

@@ -8,7 +8,9 @@
  * on the first layers in the optimised path and in the reference mode (naive OMP
  * recomputing D^T r, no Gram, one vector at a time) with their stored supports compared;
  * then interleaved rounds of that codec at 1 and 2 worker threads and of the OMP kernel
- * benchmark at the same N, m, s, so every target is a ratio measured in one run.
+ * benchmark at the same N, m, s, so every target is a ratio measured in one run. With coding
+ * rounds, before the reference: every cell again in turn on a share of the layers per round,
+ * one round after another, for coding-CPU ratios that a drifting machine does not skew.
  * Nothing is printed here: rows reach the caller through a hook, the rest in the result.
  */
 #ifndef FK_BENCH_REPLAY_H
@@ -19,6 +21,7 @@
 #include "bench/fk_bench.h"
 
 #define FK_BENCH_MAX_ROUNDS 15
+#define FK_BENCH_MAX_CELLS 48 /* cells of the coding rounds */
 
 struct fk_bench_replay_cfg {
     const char *config;          /* sweep file (one of its datasets is replayed) */
@@ -28,6 +31,10 @@ struct fk_bench_replay_cfg {
     int ref_layers;              /* layers of the optimised vs reference comparison (0: none) */
     int scale_layers;            /* layers of the thread-scaling rounds */
     int rounds;                  /* interleaved rounds, 1..FK_BENCH_MAX_ROUNDS */
+    int coding_rounds;           /* 0, or rounds of every cell in turn on a share of the
+                                  * layers (round r: layers l with l mod S = r mod S), 2..15 */
+    int coding_shares;           /* S: layer shares of the coding rounds (0: R; 1: every
+                                  * round replays all layers) */
     int kernel;                  /* run the OMP kernel benchmark in each round */
     int attention;               /* 0: the config's cells without attention fidelity */
     int overhead;                /* replay each cell again without attention, right after */
@@ -89,6 +96,13 @@ struct fk_bench_replay_result {
     /* [0] synthetic data, [1] the trace's layer 0 keys: kernel vec/s and replay / kernel */
     double kernel_vps[2][FK_BENCH_MAX_ROUNDS], kernel_ratio[2][FK_BENCH_MAX_ROUNDS];
     long peak_rss_kib;           /* peak resident memory of the whole benchmark */
+    /* coding rounds: every cell in turn on round r's layers, so that each cell's coding CPU
+     * is compared with the reference's measured moments apart, whatever the machine does
+     * over minutes (round_cpu: gram + corr + code + adapt, CPU s) */
+    int coding_rounds, coding_shares, n_round_cells;
+    char round_cell[FK_BENCH_MAX_CELLS][48];
+    double round_cpu[FK_BENCH_MAX_CELLS][FK_BENCH_MAX_ROUNDS];
+    long round_vectors[FK_BENCH_MAX_CELLS][FK_BENCH_MAX_ROUNDS];
 };
 
 /* Runs the benchmark. Returns FK_OK or an error with fk_err's message; out is filled as far

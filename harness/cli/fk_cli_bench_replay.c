@@ -16,7 +16,8 @@ static void usage(FILE *f)
     fprintf(f, "usage: fadkv-bench bench replay [--config FILE] [--dataset NAME] [--jobs N]\n"
                "       [--ref-layers K] [--scale-layers K] [--no-kernel] [--no-attention]\n"
                "       [--overhead] [--only CODEC] [--ref-codec CODEC] [--rounds R]\n"
-               "       [--kernels best|NAME|same|none] [--tsv]\n"
+               "       [--coding-rounds R] [--coding-shares S] [--kernels best|NAME|same|none]\n"
+               "       [--tsv]\n"
                "Runs every cell of FILE's dataset NAME (default: FILE's first; default FILE\n"
                "configs/bench-3b.toml) and prints vectors/s,\n"
                "a time breakdown, peak memory and each coding cell's CPU per vector against\n"
@@ -28,6 +29,11 @@ static void usage(FILE *f)
                "and the trace's own layer 0 keys), with the median of each round's ratios.\n"
                "--overhead also replays each cell without attention right after it and prints\n"
                "the extra time of attention fidelity, per cell and in total.\n"
+               "--coding-rounds R (2..15) then runs every cell again in R rounds, round r on\n"
+               "the layers l with l mod S = r mod S (S = --coding-shares, default R; 1: all\n"
+               "layers, for small data), every cell in turn, and prints each cell's coding\n"
+               "CPU against the reference codec's within each round and their median\n"
+               "(ratios a machine whose speed drifts over minutes does not skew).\n"
                "--kernels (default best): the headline figures again in a column of their own\n"
                "from a child process with other OpenBLAS kernels: best = OPENBLAS_CORETYPE\n"
                "unset (the set OpenBLAS picks for this CPU; skipped when this run has it\n"
@@ -49,6 +55,8 @@ static int parse(int argc, char **argv, struct fk_bench_replay_cfg *c, const cha
                    : !strcmp(a, "--ref-layers")   ? &c->ref_layers
                    : !strcmp(a, "--scale-layers") ? &c->scale_layers
                    : !strcmp(a, "--rounds")       ? &c->rounds
+                   : !strcmp(a, "--coding-rounds") ? &c->coding_rounds
+                   : !strcmp(a, "--coding-shares") ? &c->coding_shares
                                                   : NULL;
         const char **str = !strcmp(a, "--config")      ? &c->config
                            : !strcmp(a, "--dataset")   ? &c->dataset
@@ -61,6 +69,17 @@ static int parse(int argc, char **argv, struct fk_bench_replay_cfg *c, const cha
             else
                 *str = v;
             i++;
+            if (num == &c->coding_rounds &&
+                (c->coding_rounds < 2 || c->coding_rounds > FK_BENCH_MAX_ROUNDS)) {
+                fprintf(stderr, "fadkv-bench bench replay: --coding-rounds: expected 2 to %d, "
+                                "got '%s'\n", FK_BENCH_MAX_ROUNDS, v);
+                return 2;
+            }
+            if (num == &c->coding_shares && c->coding_shares < 1) {
+                fprintf(stderr, "fadkv-bench bench replay: --coding-shares: expected 1 or more, "
+                                "got '%s'\n", v);
+                return 2;
+            }
         } else if (!strcmp(a, "--kernels") && v) {
             if (fk_cli_kernels_mode(v, kernels) != 0) {
                 fprintf(stderr, "fadkv-bench bench replay: --kernels: expected best, none, same "
@@ -205,6 +224,63 @@ static void coding_figs(struct printer *p)
     }
 }
 
+/* The coding rounds: each cell's coding CPU per vector against the reference codec's cell
+ * in the same round, the median over rounds and each round's. */
+static void round_figs(struct printer *p, const struct fk_bench_replay_result *r)
+{
+    int R = r->coding_rounds, ref = -1;
+    for (int i = 0; i < r->n_round_cells && ref < 0 && p->ref_codec; i++)
+        if (!strcmp(r->round_cell[i], p->ref_codec))
+            ref = i;
+    if (!p->tsv) {
+        if (r->coding_shares > 1)
+            printf("coding CPU per vector in %d interleaved rounds (round r: the layers l with "
+                   "l mod %d = r mod %d, every cell in turn)", R, r->coding_shares,
+                   r->coding_shares);
+        else
+            printf("coding CPU per vector in %d interleaved rounds (each round: every cell in "
+                   "turn on all layers)", R);
+        if (ref >= 0)
+            printf(", against %s's in the same round: median (each round)\n", p->ref_codec);
+        else
+            printf(" (no cell of %s to compare with):\n", p->ref_codec ? p->ref_codec : "?");
+    }
+    for (int i = 0; i < r->n_round_cells; i++) {
+        double us[FK_BENCH_MAX_ROUNDS], x[FK_BENCH_MAX_ROUNDS], vectors = 0;
+        int coded = 1;
+        for (int k = 0; k < R; k++) {
+            us[k] = r->round_vectors[i][k] ? 1e6 * r->round_cpu[i][k] / r->round_vectors[i][k]
+                                           : 0;
+            coded &= us[k] > 0;
+            x[k] = ref >= 0 && r->round_cpu[ref][k] > 0
+                       ? us[k] * r->round_vectors[ref][k] / (1e6 * r->round_cpu[ref][k])
+                       : 0;
+            vectors += (double)r->round_vectors[i][k];
+        }
+        char name[96];
+        snprintf(name, sizeof name, "cell %d %s rounds vectors", i, r->round_cell[i]);
+        add_fig(&p->figs, name, "%.0f", vectors);
+        if (!coded) /* a cell that codes nothing (full) has no ratio */
+            continue;
+        snprintf(name, sizeof name, "cell %d %s coding us/vec rounds", i, r->round_cell[i]);
+        add_fig(&p->figs, name, "%.9g", fk_bench_median(us, R));
+        if (ref >= 0) {
+            snprintf(name, sizeof name, "cell %d %s coding x ref rounds", i, r->round_cell[i]);
+            add_fig(&p->figs, name, "%.9g", fk_bench_median(x, R));
+        }
+        if (p->tsv)
+            continue;
+        printf("  %-16s %8.2f us", r->round_cell[i], fk_bench_median(us, R));
+        if (ref >= 0) {
+            printf(" %7.3f (", fk_bench_median(x, R));
+            for (int k = 0; k < R; k++)
+                printf("%s%.3f", k ? ", " : "", x[k]);
+            printf(")");
+        }
+        printf("\n");
+    }
+}
+
 static void print_list(const double *v, int n, const char *fmt)
 {
     for (int i = 0; i < n; i++) {
@@ -305,6 +381,8 @@ int fk_cli_bench_replay(int argc, char **argv)
     if (rc == FK_OK && tsv) {
         if (r->cells_rss_kib)
             coding_figs(p);
+        if (r->coding_rounds)
+            round_figs(p, r);
         for (int i = 0; i < p->figs.n; i++)
             printf("%s\t%s\n", p->figs.name[i], p->figs.value[i]);
         free(p);
@@ -321,6 +399,8 @@ int fk_cli_bench_replay(int argc, char **argv)
                r->cells_rss_kib / 1024.0);
         coding_figs(p);
     }
+    if (r->coding_rounds && rc == FK_OK)
+        round_figs(p, r);
     if (r->ref_done)
         print_reference(&cfg, r);
     if (r->rounds && rc == FK_OK)
