@@ -7,7 +7,8 @@
 # codec); a cell that codes nothing (full) has no figure; a bad --ref-codec is an error
 # before any cell runs. The coding rounds (--coding-rounds R --coding-shares S) replay every
 # cell's vectors R / S times over (each layer in exactly one share), the reference's ratio
-# is 1 in every round, and bad counts are refused.
+# is 1 in every round, and bad counts are refused. A cell's coding phases never count more
+# CPU than its encode calls took.
 # usage: test_bench_replay.sh FADKV_BENCH  (FK_SRCDIR: the source tree)
 set -euo pipefail
 bin=$(realpath "$1")
@@ -56,6 +57,11 @@ def check(run, ref):
         m = kv(p)
         cpu = sum(float(m[k]) for k in ("t_gram", "t_corr", "t_code", "t_adapt"))
         want[m["codec"]] = 1e6 * cpu / float(m["vectors"])
+        # the codec's phases lie inside encode(), whose thread CPU the replay measures
+        # around each call: their apportioned CPU cannot exceed it
+        phases = sum(float(m[k]) for k in ("t_corr", "t_code", "t_adapt"))
+        assert phases <= float(m["t_encode"]) * (1 + 1e-5) + 1e-6, (run, m["codec"], phases,
+                                                                   m["t_encode"])
     assert sorted(want) == sorted(order), sorted(want)
     for i, c in enumerate(order):
         us, x = f"cell {i} {c} coding us/vec", f"cell {i} {c} coding x ref"

@@ -264,7 +264,9 @@ struct fk_stream_stats {
     uint64_t uses_adapted;       /* of which on adapted atoms */
     double macs;                 /* analytical cost model (spec 10.7), summed over vectors */
     double t_corr, t_code, t_adapt; /* thread CPU seconds: correlation GEMMs, greedy coding
-                                  * (screening, OMP, refinement, quantisation), adaptation */
+                                  * (screening, OMP, refinement, quantisation), adaptation
+                                  * (each event's, apportioned to its phases by their wall
+                                  * time) */
     double bytes_codes;          /* stored codes (spec 10.6) */
     double bytes_dict_seq;       /* per-sequence dictionary state (spec 10.6) */
     double bytes_model;          /* model-level constants this stream group reads (its universal

@@ -679,36 +679,70 @@ static const float *block_correlate(struct dc *d, const struct fk_dict_view *v, 
     return d->corr;
 }
 
+/* Wall seconds of an event's phases (fk_wall_s, a vDSO read): dc_encode apportions the
+ * event's thread CPU time to them. The thread CPU clock is a system call (1.25 us per read
+ * on a KVM guest), so it is read twice per event, outside the phases; reading it around
+ * each phase put 2-4 system calls inside the measured coding of every event, as much as
+ * the coding of a few N 128 vectors. */
+struct phase_wall {
+    double corr, code, adapt;
+};
+
 /* Phase A of nb vectors x [nb][m] (tokens tok, heads head): codes into d->codes, d->needs
  * set where adaptation is due. One correlation SGEMM per DC_BLK vectors (reference mode:
  * one vector at a time), or the correlations ahead. */
 static int encode_span(struct dc *d, const float *x, const int32_t *tok, const int32_t *head,
-                       int nb, int can_adapt)
+                       int nb, int can_adapt, struct phase_wall *pw)
 {
     int blk = d->env.reference ? 1 : DC_BLK;
     for (int c0 = 0; c0 < nb; c0 += blk) {
         int nc = nb - c0 < blk ? nb - c0 : blk;
         const float *xb = x + (size_t)c0 * d->m;
         struct fk_dict_view v = dc_view(d);
-        double t0 = fk_thread_cpu_s();
+        double t0 = fk_wall_s();
         size_t lda;
         const float *a = block_correlate(d, &v, xb, tok + c0, head + c0, nc, &lda);
-        double t1 = fk_thread_cpu_s();
-        d->st.t_corr += t1 - t0;
+        double t1 = fk_wall_s();
+        pw->corr += t1 - t0;
         FK_TRY(d->coder->encode(d, &v, nc, xb, a, lda, &d->codes[c0]));
         for (int i = 0; i < nc; i++) {
             const struct fk_code *c = &d->codes[c0 + i];
             d->needs[c0 + i] = can_adapt && !(c->flags & FK_CODE_ZERO) &&
                                c->err2 > d->delta * d->delta * c->xx;
         }
-        d->st.t_code += fk_thread_cpu_s() - t1;
+        pw->code += fk_wall_s() - t1;
     }
     return FK_OK;
 }
 
+/* The event's thread CPU seconds cpu, spent over wall seconds wall, apportioned to its
+ * phases by their wall time (a share of at most 1: time the thread did not run is not
+ * counted). */
+static void add_phase_cpu(struct dc *d, const struct phase_wall *pw, double cpu, double wall)
+{
+    double f = wall > 0 && cpu < wall ? cpu / wall : 1.0;
+    f = f > 0 ? f : 0;
+    d->st.t_corr += f * pw->corr;
+    d->st.t_code += f * pw->code;
+    d->st.t_adapt += f * pw->adapt;
+}
+
+static int encode_phases(struct dc *d, const struct fk_event *ev, struct fk_vec_out *out,
+                         struct phase_wall *pw);
+
 int dc_encode(void *state, const struct fk_event *ev, struct fk_vec_out *out)
 {
     struct dc *d = state;
+    struct phase_wall pw = {0};
+    double c0 = fk_thread_cpu_s(), w0 = fk_wall_s();
+    int rc = encode_phases(d, ev, out, &pw);
+    add_phase_cpu(d, &pw, fk_thread_cpu_s() - c0, fk_wall_s() - w0);
+    return rc;
+}
+
+static int encode_phases(struct dc *d, const struct fk_event *ev, struct fk_vec_out *out,
+                         struct phase_wall *pw)
+{
     int m = d->m;
     d->event_id++;
     int can_adapt = d->adapt && (ev->phase == 1 || d->o.adapt.adapt_prefill);
@@ -721,7 +755,7 @@ int dc_encode(void *state, const struct fk_event *ev, struct fk_vec_out *out)
     for (int b0 = 0; b0 < ev->n; b0 += span) {
         int nb = ev->n - b0 < span ? ev->n - b0 : span;
         FK_TRY(encode_span(d, ev->x + (size_t)b0 * m, ev->token + b0, ev->head + b0, nb,
-                           can_adapt));
+                           can_adapt, pw));
         /* pin every atom an event's code uses, committed now (phase B) or kept later when
          * its adaptation fails (phase C): a replacement must never damage either */
         for (int i = 0; i < nb; i++)
@@ -734,14 +768,8 @@ int dc_encode(void *state, const struct fk_event *ev, struct fk_vec_out *out)
                 dc_commit(d, h, t, ev->x + (size_t)g * m, &d->codes[i], ev->phase, step,
                           &out[g], 0, 0);
         }
-        /* phase C: adapt the rest in (token, head) order (the thread's CPU clock is a system
-         * call: read only when some vector adapts) */
-        int any = 0;
-        for (int i = 0; i < nb; i++)
-            any |= d->needs[i];
-        if (!any)
-            continue;
-        double ta = fk_thread_cpu_s();
+        /* phase C: adapt the rest in (token, head) order */
+        double ta = fk_wall_s();
         for (int i = 0; i < nb; i++) {
             if (!d->needs[i])
                 continue;
@@ -754,7 +782,7 @@ int dc_encode(void *state, const struct fk_event *ev, struct fk_vec_out *out)
             dc_commit(d, ev->head[g], ev->token[g], x, &d->codes[i], ev->phase, step, &out[g],
                       flags, 0);
         }
-        d->st.t_adapt += fk_thread_cpu_s() - ta;
+        pw->adapt += fk_wall_s() - ta;
     }
     return FK_OK;
 }
