@@ -264,7 +264,9 @@ static int topn_small(const float *a, const uint8_t *dead, int n_atoms, int n, i
  * t with at least r keys >= t, by bisection of [min, max] with one vectorised count per
  * halving (about log2(max - min) counts, one clone for the whole search; a radix select on
  * a few hundred keys cost several times as much in histogram updates, bin scans and
- * compactions). res > 1: stop once the interval is at most res key units and at most
+ * compactions). A halving that finds exactly r keys >= its midpoint ends the search: the
+ * r-th largest is then the smallest of them (one more pass; far fewer halvings when the
+ * keys are few). res > 1: stop once the interval is at most res key units and at most
  * 2^-10 of the keys' range, and return its lower end: a key t with at least r keys >= t,
  * that close below the r-th largest (res = 1: exact). */
 FK_CLONES512 static int32_t kth_key_count(const int32_t *restrict kb, int nc, int r,
@@ -284,6 +286,15 @@ FK_CLONES512 static int32_t kth_key_count(const int32_t *restrict kb, int nc, in
         int c = 0;
         for (int i = 0; i < nc; i++)
             c += kb[i] >= mid;
+        if (c == r) { /* mid lies between the (r+1)-th and the r-th largest: the r-th is
+                       * the smallest key >= mid (exact whatever res) */
+            int32_t lo = INT32_MAX;
+            for (int i = 0; i < nc; i++) {
+                int32_t v = kb[i] >= mid ? kb[i] : INT32_MAX;
+                lo = v < lo ? v : lo;
+            }
+            return lo;
+        }
         if (c >= r)
             a = mid;
         else
