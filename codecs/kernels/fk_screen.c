@@ -426,6 +426,39 @@ FK_CLONES512 static int count_gt(const int32_t *restrict ck, int nc, int32_t thr
     return c;
 }
 
+/* collect_keys16 where this CPU has AVX-512F, else collect_keys. */
+static int collect_any(const float *a, const uint8_t *dead, int n, int32_t t0, int32_t *cand,
+                       int32_t *ck)
+{
+#if FK_AVX512_FN
+    if (fk_have_avx512())
+        return collect_keys16(a, dead, n, t0, cand, ck);
+#endif
+    return collect_keys(a, dead, n, t0, cand, ck);
+}
+
+/* The ids of cand[0 .. nc) whose keys ck exceed thr, then the first ties of thr in index
+ * order (ties of them), to out in order (select16 on AVX-512F; cand is overwritten). */
+static void select_any(int32_t *cand, const int32_t *ck, int nc, int32_t thr, int ties,
+                       int32_t *out)
+{
+#if FK_AVX512_FN
+    if (fk_have_avx512()) {
+        select16(cand, ck, nc, thr, ties, out);
+        return;
+    }
+#endif
+    int w = 0;
+    for (int i = 0; i < nc; i++) { /* in place, branch-free: w <= i */
+        int32_t k = ck[i];
+        int tie = (k == thr) & (ties > 0);
+        ties -= tie;
+        cand[w] = cand[i];
+        w += (k > thr) | tie;
+    }
+    memcpy(out, cand, sizeof(int32_t) * (size_t)w);
+}
+
 /* Larger n (see the file comment). cand, ck: n_atoms int32 each. Returns n_eff. */
 static int topn_large(const float *a, const uint8_t *dead, int n_atoms, int n, int32_t *out,
                       int32_t *cand, int32_t *ck)
@@ -455,12 +488,9 @@ static int topn_large(const float *a, const uint8_t *dead, int n_atoms, int n, i
             t0 = t0 > 1 ? t0 : 1;
         }
     }
-    int v16 = FK_AVX512_FN && fk_have_avx512();
-    int nc = v16 ? collect_keys16(a, dead, n_atoms, t0, cand, ck)
-                 : collect_keys(a, dead, n_atoms, t0, cand, ck);
+    int nc = collect_any(a, dead, n_atoms, t0, cand, ck);
     if (nc < n_eff)
-        nc = v16 ? collect_keys16(a, dead, n_atoms, 1, cand, ck)
-                 : collect_keys(a, dead, n_atoms, 1, cand, ck);
+        nc = collect_any(a, dead, n_atoms, 1, cand, ck);
     if (nc == n_eff) {
         memcpy(out, cand, sizeof(int32_t) * (size_t)n_eff);
         return n_eff;
@@ -468,19 +498,7 @@ static int topn_large(const float *a, const uint8_t *dead, int n_atoms, int n, i
     /* the n_eff-th largest key among the candidates, which is the n_eff-th largest of all
      * keys (every key outside them is below t0) */
     int32_t thr = kth_key_count(ck, nc, n_eff, 1);
-    int ties = n_eff - count_gt(ck, nc, thr), w = 0;
-    if (v16) {
-        select16(cand, ck, nc, thr, ties, out);
-        return n_eff;
-    }
-    for (int i = 0; i < nc; i++) { /* in place, branch-free: w <= i */
-        int32_t k = ck[i];
-        int tie = (k == thr) & (ties > 0);
-        ties -= tie;
-        cand[w] = cand[i];
-        w += (k > thr) | tie;
-    }
-    memcpy(out, cand, sizeof(int32_t) * (size_t)n_eff);
+    select_any(cand, ck, nc, thr, n_eff - count_gt(ck, nc, thr), out);
     return n_eff;
 }
 
