@@ -199,7 +199,7 @@ FK_CLONES512 static int32_t block_absmax(const float *restrict a, int n,
     return top; /* the largest of all */
 }
 
-FK_CLONES512 static int any_set(const uint8_t *restrict dead, int n);
+FK_CLONES512 static int count_live_bytes(const uint8_t *restrict dead, int n);
 FK_CLONES512 static int32_t kth_key_count(const int32_t *restrict kb, int nc, int r,
                                           int32_t res);
 
@@ -215,7 +215,7 @@ static int topn_small(const float *a, const uint8_t *dead, int n_atoms, int n, i
     int cnt = 0, live = 0;
     int32_t thr = 0; /* a key must exceed thr to enter: 0 (not dead) until the list is full */
     int nb = (n_atoms + TOPN_BLK - 1) / TOPN_BLK, pre = 0;
-    if (dead && !any_set(dead, n_atoms))
+    if (dead && count_live_bytes(dead, n_atoms) == n_atoms)
         dead = NULL;
     int32_t t0 = 0;
     if (!dead && nb >= n && nb <= TOPN_MAXBLK) {
@@ -303,15 +303,6 @@ FK_CLONES512 static int32_t kth_key_count(const int32_t *restrict kb, int nc, in
     return (int32_t)a;
 }
 
-/* 1 when some dead[i] != 0, i < n (vectorised). */
-FK_CLONES512 static int any_set(const uint8_t *restrict dead, int n)
-{
-    uint8_t o = 0;
-    for (int i = 0; i < n; i++)
-        o |= dead[i];
-    return o != 0;
-}
-
 /* Live atoms among dead[0 .. n) (vectorised). */
 FK_CLONES512 static int count_live_bytes(const uint8_t *restrict dead, int n)
 {
@@ -338,7 +329,7 @@ FK_CLONES512 static int collect_keys(const float *restrict a, const uint8_t *res
                 k[i] = screen_key(a[j0 + i]);
         } else {
             for (int i = 0; i < len; i++)
-                k[i] = dead && dead[j0 + i] ? 0 : screen_key(a[j0 + i]);
+                k[i] = key_of(a, dead, j0 + i);
             for (int i = len; i < 64; i++)
                 k[i] = 0;
         }
@@ -482,7 +473,7 @@ static int topn_large(const float *a, const uint8_t *dead, int n_atoms, int n, i
             int32_t sk[SAMPLE];
             for (int i = 0; i < SAMPLE; i++) {
                 int j = i * stride;
-                sk[i] = dead && dead[j] ? 0 : screen_key(a[j]);
+                sk[i] = key_of(a, dead, j);
             }
             t0 = kth_key_count(sk, SAMPLE, q, SAMPLE_RES);
             t0 = t0 > 1 ? t0 : 1;
