@@ -705,6 +705,107 @@ START_TEST(omp_naive_pool)
 }
 END_TEST
 
+/* The pool OMP over the Gram (a view with gram_row) against the naive pool OMP (the same
+ * view without it): the same supports, flags and iterations, G_SS within float rounding,
+ * and the same refined coefficients within it; a split is allowed only where the residual
+ * before it is float noise. Pools unsorted, some atoms dead, one duplicated atom in the
+ * pool (the dependency guard), Gram rows read across a seam (row_of). */
+START_TEST(omp_pool_gram_vs_naive)
+{
+    static const int shape[2][4] = {{128, 16, 32, 4}, {600, 64, 64, 8}}; /* N m n s */
+    gsl_rng *r = gsl_rng_alloc(gsl_rng_mt19937);
+    gsl_rng_set(r, 17);
+    for (int sh = 0; sh < 2; sh++) {
+        int N = shape[sh][0], m = shape[sh][1], n = shape[sh][2], S = shape[sh][3];
+        struct tdict t;
+        tdict_random(&t, N, m, r);
+        double nn7 = 0; /* atom 7 within 1e-4 of atom 3: dependent on it */
+        for (int i = 0; i < m; i++) {
+            double u = t.atoms[3 * m + i] + 1e-4 * t.atoms[9 * m + i];
+            t.atoms[7 * m + i] = (float)u;
+            nn7 += u * u;
+        }
+        for (int i = 0; i < m; i++)
+            t.atoms[7 * m + i] = (float)(t.atoms[7 * m + i] / sqrt(nn7));
+        free(t.gram);
+        free(t.work);
+        t.dead = calloc((size_t)N, 1);
+        for (int j = 0; j < N; j += 29)
+            t.dead[j] = 1;
+        memset(t.atoms + (size_t)29 * m, 0, sizeof(float) * (size_t)m);
+        tdict_finish(&t);
+        struct fk_dict_view nv = t.v;
+        nv.gram_row = NULL;
+        float *x = malloc(sizeof(float) * (size_t)m), *a = malloc(sizeof(float) * (size_t)N);
+        int32_t *cand = malloc(sizeof(int32_t) * (size_t)n);
+        int differ = 0, ties = 0, dep_seen = 0;
+        for (int v = 0; v <= 300; v++) {
+            make_signal(&t, S, v % 2 ? 0.05 : 0.0, r, x);
+            if (v == 300) /* x = d3 + d9 on the pool {3, 7}: 7 is dependent on 3 */
+                for (int i = 0; i < m; i++)
+                    x[i] = t.atoms[3 * m + i] + t.atoms[9 * m + i];
+            correlate(&t, x, a);
+            int np = fk_topn(a, t.dead, N, n, 0, cand, t.work);
+            for (int p = 0; p + 1 < np; p += 2) { /* unsorted */
+                int32_t c = cand[p];
+                cand[p] = cand[p + 1];
+                cand[p + 1] = c;
+            }
+            if (v == 300) {
+                cand[0] = 3;
+                cand[1] = 7;
+                np = 2;
+            }
+            struct fk_code g, e;
+            double gg[FK_SMAX * FK_SMAX], ge[FK_SMAX * FK_SMAX];
+            ck_assert_int_eq(fk_omp_pool(&t.v, x, a, cand, np, S, t.work, &g, gg), FK_OK);
+            ck_assert_int_eq(fk_omp_pool(&nv, x, a, cand, np, S, t.work, &e, ge), FK_OK);
+            int first = 0;
+            while (first < g.k && first < e.k && g.idx[first] == e.idx[first])
+                first++;
+            if (first < g.k || g.k != e.k) {
+                /* the residual after the common prefix, from GSL least squares */
+                double coef[FK_SMAX], res[256], rr = 0;
+                gsl_ls(&t, x, e.idx, first, coef, res);
+                for (int i = 0; i < m; i++)
+                    rr += res[i] * res[i];
+                if (rr <= 1e-10 * e.xx)
+                    ties++;
+                else
+                    differ++;
+                continue;
+            }
+            ck_assert_uint_eq(g.flags, e.flags);
+            ck_assert_int_eq(g.iters, e.iters);
+            dep_seen += v == 300;
+            if (v == 300)
+                ck_assert_msg(g.k == 1 && (g.flags & FK_CODE_DEPENDENT),
+                              "N %d: k %d, flags %#x on a dependent pool", N, g.k, g.flags);
+            for (int p = 0; p < g.k; p++)
+                for (int q = 0; q < g.k; q++)
+                    ck_assert_msg(fabs(gg[p * FK_SMAX + q] - ge[p * FK_SMAX + q]) <= 1e-6,
+                                  "G_SS[%d][%d]: %.9g (Gram) vs %.9g (naive)", p, q,
+                                  gg[p * FK_SMAX + q], ge[p * FK_SMAX + q]);
+            if (g.k == 0)
+                continue;
+            ck_assert_int_eq(fk_refine_gss(&t.v, x, 1e-4, 1e-3, 2, &g, gg), FK_OK);
+            ck_assert_int_eq(fk_refine_gss(&nv, x, 1e-4, 1e-3, 2, &e, ge), FK_OK);
+            for (int l = 0; l < g.k; l++)
+                ck_assert(fabs(g.coef[l] - e.coef[l]) <= 1e-4 * (1 + fabs(e.coef[l])));
+            ck_assert(fabs(g.err2 - e.err2) <= 1e-4 * e.xx);
+        }
+        ck_assert_msg(differ == 0, "N %d: %d of 301 supports differ", N, differ);
+        ck_assert_msg(ties <= 6, "N %d: %d splits after the residual vanished", N, ties);
+        ck_assert_msg(dep_seen == 1, "N %d: the dependent pool gave different supports", N);
+        free(x);
+        free(a);
+        free(cand);
+        tdict_free(&t);
+    }
+    gsl_rng_free(r);
+}
+END_TEST
+
 START_TEST(correlate_and_gram)
 {
     gsl_rng *r = gsl_rng_alloc(gsl_rng_mt19937);
@@ -965,6 +1066,7 @@ static Suite *sparse_suite(void)
     tcase_add_test(tc, omp_premature_tol_determinism);
     tcase_add_test(tc, omp_batch_equals_single);
     tcase_add_test(tc, omp_naive_pool);
+    tcase_add_test(tc, omp_pool_gram_vs_naive);
     tcase_add_test(tc, correlate_and_gram);
     tcase_add_test(tc, correlate_to_within_rounding);
     tcase_add_test(tc, topn_vs_sort);

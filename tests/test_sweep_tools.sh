@@ -118,6 +118,21 @@ grep -q REGRESSION "$T/out"
 "$TOOLS" check --baseline "$T/base2.csv" --results "$T/m" --rtol 0.02 > /dev/null
 echo "ok: check passes identical results and catches a drift"
 
+# 3b. tools/compare_bands.sh: the merged run is within the bands of the unsharded one; a
+# reconstruction error moved by 10 % is not
+if [ -n "${FK_SRCDIR:-}" ]; then
+    "$FK_SRCDIR/tools/compare_bands.sh" --bin "$TOOLS" "$T/full" "$T/m" > /dev/null
+    cp -r "$T/m" "$T/mb"
+    awk -F, '$8 + 0 > 0 && !done { $8 = $8 * 1.1; done = 1 } { print }' OFS=, \
+        "$T/m/summary.csv" > "$T/mb/summary.csv"
+    if "$FK_SRCDIR/tools/compare_bands.sh" --bin "$TOOLS" "$T/full" "$T/mb" > "$T/out"; then
+        echo "FAIL: compare_bands.sh passed a 10% move"
+        exit 1
+    fi
+    grep -q REGRESSION "$T/out"
+    echo "ok: compare_bands.sh"
+fi
+
 # 4. plot
 if command -v gnuplot > /dev/null 2>&1; then
     FK_SRCDIR=${FK_SRCDIR:-} "$TOOLS" plot "$T/m" --format png > "$T/plot.out"

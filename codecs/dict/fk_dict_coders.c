@@ -111,7 +111,9 @@ static double gm_estimate(const struct dc_code_opts *o, int m, int N)
     return (double)m * N + N + s * (m * n + n);
 }
 
-const struct dc_coder dc_coder_gm = {.encode = gm_encode, .estimate = gm_estimate};
+const struct dc_coder dc_coder_gm = {
+    .encode = gm_encode, .estimate = gm_estimate, .own_gram_max = DC_OWN_GRAM_MAX,
+};
 
 static int pl_encode(struct dc *d, const struct fk_dict_view *v, int nx, const float *x,
                      const float *a, size_t lda, struct fk_code *out)

@@ -20,6 +20,9 @@
 #include "kernels/fk_sparse.h"
 
 #define DC_BLK 128          /* vectors per correlation SGEMM */
+#define DC_OWN_GRAM_MAX 1024 /* the GM coder's own Gram up to N 1024 (4 MiB): its rows
+                              * beat passes over the pool's atoms there, not at N 4096,
+                              * where each row is gathered from 64 MiB (PERFORMANCE.md) */
 #define DC_IDX16_MAX 32767  /* atoms addressable by INT16 indices */
 
 enum { APPEND_RAW, APPEND_RESIDUAL };
@@ -76,6 +79,11 @@ struct dc_coder {
      * Gram matrix and serves Gram rows in the view (unless reference mode or an adaptation
      * that does not keep them). */
     int (*wants_gram)(const struct dc_code_opts *o);
+    /* Largest N (0: none) at which the stream computes the Gram matrix of its own
+     * dictionary, keeps it up to date as atoms are appended or rewritten, and serves its
+     * rows in the view (not in reference mode): where it stays in cache, reading a Gram row
+     * costs less than a pass over the atoms. */
+    int own_gram_max;
     /* Codes nx vectors x [nx][m] with correlations a (= D^T x; row i at a + i lda, of
      * v->n_atoms) into out [nx], adding the cost model to d->st.macs. Uses d->work and
      * d->pool. */
@@ -120,6 +128,8 @@ struct dc {
     struct fk_stream_env env;
     const struct fk_base_dict *base;
     int use_gram;                /* the view serves Gram rows (dc_gram_row) */
+    const float *gram;           /* [N][N] the base atoms' Gram: base->gram or gram_own */
+    float *gram_own;             /* [N][N] the stream's own (dc_coder.own_gram_max), or NULL */
     int m, N, Nt;                /* head_dim, base atoms, current atoms */
     int cap;                     /* atom limit (N + growth) */
     int acap;                    /* atoms the per-atom arrays hold now (N <= acap <= cap) */

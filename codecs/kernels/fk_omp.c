@@ -45,6 +45,8 @@ void fk_correlate_to(const float *atoms, int n_atoms, int m, const float *x, int
 float *fk_gram_alloc(size_t n_floats)
 {
     enum { PAGE_2M = 2 << 20 };
+    if (n_floats * sizeof(float) < PAGE_2M / 2) /* a huge page would be mostly zeroed waste */
+        return aligned_alloc(64, (n_floats * sizeof(float) + 63) / 64 * 64 + 64);
     size_t bytes = (n_floats * sizeof(float) + PAGE_2M - 1) / PAGE_2M * PAGE_2M;
     float *g = aligned_alloc(PAGE_2M, bytes ? bytes : PAGE_2M);
 #ifdef MADV_HUGEPAGE
@@ -444,6 +446,22 @@ static double fwd_solve(const double *L, int ld, int k, const double *g, double 
     return ww;
 }
 
+/* Extends the Cholesky factor L of the support's Gram (k rows, stride ld) by a candidate
+ * with G_jj = gjj and G_{S,j} in w (overwritten by L^{-1} G_{S,j}): row k of L, with L_kk in
+ * *lkk, or 0 when the candidate depends on the support (delta^2 <= 1e-6 G_jj, spec 3.3). */
+static int chol_extend(double *L, int ld, int k, double gjj, double *w, double *lkk)
+{
+    double ww = fwd_solve(L, ld, k, w, w);
+    double delta2 = gjj - ww;
+    if (!(gjj > 0) || delta2 <= 1e-6 * gjj)
+        return 0;
+    *lkk = sqrt(delta2);
+    for (int l = 0; l < k; l++)
+        L[k * ld + l] = w[l];
+    L[k * ld + k] = *lkk;
+    return 1;
+}
+
 static int check_args(const struct fk_dict_view *d, const float *x, int s, const char *who)
 {
     if (!d || !x || !d->atoms || d->m <= 0 || d->n_atoms < 0)
@@ -676,19 +694,14 @@ static void omp_step(struct gstate *g, const struct fk_gram_row *pf)
     double gjj = *row_ptr(grow, (size_t)j);
     for (int l = 0; l < k0; l++)
         ws->w[l] = *row_ptr(grow, (size_t)out->idx[l]); /* g = G_{S,j}, solved below */
-    double ww = fwd_solve(ws->L, ld, k0, ws->w, ws->w);
-    double delta2 = gjj - ww;
-    if (!(gjj > 0) || delta2 <= 1e-6 * gjj) {
+    double lkk;
+    if (!chol_extend(ws->L, ld, k0, gjj, ws->w, &lkk)) {
         ws->mask[j] = 1;
         out->flags |= FK_CODE_DEPENDENT;
         g->have_max = 0;
         omp_select(g);
         return;
     }
-    double lkk = sqrt(delta2);
-    for (int l = 0; l < k0; l++)
-        ws->L[k0 * ld + l] = ws->w[l];
-    ws->L[k0 * ld + k0] = lkk;
     double wz = 0.0;
     for (int l = 0; l < k0; l++)
         wz += ws->w[l] * ws->z[l];
@@ -1173,17 +1186,12 @@ static int omp_naive(const struct fk_dict_view *d, const float *x, const float *
             memcpy(ws.w, dots + 1, sizeof(double) * (size_t)k);
             if (gss)
                 memcpy(gss_w, ws.w, sizeof(double) * (size_t)k);
-            double ww = fwd_solve(ws.L, ld, k, ws.w, ws.w);
-            double delta2 = gjj - ww;
             ws.mask[j] = 1;
-            if (!(gjj > 0) || delta2 <= 1e-6 * gjj) {
+            double lkk;
+            if (!chol_extend(ws.L, ld, k, gjj, ws.w, &lkk)) {
                 out->flags |= FK_CODE_DEPENDENT;
                 continue;
             }
-            double lkk = sqrt(delta2);
-            for (int l = 0; l < k; l++)
-                ws.L[k * ld + l] = ws.w[l];
-            ws.L[k * ld + k] = lkk;
             if (gss)
                 gss_add(gss, k, gss_w, gjj);
             double aj;
@@ -1236,11 +1244,112 @@ int fk_omp_naive(const struct fk_dict_view *d, const float *x, const float *a,
     return omp_naive(d, x, a, cand, nc, s, tol_rel, work, out, NULL);
 }
 
+/* ---- pool mode over the Gram ---------------------------------------------------------- */
+
+/* One step's update of the pool's correlations, Batch-OMP's over the pool alone: dmk holds
+ * the selected atom's Gram entries at the pool's atoms on entry and q_k^T D_P on return,
+ * (g - sum_l wf_l dm_l) * inv, and c -= zk * q_k^T D_P. Each element's operations run in
+ * strip_tail's order (an element's chain over l in order). */
+FK_CLONES static void pool_update(int nc, const float *restrict dm, size_t ld,
+                                  const float *restrict wf, int k, float inv, float zk,
+                                  float *restrict c, float *restrict dmk)
+{
+    for (int l = 0; l < k; l++) {
+        const float *restrict r = dm + (size_t)l * ld;
+        float w = wf[l];
+        for (int i = 0; i < nc; i++)
+            dmk[i] -= w * r[i];
+    }
+    for (int i = 0; i < nc; i++) {
+        float v = dmk[i] * inv;
+        dmk[i] = v;
+        c[i] -= zk * v;
+    }
+}
+
+/* The pool OMP over the dictionary's Gram (d->gram_row): the support's Gram entries and the
+ * pool's come from the selected atoms' Gram rows, and the pool's correlations are updated as
+ * Batch-OMP updates all of them (n k multiply-adds at step k, no pass over the atoms). The
+ * selection rule and guards are the naive pool OMP's; the numbers agree with it up to
+ * rounding (float Gram entries instead of double products and a recomputed residual). */
+static int pool_gram(const struct fk_dict_view *d, const float *x, const float *a,
+                     const int32_t *cand, int nc, int s, float *work, struct fk_code *out,
+                     double *gss)
+{
+    FK_TRY(naive_args(d, x, s, work, out, cand, &nc));
+    if (!cand || !a)
+        return fk_err(FK_EINVAL, "fk_omp_pool: the Gram mode expects candidates and a");
+    int n = d->n_atoms, m = d->m;
+    double xx = fk_dot_fd(x, x, m);
+    int s_eff = omp_start(xx, 0, s, m, count_live(d->dead, cand, nc), out);
+    if (s_eff <= 0)
+        return FK_OK;
+    struct omp_ws ws;
+    const int ld = clamp_s(s, m);
+    ws_layout(n, m, ld, work, &ws);
+    for (int p = 0; p < nc; p++) {
+        ws.mask[cand[p]] = 0;
+        ws.c[p] = a[cand[p]];
+    }
+    double gss_w[FK_SMAX];
+    float wf[FK_SMAX];
+    int ppos[FK_SMAX]; /* the support's positions in the pool */
+    for (;;) {
+        float best;
+        int p = argmax_fast(ws.c, cand, nc, ws.mask, d->dead, &best);
+        if (p < 0 || (double)best * best <= 1e-24 * xx) {
+            out->flags |= FK_CODE_PREMATURE;
+            break;
+        }
+        int j = cand[p], k = out->k;
+        out->iters++;
+        struct fk_gram_row grow = d->gram_row(d->gram_ctx, j, ws.scratch);
+        /* the row's entries at the pool (the support is in it) in one gather, whose loads
+         * overlap (a large Gram's row comes from L3), into the row of q_k^T D_P; the last
+         * step reads only G_jj and G_{S,j} */
+        float *dmk = ws.dm + (size_t)k * ws.ldm;
+        int gather = k + 1 < s_eff;
+        for (int q = 0; gather && q < nc; q++)
+            dmk[q] = *row_ptr(&grow, (size_t)cand[q]);
+        double gjj = gather ? dmk[p] : *row_ptr(&grow, (size_t)j);
+        for (int l = 0; l < k; l++)
+            gss_w[l] = ws.w[l] =
+                gather ? dmk[ppos[l]] : *row_ptr(&grow, (size_t)out->idx[l]);
+        ws.mask[j] = 1;
+        double lkk;
+        if (!chol_extend(ws.L, ld, k, gjj, ws.w, &lkk)) {
+            out->flags |= FK_CODE_DEPENDENT;
+            continue;
+        }
+        gss_add(gss, k, gss_w, gjj);
+        double wz = 0.0;
+        for (int l = 0; l < k; l++)
+            wz += ws.w[l] * ws.z[l];
+        double zk = ((double)a[j] - wz) / lkk;
+        ws.z[k] = zk;
+        out->idx[k] = j;
+        ppos[k] = p;
+        out->k = ++k;
+        if (k == s_eff)
+            break;
+        for (int l = 0; l < k - 1; l++)
+            wf[l] = (float)ws.w[l];
+        pool_update(nc, ws.dm, ws.ldm, wf, k - 1, (float)(1.0 / lkk), (float)zk, ws.c, dmk);
+    }
+    if (out->k == 0) { /* as the naive mode ends a code without atoms */
+        resid_naive(d->atoms, m, x, out->idx, ws.gamma, 0, ws.rx, ws.r);
+        out->err2 = energy_naive(ws.rx, m);
+    }
+    return FK_OK;
+}
+
 int fk_omp_pool(const struct fk_dict_view *d, const float *x, const float *a,
                 const int32_t *cand, int nc, int s, float *work, struct fk_code *out,
                 double *gss)
 {
     if (!gss)
         return fk_err(FK_EINVAL, "fk_omp_pool: expected gss");
+    if (d && d->gram_row)
+        return pool_gram(d, x, a, cand, nc, s, work, out, gss);
     return omp_naive(d, x, a, cand, nc, s, 0, work, out, gss);
 }

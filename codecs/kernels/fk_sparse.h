@@ -72,7 +72,9 @@ void fk_correlate_to(const float *atoms, int n_atoms, int m, const float *x, int
 /* A buffer of n_floats floats for a Gram matrix (free() it): 2 MiB-aligned and advised
  * for transparent huge pages. The page faults of a fresh buffer in 4 KiB pages can cost
  * more than several SSYRKs, and Batch-OMP's random Gram rows miss the TLB less in huge
- * pages (figures in docs/PERFORMANCE.md). */
+ * pages (figures in docs/PERFORMANCE.md). Below 1 MiB (N < 512) it is a 64-byte-aligned
+ * buffer of its own size: a stream's Gram at N 128 is 64 KiB, and a huge page for it cost
+ * the zeroing of 2 MiB. */
 float *fk_gram_alloc(size_t n_floats);
 
 /* G = D^T D for atom-major atoms [n_atoms][m] -> gram [n_atoms][n_atoms] (one SSYRK, then
@@ -125,11 +127,14 @@ int fk_omp_naive(const struct fk_dict_view *d, const float *x, const float *a,
                  const int32_t *cand, int nc, int s, double tol_rel, float *work,
                  struct fk_code *out);
 
-/* fk_omp_naive on the candidates cand (tol 0) for a caller that refines the code next (the
- * GM coder): also writes the Gram entries G_pq = fk_dot_fd(d_p, d_q) of the accepted atoms
- * (support order) to gss [FK_SMAX][FK_SMAX] (row-major), and a code with k > 0 ends without
- * its coefficients and err2, which fk_refine_gss computes. Same support, flags and iters as
- * fk_omp_naive. */
+/* OMP on the candidates cand (tol 0) for a caller that refines the code next (the GM
+ * coder): also writes the Gram entries G_pq of the accepted atoms (support order) to gss
+ * [FK_SMAX][FK_SMAX] (row-major), and a code with k > 0 ends without its coefficients and
+ * err2, which fk_refine_gss computes. Without d->gram_row it is fk_omp_naive (the same
+ * support, flags and iters; G_pq = fk_dot_fd(d_p, d_q)). With d->gram_row (a given) the
+ * entries come from the Gram rows of the selected atoms and the pool's correlations are
+ * updated from them as Batch-OMP updates its own (no pass over the pool's atoms): the same
+ * rule, with numbers that agree with the naive mode's up to rounding. */
 int fk_omp_pool(const struct fk_dict_view *d, const float *x, const float *a,
                 const int32_t *cand, int nc, int s, float *work, struct fk_code *out,
                 double *gss);
