@@ -288,12 +288,14 @@ FK_CLONES512 static int32_t kth_key_count(const int32_t *restrict kb, int nc, in
             c += kb[i] >= mid;
         if (c == r) { /* mid lies between the (r+1)-th and the r-th largest: the r-th is
                        * the smallest key >= mid (exact whatever res) */
-            int32_t lo = INT32_MAX;
+            uint32_t d = UINT32_MAX; /* keys below mid wrap above every key >= mid: an
+                                      * unsigned min the compiler vectorises (a select
+                                      * and a min ran as a scalar cmov chain) */
             for (int i = 0; i < nc; i++) {
-                int32_t v = kb[i] >= mid ? kb[i] : INT32_MAX;
-                lo = v < lo ? v : lo;
+                uint32_t v = (uint32_t)(kb[i] - mid);
+                d = v < d ? v : d;
             }
-            return lo;
+            return (int32_t)(mid + (int64_t)d);
         }
         if (c >= r)
             a = mid;
