@@ -386,7 +386,7 @@ const struct fk_metric fk_metrics[] = {
      GATE, B(1e-6, 1e-9), B(1e-6, 1e-9),
      "N_t / N at the end of the trace (1: no growth); cell: mean over streams"},
     {"inactive_after_prefill", "", "dictionary", 0, FK_AGG_CELL, H(inactive_after_prefill),
-     row_inactive_after_prefill, GATE, B(4e-2, 2e-3), B(1.5e-1, 4e-2),
+     row_inactive_after_prefill, GATE, B(1e-1, 2e-3), B(1.5e-1, 4e-2),
      "share of the N base atoms no prefill code used; cell: mean over every K and V stream"},
     {"inactive_k", "", "dictionary", 0, FK_AGG_CELL, H(inactive_k), NULL, 0, NOB, NOB,
      "inactive_after_prefill of the key streams"},
@@ -398,7 +398,7 @@ const struct fk_metric fk_metrics[] = {
     {"gini", "", "dictionary", 0, FK_AGG_STREAMS, 0, row_gini, GATE, B(4e-2, 1e-6),
      B(1e-1, 1e-6), "Gini coefficient of the atoms' total use counts; cell: mean over streams"},
     {"adapted_share", "", "dictionary", 0, FK_AGG_STREAMS, 0, row_adapted_share, GATE,
-     B(1.5e-1, 1e-4), B(5e-1, 1e-3),
+     B(3e-1, 1e-4), B(4.0, 1e-3),
      "share of the coefficient uses on adapted (appended or replaced) atoms"},
     {"pool_recall_8", "", "dictionary", 1, FK_AGG_CELL, HI(pool_recall, 0), NULL, 0, NOB, NOB,
      "screened-pool recall at n = 8: the share of full OMP's support ranked below n by "
@@ -418,11 +418,11 @@ const struct fk_metric fk_metrics[] = {
     {"pool_recall_1024", "", "dictionary", 1, FK_AGG_CELL, HI(pool_recall, 7), NULL, 0, NOB,
      NOB, "screened-pool recall at n = 1024"},
     {"support_agree", "", "dictionary", 1, FK_AGG_STREAMS, 0, row_support_agree, GATE,
-     B(1e-6, 1e-9), B(1e-6, 1e-9),
+     B(3e-2, 1e-9), B(3e-1, 1e-9),
      "|S_screened & S_omp| / |S_omp| of reference OMP in the cell's top-n pool against full "
      "OMP on the base dictionary; cell: mean over streams"},
     {"err_ratio", "", "dictionary", -1, FK_AGG_CELL, H(err_ratio), row_err_ratio, GATE,
-     B(1.0, 1e-6), B(1.0, 1e-6),
+     B(1.0, 1e-6), B(2.5, 1e-6),
      "sum e_screened / sum e_omp of the same reference codes (> 1: the pool misses atoms)"},
     /* memory */
     {"bytes_per_seq", "bytes", "memory", -1, FK_AGG_CELL, H(bytes_per_seq), NULL, 0, NOB, NOB,
@@ -454,8 +454,8 @@ const struct fk_metric fk_metrics[] = {
      NOB, "per-sequence state the cell's accounting leaves out of bytes_per_seq (fadkv's "
      "mem_mode = paper: replaced atoms and activity counted free); 0 when every byte is "
      "counted, and figures and tables say so for cells where it is not"},
-    {"bytes", "bytes", "memory", -1, FK_AGG_NONE, 0, row_bytes, GATE, B(1e-3, 1e-6),
-     B(6e-3, 1e-6), "codes + exact window + dictionary state of the stream at the end"},
+    {"bytes", "bytes", "memory", -1, FK_AGG_NONE, 0, row_bytes, GATE, B(8e-3, 1e-6),
+     B(6e-2, 1e-6), "codes + exact window + dictionary state of the stream at the end"},
     {"bytes_full", "bytes", "memory", 0, FK_AGG_NONE, 0, row_bytes_full, GATE, B(1e-9, 0),
      B(1e-9, 0), "T H m 2: the stream exact in fp16"},
     /* cost */
@@ -477,7 +477,7 @@ const struct fk_metric fk_metrics[] = {
     {"appends", "atoms", "dictionary", 0, FK_AGG_CELL, H(appends), row_appends, GATE,
      B(1e-6, 1), B(1e-6, 1), "atoms appended, over every stream"},
     {"replacements", "atoms", "dictionary", 0, FK_AGG_CELL, H(replacements), row_replacements,
-     GATE, B(1e-6, 1), B(1e-6, 1), "atoms replaced, over every stream"},
+     GATE, B(1e-6, 2), B(1e-6, 2), "atoms replaced, over every stream"},
     {"adapt_failed", "", "dictionary", -1, FK_AGG_CELL, H(adapt_failed), row_adapt_failed,
      GATE, B(1e-6, 1), B(1e-6, 1), "adaptations attempted and refused"},
     {"growth_capped", "", "dictionary", 0, FK_AGG_CELL, H(growth_capped), NULL, 0, NOB, NOB,
