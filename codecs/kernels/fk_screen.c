@@ -576,22 +576,32 @@ static int refine(const struct fk_dict_view *d, const float *x, double lambda0, 
     double g[FK_SMAX * FK_SMAX];  /* (k, k) G_SS, row-major stride k */
     double ch[FK_SMAX * FK_SMAX]; /* (k, k) lower Cholesky factor of G_SS + Lambda */
     double as[FK_SMAX], gam[FK_SMAX], res[FK_SMAX];
-    for (int p = 0; p < k; p++) {
+    if (gss) { /* x . d_p for the whole support in one call (two rows per pass over x) */
+        const float *rows[FK_SMAX];
+        for (int p = 0; p < k; p++)
+            rows[p] = d->atoms + (size_t)code->idx[p] * m;
+        fk_dots_fd(rows, k, x, m, as);
+    }
+    for (int p = 0; p < k && !gss; p++) {
         const float *dp = d->atoms + (size_t)code->idx[p] * m;
         const float *rows[FK_SMAX + 1]; /* x . d_p, then d_q . d_p, q <= p (without gss) */
         double dots[FK_SMAX + 1];
         rows[0] = x;
         int nr = 1;
-        for (int q = 0; !gss && q <= p; q++)
+        for (int q = 0; q <= p; q++)
             rows[nr++] = d->atoms + (size_t)code->idx[q] * m;
         fk_dots_fd(rows, nr, dp, m, dots);
         as[p] = dots[0];
         for (int q = 0; q <= p; q++) {
-            double v = gss ? gss[(size_t)p * FK_SMAX + q] : dots[q + 1];
-            g[p * k + q] = v;
-            g[q * k + p] = v;
+            g[p * k + q] = dots[q + 1];
+            g[q * k + p] = dots[q + 1];
         }
     }
+    for (int p = 0; p < k && gss; p++)
+        for (int q = 0; q <= p; q++) {
+            g[p * k + q] = gss[(size_t)p * FK_SMAX + q];
+            g[q * k + p] = gss[(size_t)p * FK_SMAX + q];
+        }
     for (int p = 0; p < k; p++) {
         for (int q = 0; q <= p; q++) {
             double v = g[p * k + q];
