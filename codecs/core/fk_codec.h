@@ -77,6 +77,11 @@ extern const char *const fk_coef_names[]; /* {"fp32", "fp16", "fp8", NULL} */
     {"coef", FK_OPT_ENUM, offsetof(type, c.coef), FK_COEF_FP8, 0, 2, fk_coef_names,      \
      "coefficient storage: fp32 | fp16 | fp8 (E4M3FN)"}
 
+/* A dictionary codec without FK_CAP_GRAM may keep a Gram of its own dictionary (N x N
+ * floats per stream) up to this N: the harness's memory estimate counts it (the GM coder's
+ * pool OMP, dict/fk_dict_engine.h). */
+#define FK_OWN_GRAM_MAX 1024
+
 enum fk_cap {
     FK_CAP_DICT = 1u << 0,    /* needs a dictionary file */
     FK_CAP_GRAM = 1u << 1,    /* wants the base Gram matrix D^T D */

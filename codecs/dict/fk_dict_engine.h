@@ -20,9 +20,10 @@
 #include "kernels/fk_sparse.h"
 
 #define DC_BLK 128          /* vectors per correlation SGEMM */
-#define DC_OWN_GRAM_MAX 1024 /* the GM coder's own Gram up to N 1024 (4 MiB): its rows
-                              * beat passes over the pool's atoms there, not at N 4096,
-                              * where each row is gathered from 64 MiB (PERFORMANCE.md) */
+#define DC_OWN_GRAM_MAX FK_OWN_GRAM_MAX /* the GM coder's own Gram up to N 1024 (4 MiB):
+                              * its rows beat passes over the pool's atoms there, not at
+                              * N 4096, where each row is gathered from 64 MiB
+                              * (PERFORMANCE.md) */
 #define DC_IDX16_MAX 32767  /* atoms addressable by INT16 indices */
 
 enum { APPEND_RAW, APPEND_RESIDUAL };

@@ -578,7 +578,8 @@ static int run_cell(struct lane *ln)
  * a codec that wants them (N x N floats each), one layer's K and V read as float32, the
  * codec's K and V states bounded by two more copies of them, a growing codec's appended
  * atoms with their Gram rows (one per decode token and head at most), external rows and the
- * query rows of the attention steps; per cell, the result arrays of every stream. */
+ * query rows of the attention steps; per cell, the result arrays of every stream. A
+ * dictionary codec's Gram of its own (FK_OWN_GRAM_MAX) counts as a harness Gram. */
 static double cell_bytes(const struct run *r, const struct fk_sweep_cell *c, int workers)
 {
     const struct loaded *L = &r->ld[c->dataset];
@@ -590,7 +591,7 @@ static double cell_bytes(const struct run *r, const struct fk_sweep_cell *c, int
     double N = (caps & FK_CAP_DICT) && L->dict ? L->dict->n_atoms : 0;
     double dec = ti->n_tokens > ti->prompt_len ? ti->n_tokens - ti->prompt_len : 0;
     double kv = 2 * H * T * m * 4, w = 3 * kv;
-    if (caps & FK_CAP_GRAM)
+    if ((caps & FK_CAP_GRAM) || ((caps & FK_CAP_DICT) && N <= FK_OWN_GRAM_MAX))
         w += 2 * N * N * 4;
     if (caps & FK_CAP_GROWS)
         w += 2 * H * dec * (m + N + dec) * 4;
