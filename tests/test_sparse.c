@@ -806,6 +806,69 @@ START_TEST(omp_pool_gram_vs_naive)
 }
 END_TEST
 
+/* fk_omp_pool2 (two vectors stepping in turn) gives the bits of two fk_omp_pool calls:
+ * pools of different sizes, s from 1 to 8, a zero vector, a dependent pool. */
+START_TEST(omp_pool2_equals_single)
+{
+    gsl_rng *r = gsl_rng_alloc(gsl_rng_mt19937);
+    gsl_rng_set(r, 23);
+    struct tdict t;
+    tdict_random(&t, 300, 32, r);
+    memcpy(t.atoms + 7 * 32, t.atoms + 3 * 32, 32 * sizeof(float)); /* atom 7 = atom 3 */
+    free(t.gram);
+    free(t.work);
+    tdict_finish(&t);
+    size_t wf = fk_omp_pool2_work_floats(300, 32, FK_SMAX);
+    float *w2 = malloc(sizeof(float) * wf);
+    float x[2][32], a[2][300];
+    int32_t pool[2][300];
+    for (int v = 0; v < 120; v++) {
+        int S = 1 + v % 8, np[2];
+        for (int l = 0; l < 2; l++) {
+            make_signal(&t, S, 0.02 * l, r, x[l]);
+            if (v % 17 == 5 && l == 1)
+                memset(x[l], 0, sizeof x[l]);
+            correlate(&t, x[l], a[l]);
+            np[l] = fk_topn(a[l], NULL, 300, 8 + (v * 7 + l * 13) % 60, 0, pool[l], t.work);
+            if (v % 11 == 3 && l == 0) {
+                pool[l][0] = 3;
+                pool[l][1] = 7;
+                for (int i = 0; i < 32; i++)
+                    x[l][i] = t.atoms[3 * 32 + i] + 0.5f * t.atoms[40 * 32 + i];
+                correlate(&t, x[l], a[l]);
+            }
+        }
+        struct fk_code one[2], two[2];
+        double g1[2][FK_SMAX * FK_SMAX], g2[2][FK_SMAX * FK_SMAX];
+        memset(g1, 0, sizeof g1);
+        memset(g2, 0, sizeof g2);
+        for (int l = 0; l < 2; l++)
+            ck_assert_int_eq(fk_omp_pool(&t.v, x[l], a[l], pool[l], np[l], S, t.work, &one[l],
+                                         g1[l]),
+                             FK_OK);
+        const float *xs[2] = {x[0], x[1]}, *as[2] = {a[0], a[1]};
+        const int32_t *ps[2] = {pool[0], pool[1]};
+        struct fk_code *const co[2] = {&two[0], &two[1]};
+        double *const gs[2] = {g2[0], g2[1]};
+        ck_assert_int_eq(fk_omp_pool2(&t.v, xs, as, ps, np, S, w2, co, gs), FK_OK);
+        for (int l = 0; l < 2; l++) {
+            ck_assert_int_eq(one[l].k, two[l].k);
+            ck_assert_uint_eq(one[l].flags, two[l].flags);
+            ck_assert_int_eq(one[l].iters, two[l].iters);
+            ck_assert(one[l].xx == two[l].xx);
+            if (one[l].k == 0)
+                ck_assert(one[l].err2 == two[l].err2);
+            for (int k = 0; k < one[l].k; k++)
+                ck_assert_int_eq(one[l].idx[k], two[l].idx[k]);
+            ck_assert(memcmp(g1[l], g2[l], sizeof g1[l]) == 0);
+        }
+    }
+    free(w2);
+    tdict_free(&t);
+    gsl_rng_free(r);
+}
+END_TEST
+
 START_TEST(correlate_and_gram)
 {
     gsl_rng *r = gsl_rng_alloc(gsl_rng_mt19937);
@@ -1067,6 +1130,7 @@ static Suite *sparse_suite(void)
     tcase_add_test(tc, omp_batch_equals_single);
     tcase_add_test(tc, omp_naive_pool);
     tcase_add_test(tc, omp_pool_gram_vs_naive);
+    tcase_add_test(tc, omp_pool2_equals_single);
     tcase_add_test(tc, correlate_and_gram);
     tcase_add_test(tc, correlate_to_within_rounding);
     tcase_add_test(tc, topn_vs_sort);

@@ -87,19 +87,54 @@ static int refine(struct dc *d, const struct fk_dict_view *v, const float *x, st
     return FK_OK;
 }
 
+static size_t gm_work_floats(int n_atoms, int m, int s)
+{
+    return fk_omp_pool2_work_floats(n_atoms, m, s);
+}
+
+/* Vectors i .. i + nv - 1 (nv 1 or 2): Top-n pools, the pool OMP (two vectors in turn over
+ * the Gram: fk_omp_pool2, the same codes as one at a time), the refinement. */
+static int gm_code(struct dc *d, const struct fk_dict_view *v, int nv, const float *x,
+                   const float *a, size_t lda, struct fk_code *out)
+{
+    const struct dc_code_opts *o = &d->o.code;
+    double gss[2][FK_SMAX * FK_SMAX]; /* G_SS of the pool OMP, reused by the refinement */
+    const float *xs[2], *as[2];
+    const int32_t *pools[2];
+    int np[2];
+    for (int i = 0; i < nv; i++) {
+        xs[i] = x + (size_t)i * d->m;
+        as[i] = a + (size_t)i * lda;
+        int32_t *pool = d->pool + (size_t)i * (size_t)d->acap;
+        np[i] = fk_topn(as[i], d->dead, d->Nt, o->n, 0, pool, d->work);
+        pools[i] = pool;
+    }
+    if (nv == 2) {
+        struct fk_code *const co[2] = {&out[0], &out[1]};
+        double *const g[2] = {gss[0], gss[1]};
+        FK_TRY(fk_omp_pool2(v, xs, as, pools, np, o->s, d->work, co, g));
+    } else {
+        FK_TRY(fk_omp_pool(v, xs[0], as[0], pools[0], np[0], o->s, d->work, &out[0], gss[0]));
+    }
+    for (int i = 0; i < nv; i++) {
+        struct fk_code *c = &out[i];
+        d->st.macs += cost_gm(d->m, d->Nt, np[i], c->iters > c->k ? c->iters : c->k, c->k);
+        if (c->k > 0 && !(c->flags & FK_CODE_ZERO))
+            FK_TRY(fk_refine_gss(v, xs[i], o->lambda0, o->rho, o->refine_iters, c, gss[i]));
+    }
+    return FK_OK;
+}
+
 static int gm_encode(struct dc *d, const struct fk_dict_view *v, int nx, const float *x,
                      const float *a, size_t lda, struct fk_code *out)
 {
-    const struct dc_code_opts *o = &d->o.code;
-    double gss[FK_SMAX * FK_SMAX]; /* G_SS of the pool OMP, reused by the refinement */
-    for (int i = 0; i < nx; i++) {
-        const float *xi = x + (size_t)i * d->m, *ai = a + (size_t)i * lda;
-        struct fk_code *c = &out[i];
-        int np = fk_topn(ai, d->dead, d->Nt, d->o.code.n, 0, d->pool, d->work);
-        FK_TRY(fk_omp_pool(v, xi, ai, d->pool, np, d->o.code.s, d->work, c, gss));
-        d->st.macs += cost_gm(d->m, d->Nt, np, c->iters > c->k ? c->iters : c->k, c->k);
-        if (c->k > 0 && !(c->flags & FK_CODE_ZERO))
-            FK_TRY(fk_refine_gss(v, xi, o->lambda0, o->rho, o->refine_iters, c, gss));
+    /* in turn where the Gram rows come from beyond L2 (1 MiB: N >= 512); the naive mode
+     * streams the pool and a small Gram sits in cache: nothing to overlap there */
+    int pair = v->gram_row != NULL && d->N >= 512;
+    for (int i = 0; i < nx;) {
+        int nv = pair && i + 1 < nx ? 2 : 1;
+        FK_TRY(gm_code(d, v, nv, x + (size_t)i * d->m, a + (size_t)i * lda, lda, &out[i]));
+        i += nv;
     }
     return FK_OK;
 }
@@ -112,7 +147,8 @@ static double gm_estimate(const struct dc_code_opts *o, int m, int N)
 }
 
 const struct dc_coder dc_coder_gm = {
-    .encode = gm_encode, .estimate = gm_estimate, .own_gram_max = DC_OWN_GRAM_MAX,
+    .work_floats = gm_work_floats, .encode = gm_encode, .estimate = gm_estimate,
+    .own_gram_max = DC_OWN_GRAM_MAX,
 };
 
 static int pl_encode(struct dc *d, const struct fk_dict_view *v, int nx, const float *x,

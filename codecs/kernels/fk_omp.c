@@ -1271,75 +1271,155 @@ FK_CLONES static void pool_update(int nc, const float *restrict dm, size_t ld,
  * pool's come from the selected atoms' Gram rows, and the pool's correlations are updated as
  * Batch-OMP updates all of them (n k multiply-adds at step k, no pass over the atoms). The
  * selection rule and guards are the naive pool OMP's; the numbers agree with it up to
- * rounding (float Gram entries instead of double products and a recomputed residual). */
+ * rounding (float Gram entries instead of double products and a recomputed residual).
+ * One vector's code as a resumable state: pool_begin, then pool_step while active, so that
+ * two vectors can step in turn (fk_omp_pool2); a vector's arithmetic is the same either way. */
+struct pstate {
+    struct omp_ws ws;
+    const struct fk_dict_view *d;
+    const float *x, *a;
+    const int32_t *cand;
+    struct fk_code *out;
+    double *gss;
+    struct fk_gram_row grow; /* Gram row of the selected atom, at pool position p */
+    double xx;
+    int nc, s_eff, ld, p, active, prefetch;
+    int ppos[FK_SMAX]; /* the support's positions in the pool */
+};
+
+static void pool_end(struct pstate *g)
+{
+    if (g->out->k == 0) { /* as the naive mode ends a code without atoms */
+        resid_naive(g->d->atoms, g->d->m, g->x, g->out->idx, g->ws.gamma, 0, g->ws.rx,
+                    g->ws.r);
+        g->out->err2 = energy_naive(g->ws.rx, g->d->m);
+    }
+    g->active = 0;
+}
+
+/* Selects the next atom (largest |c| in the pool, not selected or dead) and takes its Gram
+ * row, or ends the code when the correlations are spent. With g->prefetch the row's entries
+ * at the pool are requested now: another vector steps before this one gathers them. */
+static void pool_select(struct pstate *g)
+{
+    float best;
+    int p = argmax_fast(g->ws.c, g->cand, g->nc, g->ws.mask, g->d->dead, &best);
+    if (p < 0 || (double)best * best <= 1e-24 * g->xx) {
+        g->out->flags |= FK_CODE_PREMATURE;
+        pool_end(g);
+        return;
+    }
+    g->p = p;
+    g->grow = g->d->gram_row(g->d->gram_ctx, g->cand[p], g->ws.scratch);
+    if (g->prefetch && g->out->k + 1 < g->s_eff)
+        for (int q = 0; q < g->nc; q++)
+            __builtin_prefetch(row_ptr(&g->grow, (size_t)g->cand[q]), 0, 3);
+}
+
+static int pool_begin(struct pstate *g, const struct fk_dict_view *d, const float *x,
+                      const float *a, const int32_t *cand, int nc, int s, float *work,
+                      struct fk_code *out, double *gss, int prefetch)
+{
+    g->active = 0;
+    FK_TRY(naive_args(d, x, s, work, out, cand, &nc));
+    if (!cand || !a || !gss)
+        return fk_err(FK_EINVAL, "fk_omp_pool: the Gram mode expects candidates, a and gss");
+    int m = d->m;
+    *g = (struct pstate){.d = d, .x = x, .a = a, .cand = cand, .out = out, .gss = gss,
+                         .nc = nc, .prefetch = prefetch};
+    g->xx = fk_dot_fd(x, x, m);
+    g->s_eff = omp_start(g->xx, 0, s, m, count_live(d->dead, cand, nc), out);
+    if (g->s_eff <= 0)
+        return FK_OK;
+    g->ld = clamp_s(s, m);
+    ws_layout(d->n_atoms, m, g->ld, work, &g->ws);
+    for (int p = 0; p < nc; p++) {
+        g->ws.mask[cand[p]] = 0;
+        g->ws.c[p] = a[cand[p]];
+    }
+    g->active = 1;
+    pool_select(g);
+    return FK_OK;
+}
+
+/* Accepts or excludes the selected atom; when the code goes on, updates the pool's
+ * correlations and selects the next atom. */
+static void pool_step(struct pstate *g)
+{
+    struct omp_ws *ws = &g->ws;
+    struct fk_code *out = g->out;
+    const int32_t *cand = g->cand;
+    int p = g->p, j = cand[p], k = out->k, nc = g->nc, ld = g->ld;
+    out->iters++;
+    /* the row's entries at the pool (the support is in it) in one gather, whose loads
+     * overlap (a large Gram's row comes from L3), into the row of q_k^T D_P; the last step
+     * reads only G_jj and G_{S,j} */
+    float *dmk = ws->dm + (size_t)k * ws->ldm;
+    int gather = k + 1 < g->s_eff;
+    for (int q = 0; gather && q < nc; q++)
+        dmk[q] = *row_ptr(&g->grow, (size_t)cand[q]);
+    double gjj = gather ? dmk[p] : *row_ptr(&g->grow, (size_t)j), gss_w[FK_SMAX];
+    for (int l = 0; l < k; l++)
+        gss_w[l] = ws->w[l] =
+            gather ? dmk[g->ppos[l]] : *row_ptr(&g->grow, (size_t)out->idx[l]);
+    ws->mask[j] = 1;
+    double lkk;
+    if (!chol_extend(ws->L, ld, k, gjj, ws->w, &lkk)) {
+        out->flags |= FK_CODE_DEPENDENT;
+        pool_select(g);
+        return;
+    }
+    gss_add(g->gss, k, gss_w, gjj);
+    double wz = 0.0;
+    for (int l = 0; l < k; l++)
+        wz += ws->w[l] * ws->z[l];
+    double zk = ((double)g->a[j] - wz) / lkk;
+    ws->z[k] = zk;
+    out->idx[k] = j;
+    g->ppos[k] = p;
+    out->k = ++k;
+    if (k == g->s_eff) {
+        pool_end(g);
+        return;
+    }
+    float wf[FK_SMAX];
+    for (int l = 0; l < k - 1; l++)
+        wf[l] = (float)ws->w[l];
+    pool_update(nc, ws->dm, ws->ldm, wf, k - 1, (float)(1.0 / lkk), (float)zk, ws->c, dmk);
+    pool_select(g);
+}
+
 static int pool_gram(const struct fk_dict_view *d, const float *x, const float *a,
                      const int32_t *cand, int nc, int s, float *work, struct fk_code *out,
                      double *gss)
 {
-    FK_TRY(naive_args(d, x, s, work, out, cand, &nc));
-    if (!cand || !a)
-        return fk_err(FK_EINVAL, "fk_omp_pool: the Gram mode expects candidates and a");
-    int n = d->n_atoms, m = d->m;
-    double xx = fk_dot_fd(x, x, m);
-    int s_eff = omp_start(xx, 0, s, m, count_live(d->dead, cand, nc), out);
-    if (s_eff <= 0)
-        return FK_OK;
-    struct omp_ws ws;
-    const int ld = clamp_s(s, m);
-    ws_layout(n, m, ld, work, &ws);
-    for (int p = 0; p < nc; p++) {
-        ws.mask[cand[p]] = 0;
-        ws.c[p] = a[cand[p]];
-    }
-    double gss_w[FK_SMAX];
-    float wf[FK_SMAX];
-    int ppos[FK_SMAX]; /* the support's positions in the pool */
-    for (;;) {
-        float best;
-        int p = argmax_fast(ws.c, cand, nc, ws.mask, d->dead, &best);
-        if (p < 0 || (double)best * best <= 1e-24 * xx) {
-            out->flags |= FK_CODE_PREMATURE;
-            break;
-        }
-        int j = cand[p], k = out->k;
-        out->iters++;
-        struct fk_gram_row grow = d->gram_row(d->gram_ctx, j, ws.scratch);
-        /* the row's entries at the pool (the support is in it) in one gather, whose loads
-         * overlap (a large Gram's row comes from L3), into the row of q_k^T D_P; the last
-         * step reads only G_jj and G_{S,j} */
-        float *dmk = ws.dm + (size_t)k * ws.ldm;
-        int gather = k + 1 < s_eff;
-        for (int q = 0; gather && q < nc; q++)
-            dmk[q] = *row_ptr(&grow, (size_t)cand[q]);
-        double gjj = gather ? dmk[p] : *row_ptr(&grow, (size_t)j);
-        for (int l = 0; l < k; l++)
-            gss_w[l] = ws.w[l] =
-                gather ? dmk[ppos[l]] : *row_ptr(&grow, (size_t)out->idx[l]);
-        ws.mask[j] = 1;
-        double lkk;
-        if (!chol_extend(ws.L, ld, k, gjj, ws.w, &lkk)) {
-            out->flags |= FK_CODE_DEPENDENT;
-            continue;
-        }
-        gss_add(gss, k, gss_w, gjj);
-        double wz = 0.0;
-        for (int l = 0; l < k; l++)
-            wz += ws.w[l] * ws.z[l];
-        double zk = ((double)a[j] - wz) / lkk;
-        ws.z[k] = zk;
-        out->idx[k] = j;
-        ppos[k] = p;
-        out->k = ++k;
-        if (k == s_eff)
-            break;
-        for (int l = 0; l < k - 1; l++)
-            wf[l] = (float)ws.w[l];
-        pool_update(nc, ws.dm, ws.ldm, wf, k - 1, (float)(1.0 / lkk), (float)zk, ws.c, dmk);
-    }
-    if (out->k == 0) { /* as the naive mode ends a code without atoms */
-        resid_naive(d->atoms, m, x, out->idx, ws.gamma, 0, ws.rx, ws.r);
-        out->err2 = energy_naive(ws.rx, m);
-    }
+    struct pstate g;
+    FK_TRY(pool_begin(&g, d, x, a, cand, nc, s, work, out, gss, 0));
+    while (g.active)
+        pool_step(&g);
+    return FK_OK;
+}
+
+size_t fk_omp_pool2_work_floats(int n_atoms, int m, int s)
+{
+    return 2 * (fk_omp_work_floats(n_atoms, m, s) + 16);
+}
+
+int fk_omp_pool2(const struct fk_dict_view *d, const float *const x[2],
+                 const float *const a[2], const int32_t *const cand[2], const int nc[2], int s,
+                 float *work, struct fk_code *const out[2], double *const gss[2])
+{
+    if (!d || !d->gram_row || !x || !a || !cand || !nc || !work || !out || !gss)
+        return fk_err(FK_EINVAL, "fk_omp_pool2: expected a Gram row function and two of each");
+    struct pstate g[2];
+    size_t wf = fk_omp_work_floats(d->n_atoms, d->m, s) + 16;
+    for (int l = 0; l < 2; l++)
+        FK_TRY(pool_begin(&g[l], d, x[l], a[l], cand[l], nc[l], s, work + (size_t)l * wf,
+                          out[l], gss[l], 1));
+    while (g[0].active || g[1].active)
+        for (int l = 0; l < 2; l++)
+            if (g[l].active)
+                pool_step(&g[l]);
     return FK_OK;
 }
 
