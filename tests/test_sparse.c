@@ -56,6 +56,14 @@ static void tdict_finish(struct tdict *t)
                                  .dead = t->dead, .gram_row = row_of, .gram_ctx = t};
 }
 
+/* The Gram and workspace again after a test changed t's atoms. */
+static void tdict_refinish(struct tdict *t)
+{
+    free(t->gram);
+    free(t->work);
+    tdict_finish(t);
+}
+
 static void tdict_random(struct tdict *t, int n, int m, gsl_rng *r)
 {
     memset(t, 0, sizeof *t);
@@ -727,13 +735,11 @@ START_TEST(omp_pool_gram_vs_naive)
         }
         for (int i = 0; i < m; i++)
             t.atoms[7 * m + i] = (float)(t.atoms[7 * m + i] / sqrt(nn7));
-        free(t.gram);
-        free(t.work);
         t.dead = calloc((size_t)N, 1);
         for (int j = 0; j < N; j += 29)
             t.dead[j] = 1;
         memset(t.atoms + (size_t)29 * m, 0, sizeof(float) * (size_t)m);
-        tdict_finish(&t);
+        tdict_refinish(&t);
         struct fk_dict_view nv = t.v;
         nv.gram_row = NULL;
         float *x = malloc(sizeof(float) * (size_t)m), *a = malloc(sizeof(float) * (size_t)N);
@@ -815,9 +821,7 @@ START_TEST(omp_pool2_equals_single)
     struct tdict t;
     tdict_random(&t, 300, 32, r);
     memcpy(t.atoms + 7 * 32, t.atoms + 3 * 32, 32 * sizeof(float)); /* atom 7 = atom 3 */
-    free(t.gram);
-    free(t.work);
-    tdict_finish(&t);
+    tdict_refinish(&t);
     size_t wf = fk_omp_pool2_work_floats(300, 32, FK_SMAX);
     float *w2 = malloc(sizeof(float) * wf);
     float x[2][32], a[2][300];
