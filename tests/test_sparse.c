@@ -1118,6 +1118,77 @@ START_TEST(refine_vs_gsl)
 }
 END_TEST
 
+/* fk_refine_many (lanes of one support size in lockstep) gives the bits of one fk_refine or
+ * fk_refine_gss call per code, in groups cut by a change of k, by a full set of lanes and by
+ * a code that is not zero; an invalid code fails as the calls in order fail (the codes
+ * before it refined, nothing after it), and so does a work buffer too small for k. */
+START_TEST(refine_many_equals_single)
+{
+    gsl_rng *r = gsl_rng_alloc(gsl_rng_mt19937);
+    gsl_rng_set(r, 211);
+    struct tdict t;
+    tdict_random(&t, 200, 32, r);
+    enum { NV = 11 };
+    static const int ks[NV] = {3, 3, 3, 5, 5, 5, 5, 5, 0, 2, 5}; /* 5 x 5: a full set + 1 */
+    float x[NV][32];
+    struct fk_code c0[NV], one[NV], many[NV];
+    static double gss[NV][FK_SMAX * FK_SMAX];
+    for (int v = 0; v < NV; v++) {
+        make_signal(&t, 4, 0.05, r, x[v]);
+        float a[200];
+        correlate(&t, x[v], a);
+        int32_t pool[200];
+        int np = fk_topn(a, NULL, 200, 40, 0, pool, t.work);
+        ck_assert_int_eq(fk_omp_pool(&t.v, x[v], a, pool, np, ks[v], t.work, &c0[v], gss[v]),
+                         FK_OK);
+        ck_assert_int_eq(c0[v].k, ks[v]);
+    }
+    double work[4 * (2 * 25 + 15)];
+    size_t wd = sizeof work / sizeof *work;
+    ck_assert_uint_ge(wd, fk_refine_work_doubles(FK_REFINE_LANES, 5));
+    const float *xs[NV];
+    struct fk_code *cs[NV];
+    const double *gs[NV];
+    for (int with_gss = 0; with_gss < 2; with_gss++) {
+        for (int v = 0; v < NV; v++) {
+            one[v] = many[v] = c0[v];
+            xs[v] = x[v];
+            cs[v] = &many[v];
+            gs[v] = gss[v];
+            if (ks[v] > 0)
+                ck_assert_int_eq(with_gss ? fk_refine_gss(&t.v, x[v], 1e-4, 0.2, 3, &one[v],
+                                                          gss[v])
+                                          : fk_refine(&t.v, x[v], 1e-4, 0.2, 3, &one[v]),
+                                 FK_OK);
+        }
+        ck_assert_int_eq(fk_refine_many(&t.v, NV, xs, 1e-4, 0.2, 3, cs, with_gss ? gs : NULL,
+                                        work, wd),
+                         FK_OK);
+        for (int v = 0; v < NV; v++) {
+            ck_assert_int_eq(many[v].k, one[v].k);
+            ck_assert(memcmp(many[v].coef, one[v].coef, sizeof(double) * (size_t)ks[v]) == 0);
+            ck_assert(memcmp(&many[v].err2, &one[v].err2, sizeof(double)) == 0);
+            ck_assert(memcmp(&many[v].xx, &one[v].xx, sizeof(double)) == 0);
+        }
+    }
+    /* an atom out of range in code 6: codes 0 .. 5 refined, 7 .. untouched */
+    for (int v = 0; v < NV; v++)
+        many[v] = c0[v];
+    many[6].idx[1] = 200;
+    ck_assert_int_eq(fk_refine_many(&t.v, NV, xs, 1e-4, 0.2, 3, cs, gs, work, wd), FK_EINVAL);
+    for (int v = 0; v < NV; v++) {
+        int refined = memcmp(many[v].coef, c0[v].coef, sizeof(double) * (size_t)ks[v]) != 0;
+        ck_assert_int_eq(refined, v < 6);
+    }
+    ck_assert_int_eq(fk_refine_many(&t.v, NV, xs, 1e-4, 0.2, 3, cs, gs, work,
+                                    fk_refine_work_doubles(1, 4)),
+                     FK_EINVAL);
+    ck_assert_int_eq(fk_refine_many(&t.v, NV, xs, 1e-4, 0.2, 0, cs, gs, work, wd), FK_EINVAL);
+    tdict_free(&t);
+    gsl_rng_free(r);
+}
+END_TEST
+
 static Suite *sparse_suite(void)
 {
     Suite *s = suite_create("sparse");
@@ -1139,6 +1210,7 @@ static Suite *sparse_suite(void)
     tcase_add_test(tc, correlate_to_within_rounding);
     tcase_add_test(tc, topn_vs_sort);
     tcase_add_test(tc, refine_vs_gsl);
+    tcase_add_test(tc, refine_many_equals_single);
     suite_add_tcase(s, tc);
     return s;
 }

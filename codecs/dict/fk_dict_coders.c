@@ -79,62 +79,93 @@ const struct dc_coder dc_coder_omp = {
 
 /* ---- gm and pl: a screened support, then ridge refinement ------------------------------ */
 
-static int refine(struct dc *d, const struct fk_dict_view *v, const float *x, struct fk_code *c)
+/* Floats of scratch for a screened coder's refinement of FK_REFINE_LANES vectors (doubles,
+ * in d->work once the screening and the pool OMP are done with it). */
+static size_t refine_work_floats(int s)
+{
+    return 2 * fk_refine_work_doubles(FK_REFINE_LANES, s) + 16;
+}
+
+/* The refinement of the codes out[i], i < nv, that have atoms (gss[i]: their G_SS from the
+ * pool OMP, or NULL), FK_REFINE_LANES at a time in lockstep: the bits of one at a time. */
+static int refine_codes(struct dc *d, const struct fk_dict_view *v, int nv, const float *x,
+                        struct fk_code *out, const double *const *gss)
 {
     const struct dc_code_opts *o = &d->o.code;
-    if (c->k > 0 && !(c->flags & FK_CODE_ZERO))
-        FK_TRY(fk_refine(v, x, o->lambda0, o->rho, o->refine_iters, c));
-    return FK_OK;
+    const float *xs[FK_REFINE_LANES];
+    struct fk_code *cs[FK_REFINE_LANES];
+    const double *gs[FK_REFINE_LANES];
+    int n = 0;
+    for (int i = 0; i < nv; i++) {
+        struct fk_code *c = &out[i];
+        if (c->k == 0 || (c->flags & FK_CODE_ZERO))
+            continue;
+        xs[n] = x + (size_t)i * d->m;
+        cs[n] = c;
+        gs[n] = gss ? gss[i] : NULL;
+        n++;
+    }
+    double *w = (double *)(void *)(((uintptr_t)d->work + 7) & ~(uintptr_t)7);
+    size_t wd = (d->work_floats - 2) / 2;
+    return fk_refine_many(v, n, xs, o->lambda0, o->rho, o->refine_iters, cs, gss ? gs : NULL,
+                          w, wd);
 }
 
 static size_t gm_work_floats(int n_atoms, int m, int s)
 {
-    return fk_omp_pool2_work_floats(n_atoms, m, s);
+    size_t w = fk_omp_pool2_work_floats(n_atoms, m, s), r = refine_work_floats(s);
+    return w > r ? w : r;
 }
 
-/* Vectors i .. i + nv - 1 (nv 1 or 2): Top-n pools, the pool OMP (two vectors in turn over
- * the Gram: fk_omp_pool2, the same codes as one at a time), the refinement. */
+/* Vectors i .. i + nv - 1 (nv <= FK_REFINE_LANES): Top-n pools, the pool OMP (where the Gram
+ * rows come from beyond L2, two vectors in turn: fk_omp_pool2, the same codes as one at a
+ * time), the refinements in lockstep. */
 static int gm_code(struct dc *d, const struct fk_dict_view *v, int nv, const float *x,
                    const float *a, size_t lda, struct fk_code *out)
 {
     const struct dc_code_opts *o = &d->o.code;
-    double gss[2][FK_SMAX * FK_SMAX]; /* G_SS of the pool OMP, reused by the refinement */
-    const float *xs[2], *as[2];
-    const int32_t *pools[2];
-    int np[2];
+    /* G_SS of the pool OMP, reused by the refinement */
+    double gss[FK_REFINE_LANES][FK_SMAX * FK_SMAX];
+    const double *gp[FK_REFINE_LANES];
+    const float *xs[FK_REFINE_LANES], *as[FK_REFINE_LANES];
+    const int32_t *pools[FK_REFINE_LANES];
+    int np[FK_REFINE_LANES];
     for (int i = 0; i < nv; i++) {
         xs[i] = x + (size_t)i * d->m;
         as[i] = a + (size_t)i * lda;
         int32_t *pool = d->pool + (size_t)i * (size_t)d->acap;
         np[i] = fk_topn(as[i], d->dead, d->Nt, o->n, 0, pool, d->work);
         pools[i] = pool;
+        gp[i] = gss[i];
     }
-    if (nv == 2) {
-        struct fk_code *const co[2] = {&out[0], &out[1]};
-        double *const g[2] = {gss[0], gss[1]};
-        FK_TRY(fk_omp_pool2(v, xs, as, pools, np, o->s, d->work, co, g));
-    } else {
-        FK_TRY(fk_omp_pool(v, xs[0], as[0], pools[0], np[0], o->s, d->work, &out[0], gss[0]));
+    /* in turn where the Gram rows come from beyond L2 (1 MiB: N >= 512); the naive mode
+     * streams the pool and a small Gram sits in cache: nothing to overlap there */
+    int pair = v->gram_row != NULL && d->N >= 512;
+    for (int i = 0; i < nv;) {
+        if (pair && i + 1 < nv) {
+            struct fk_code *const co[2] = {&out[i], &out[i + 1]};
+            double *const g[2] = {gss[i], gss[i + 1]};
+            FK_TRY(fk_omp_pool2(v, xs + i, as + i, pools + i, np + i, o->s, d->work, co, g));
+            i += 2;
+        } else {
+            FK_TRY(fk_omp_pool(v, xs[i], as[i], pools[i], np[i], o->s, d->work, &out[i],
+                               gss[i]));
+            i++;
+        }
     }
     for (int i = 0; i < nv; i++) {
         struct fk_code *c = &out[i];
         d->st.macs += cost_gm(d->m, d->Nt, np[i], c->iters > c->k ? c->iters : c->k, c->k);
-        if (c->k > 0 && !(c->flags & FK_CODE_ZERO))
-            FK_TRY(fk_refine_gss(v, xs[i], o->lambda0, o->rho, o->refine_iters, c, gss[i]));
     }
-    return FK_OK;
+    return refine_codes(d, v, nv, x, out, gp);
 }
 
 static int gm_encode(struct dc *d, const struct fk_dict_view *v, int nx, const float *x,
                      const float *a, size_t lda, struct fk_code *out)
 {
-    /* in turn where the Gram rows come from beyond L2 (1 MiB: N >= 512); the naive mode
-     * streams the pool and a small Gram sits in cache: nothing to overlap there */
-    int pair = v->gram_row != NULL && d->N >= 512;
-    for (int i = 0; i < nx;) {
-        int nv = pair && i + 1 < nx ? 2 : 1;
+    for (int i = 0; i < nx; i += FK_REFINE_LANES) {
+        int nv = nx - i < FK_REFINE_LANES ? nx - i : FK_REFINE_LANES;
         FK_TRY(gm_code(d, v, nv, x + (size_t)i * d->m, a + (size_t)i * lda, lda, &out[i]));
-        i += nv;
     }
     return FK_OK;
 }
@@ -151,22 +182,31 @@ const struct dc_coder dc_coder_gm = {
     .own_gram_max = DC_OWN_GRAM_MAX,
 };
 
+static size_t pl_work_floats(int n_atoms, int m, int s)
+{
+    size_t w = fk_omp_work_floats(n_atoms, m, s), r = refine_work_floats(s);
+    return w > r ? w : r;
+}
+
 static int pl_encode(struct dc *d, const struct fk_dict_view *v, int nx, const float *x,
                      const float *a, size_t lda, struct fk_code *out)
 {
-    for (int i = 0; i < nx; i++) {
-        const float *xi = x + (size_t)i * d->m, *ai = a + (size_t)i * lda;
-        struct fk_code *c = &out[i];
-        double xx = fk_dot_seq(xi, xi, d->m);
-        memset(c, 0, sizeof *c);
-        c->xx = xx;
-        if (xx <= 1e-30) {
-            c->flags = FK_CODE_ZERO;
-            continue;
+    for (int i0 = 0; i0 < nx; i0 += FK_REFINE_LANES) {
+        int nv = nx - i0 < FK_REFINE_LANES ? nx - i0 : FK_REFINE_LANES;
+        for (int i = i0; i < i0 + nv; i++) {
+            const float *xi = x + (size_t)i * d->m, *ai = a + (size_t)i * lda;
+            struct fk_code *c = &out[i];
+            double xx = fk_dot_seq(xi, xi, d->m);
+            memset(c, 0, sizeof *c);
+            c->xx = xx;
+            if (xx <= 1e-30) {
+                c->flags = FK_CODE_ZERO;
+                continue;
+            }
+            c->k = fk_topn(ai, d->dead, d->Nt, d->o.code.s, 1, c->idx, d->work);
+            d->st.macs += cost_pl(d->m, d->Nt, c->k);
         }
-        c->k = fk_topn(ai, d->dead, d->Nt, d->o.code.s, 1, c->idx, d->work);
-        d->st.macs += cost_pl(d->m, d->Nt, c->k);
-        FK_TRY(refine(d, v, xi, c));
+        FK_TRY(refine_codes(d, v, nv, x + (size_t)i0 * d->m, &out[i0], NULL));
     }
     return FK_OK;
 }
@@ -178,4 +218,6 @@ static double pl_estimate(const struct dc_code_opts *o, int m, int N)
     return (double)m * N + N + m * s * (s + 1) / 2;
 }
 
-const struct dc_coder dc_coder_pl = {.encode = pl_encode, .estimate = pl_estimate};
+const struct dc_coder dc_coder_pl = {
+    .work_floats = pl_work_floats, .encode = pl_encode, .estimate = pl_estimate,
+};

@@ -129,7 +129,7 @@ static int dc_reserve(struct dc *d, int need)
     DC_GROW(d->ema, c, double);
     DC_GROW(d->is_adapted, c, uint8_t);
     DC_GROW(d->pinned, c, int32_t);
-    DC_GROW(d->pool, 2 * c, int32_t); /* the GM coder's two pools, c apart */
+    DC_GROW(d->pool, FK_REFINE_LANES * c, int32_t); /* the GM coder's pools, c apart */
     /* scratch whose contents no caller keeps across a growth: allocated anew, not copied
      * (a realloc copied 4 to 8 MiB per growth step, into pages faulted in for it) */
     DC_RENEW(d->corr, (size_t)DC_BLK * c, float);

@@ -174,7 +174,7 @@ struct dc {
     float *corr;                 /* [DC_BLK][acap] correlations */
     float *work;                 /* OMP/topn work */
     size_t work_floats;
-    int32_t *pool;               /* [2][acap] the GM coder's screening pools */
+    int32_t *pool;               /* [FK_REFINE_LANES][acap] the GM coder's screening pools */
     float *xbuf;                 /* [m] */
     float *rbuf;                 /* [m] */
     struct fk_code *codes;       /* [codes_cap] codes of the current event */

@@ -535,13 +535,240 @@ FK_CLONES static double resid_refine(const float *restrict atoms, const int32_t 
     return fk_lanes_sum(acc);
 }
 
-static int refine(const struct fk_dict_view *d, const float *x, double lambda0, double rho,
-                  int iters, struct fk_code *code, const double *gss);
+/* One refinement in caller memory: G_SS (k x k, row-major stride k), its Cholesky factor
+ * ch, D_S^T x (as), the coefficients (gam) and a step's right-hand side (res). */
+struct ridge {
+    int k;
+    double *g, *ch, *as, *gam, *res;
+};
+
+static size_t ridge_doubles(int k)
+{
+    return 2 * (size_t)k * (size_t)k + 3 * (size_t)k;
+}
+
+static void ridge_bind(struct ridge *r, int k, double *mem)
+{
+    r->k = k;
+    r->g = mem;
+    r->ch = r->g + (size_t)k * k;
+    r->as = r->ch + (size_t)k * k;
+    r->gam = r->as + k;
+    r->res = r->gam + k;
+}
+
+/* Checks one refinement's arguments (lambda0, rho and iters are checked by the caller). */
+static int ridge_check(const struct fk_dict_view *d, const float *x, const struct fk_code *code)
+{
+    if (!d || !x || !code || !d->atoms || d->m <= 0)
+        return fk_err(FK_EINVAL, "fk_refine: expected a dictionary view, x and a code");
+    int k = code->k;
+    if (k < 0 || k > FK_SMAX)
+        return fk_err(FK_EINVAL, "fk_refine: support size %d outside 0..%d", k, FK_SMAX);
+    for (int l = 0; l < k; l++)
+        if (code->idx[l] < 0 || code->idx[l] >= d->n_atoms)
+            return fk_err(FK_EINVAL, "fk_refine: support entry %d is atom %d, outside 0..%d",
+                          l, (int)code->idx[l], d->n_atoms - 1);
+    for (int i = 0; i < d->m; i++)
+        if (!isfinite(x[i]))
+            return fk_err(FK_EINVAL, "fk_refine: input vector element %d is not finite", i);
+    return FK_OK;
+}
+
+static int ridge_params(double lambda0, double rho, int iters)
+{
+    if (iters < 1)
+        return fk_err(FK_EINVAL, "fk_refine: expected iters >= 1, got %d", iters);
+    if (!(lambda0 >= 0) || !(rho >= 0) || !isfinite(lambda0) || !isfinite(rho))
+        return fk_err(FK_EINVAL, "fk_refine: expected finite lambda0, rho >= 0, got %g, %g",
+                      lambda0, rho);
+    return FK_OK;
+}
+
+/* G_SS (from gss when given, else fk_dot_fd products) and D_S^T x into r. */
+static void ridge_fill(const struct fk_dict_view *d, const float *x, const struct fk_code *code,
+                       const double *gss, struct ridge *r)
+{
+    int k = r->k, m = d->m;
+    double *g = r->g;
+    if (gss) { /* x . d_p for the whole support in one call (two rows per pass over x) */
+        const float *rows[FK_SMAX];
+        for (int p = 0; p < k; p++)
+            rows[p] = d->atoms + (size_t)code->idx[p] * m;
+        fk_dots_fd(rows, k, x, m, r->as);
+        for (int p = 0; p < k; p++)
+            for (int q = 0; q <= p; q++) {
+                g[p * k + q] = gss[(size_t)p * FK_SMAX + q];
+                g[q * k + p] = gss[(size_t)p * FK_SMAX + q];
+            }
+        return;
+    }
+    for (int p = 0; p < k; p++) {
+        const float *dp = d->atoms + (size_t)code->idx[p] * m;
+        const float *rows[FK_SMAX + 1]; /* x . d_p, then d_q . d_p, q <= p */
+        double dots[FK_SMAX + 1];
+        rows[0] = x;
+        int nr = 1;
+        for (int q = 0; q <= p; q++)
+            rows[nr++] = d->atoms + (size_t)code->idx[q] * m;
+        fk_dots_fd(rows, nr, dp, m, dots);
+        r->as[p] = dots[0];
+        for (int q = 0; q <= p; q++) {
+            g[p * k + q] = dots[q + 1];
+            g[q * k + p] = dots[q + 1];
+        }
+    }
+}
+
+/* The coefficients of L refinements of one support size (1 <= L <= FK_REFINE_LANES) in
+ * lockstep: each lane runs exactly the operations it runs alone, in the same order, and
+ * the lanes only overlap the latency of their chains of divisions and square roots (the
+ * Cholesky factor's and the two triangular solves'; a refinement alone waits on them).
+ * Returns the first lane (in lane order) whose G_SS + Lambda is not positive definite,
+ * with its row in *bad_row, or -1. */
+static int ridge_solve(struct ridge *const *r, int L, double lambda0, double rho, int iters,
+                       int *bad_row)
+{
+    int k = r[0]->k;
+    for (int p = 0; p < k; p++)
+        for (int q = 0; q <= p; q++) {
+            double v[FK_REFINE_LANES];
+            for (int l = 0; l < L; l++) {
+                const double *g = r[l]->g;
+                v[l] = g[p * k + q];
+                if (p == q)
+                    v[l] += lambda0 + rho * g[p * k + p];
+            }
+            for (int j = 0; j < q; j++)
+                for (int l = 0; l < L; l++)
+                    v[l] -= r[l]->ch[p * k + j] * r[l]->ch[q * k + j];
+            if (p != q) {
+                for (int l = 0; l < L; l++)
+                    r[l]->ch[p * k + q] = v[l] / r[l]->ch[q * k + q];
+                continue;
+            }
+            for (int l = 0; l < L; l++)
+                if (!(v[l] > 0)) {
+                    *bad_row = p;
+                    return l;
+                }
+            for (int l = 0; l < L; l++)
+                r[l]->ch[p * k + p] = sqrt(v[l]);
+        }
+    for (int l = 0; l < L; l++)
+        for (int p = 0; p < k; p++)
+            r[l]->gam[p] = 0.0;
+    for (int it = 0; it < iters; it++) {
+        for (int l = 0; l < L; l++)
+            for (int p = 0; p < k; p++) {
+                double v = r[l]->as[p];
+                for (int q = 0; q < k; q++)
+                    v -= r[l]->g[p * k + q] * r[l]->gam[q];
+                r[l]->res[p] = v;
+            }
+        for (int p = 0; p < k; p++) { /* M y = res */
+            double v[FK_REFINE_LANES];
+            for (int l = 0; l < L; l++)
+                v[l] = r[l]->res[p];
+            for (int j = 0; j < p; j++)
+                for (int l = 0; l < L; l++)
+                    v[l] -= r[l]->ch[p * k + j] * r[l]->res[j];
+            for (int l = 0; l < L; l++)
+                r[l]->res[p] = v[l] / r[l]->ch[p * k + p];
+        }
+        for (int p = k - 1; p >= 0; p--) { /* M^T dy = y */
+            double v[FK_REFINE_LANES];
+            for (int l = 0; l < L; l++)
+                v[l] = r[l]->res[p];
+            for (int j = p + 1; j < k; j++)
+                for (int l = 0; l < L; l++)
+                    v[l] -= r[l]->ch[j * k + p] * r[l]->res[j];
+            for (int l = 0; l < L; l++)
+                r[l]->res[p] = v[l] / r[l]->ch[p * k + p];
+        }
+        for (int l = 0; l < L; l++)
+            for (int p = 0; p < k; p++)
+                r[l]->gam[p] += r[l]->res[p];
+    }
+    return -1;
+}
+
+/* The coefficients to the code, its residual energy recomputed from the atoms. */
+static void ridge_finish(const struct fk_dict_view *d, const float *x, const struct ridge *r,
+                         struct fk_code *code)
+{
+    double xx;
+    double e = resid_refine(d->atoms, code->idx, r->gam, r->k, d->m, x, &xx);
+    for (int p = 0; p < r->k; p++)
+        code->coef[p] = r->gam[p];
+    code->err2 = e;
+    code->xx = xx;
+}
+
+static int ridge_error(int row, double lambda0, double rho)
+{
+    return fk_err(FK_EINVAL, "fk_refine: G_SS + Lambda not positive definite at row %d "
+                  "(lambda0 = %g, rho = %g)", row, lambda0, rho);
+}
+
+size_t fk_refine_work_doubles(int nv, int kmax)
+{
+    kmax = kmax < 0 ? 0 : kmax > FK_SMAX ? FK_SMAX : kmax;
+    return (size_t)(nv < 1 ? 1 : nv) * ridge_doubles(kmax);
+}
+
+int fk_refine_many(const struct fk_dict_view *d, int nv, const float *const x[], double lambda0,
+                   double rho, int iters, struct fk_code *const code[],
+                   const double *const gss[], double *work, size_t work_doubles)
+{
+    if (nv < 0 || !work || (nv > 0 && (!x || !code)))
+        return fk_err(FK_EINVAL, "fk_refine_many: expected nv >= 0 vectors, codes and work");
+    double *end = work + work_doubles;
+    FK_TRY(ridge_params(lambda0, rho, iters));
+    struct ridge r[FK_REFINE_LANES];
+    struct ridge *rl[FK_REFINE_LANES];
+    for (int v0 = 0; v0 < nv;) {
+        /* the next vectors of one support size, at most FK_REFINE_LANES */
+        int L = 0;
+        double *mem = work;
+        for (; v0 + L < nv && L < FK_REFINE_LANES; L++) {
+            const struct fk_code *c = code[v0 + L];
+            int rc = ridge_check(d, x[v0 + L], c);
+            if (rc < 0 && L == 0)
+                return rc;
+            if (rc < 0 || (L > 0 && c->k != r[0].k))
+                break; /* the next group's first: reported after this group's */
+            if (ridge_doubles(c->k) > (size_t)(end - mem)) {
+                if (L == 0)
+                    return fk_err(FK_EINVAL, "fk_refine_many: work too small for k = %d",
+                                  c->k);
+                break;
+            }
+            ridge_bind(&r[L], c->k, mem);
+            mem += ridge_doubles(c->k);
+            ridge_fill(d, x[v0 + L], c, gss ? gss[v0 + L] : NULL, &r[L]);
+            rl[L] = &r[L];
+        }
+        int row, bad = ridge_solve(rl, L, lambda0, rho, iters, &row);
+        if (bad >= 0) { /* report what the lanes one by one report first */
+            for (int l = 0; l < L; l++)
+                if (ridge_solve(rl + l, 1, lambda0, rho, iters, &row) >= 0)
+                    return ridge_error(row, lambda0, rho);
+        }
+        for (int l = 0; l < L; l++)
+            ridge_finish(d, x[v0 + l], &r[l], code[v0 + l]);
+        v0 += L;
+    }
+    return FK_OK;
+}
 
 int fk_refine(const struct fk_dict_view *d, const float *x, double lambda0, double rho,
               int iters, struct fk_code *code)
 {
-    return refine(d, x, lambda0, rho, iters, code, NULL);
+    double work[2 * FK_SMAX * FK_SMAX + 3 * FK_SMAX];
+    struct fk_code *const c[1] = {code};
+    return fk_refine_many(d, 1, &x, lambda0, rho, iters, c, NULL, work,
+                          sizeof work / sizeof *work);
 }
 
 int fk_refine_gss(const struct fk_dict_view *d, const float *x, double lambda0, double rho,
@@ -549,107 +776,8 @@ int fk_refine_gss(const struct fk_dict_view *d, const float *x, double lambda0, 
 {
     if (!gss)
         return fk_err(FK_EINVAL, "fk_refine_gss: expected gss");
-    return refine(d, x, lambda0, rho, iters, code, gss);
-}
-
-static int refine(const struct fk_dict_view *d, const float *x, double lambda0, double rho,
-                  int iters, struct fk_code *code, const double *gss)
-{
-    if (!d || !x || !code || !d->atoms || d->m <= 0)
-        return fk_err(FK_EINVAL, "fk_refine: expected a dictionary view, x and a code");
-    int k = code->k, m = d->m;
-    if (k < 0 || k > FK_SMAX)
-        return fk_err(FK_EINVAL, "fk_refine: support size %d outside 0..%d", k, FK_SMAX);
-    if (iters < 1)
-        return fk_err(FK_EINVAL, "fk_refine: expected iters >= 1, got %d", iters);
-    if (!(lambda0 >= 0) || !(rho >= 0) || !isfinite(lambda0) || !isfinite(rho))
-        return fk_err(FK_EINVAL, "fk_refine: expected finite lambda0, rho >= 0, got %g, %g",
-                      lambda0, rho);
-    for (int l = 0; l < k; l++)
-        if (code->idx[l] < 0 || code->idx[l] >= d->n_atoms)
-            return fk_err(FK_EINVAL, "fk_refine: support entry %d is atom %d, outside 0..%d",
-                          l, (int)code->idx[l], d->n_atoms - 1);
-    for (int i = 0; i < m; i++)
-        if (!isfinite(x[i]))
-            return fk_err(FK_EINVAL, "fk_refine: input vector element %d is not finite", i);
-
-    double g[FK_SMAX * FK_SMAX];  /* (k, k) G_SS, row-major stride k */
-    double ch[FK_SMAX * FK_SMAX]; /* (k, k) lower Cholesky factor of G_SS + Lambda */
-    double as[FK_SMAX], gam[FK_SMAX], res[FK_SMAX];
-    if (gss) { /* x . d_p for the whole support in one call (two rows per pass over x) */
-        const float *rows[FK_SMAX];
-        for (int p = 0; p < k; p++)
-            rows[p] = d->atoms + (size_t)code->idx[p] * m;
-        fk_dots_fd(rows, k, x, m, as);
-    }
-    for (int p = 0; p < k && !gss; p++) {
-        const float *dp = d->atoms + (size_t)code->idx[p] * m;
-        const float *rows[FK_SMAX + 1]; /* x . d_p, then d_q . d_p, q <= p (without gss) */
-        double dots[FK_SMAX + 1];
-        rows[0] = x;
-        int nr = 1;
-        for (int q = 0; q <= p; q++)
-            rows[nr++] = d->atoms + (size_t)code->idx[q] * m;
-        fk_dots_fd(rows, nr, dp, m, dots);
-        as[p] = dots[0];
-        for (int q = 0; q <= p; q++) {
-            g[p * k + q] = dots[q + 1];
-            g[q * k + p] = dots[q + 1];
-        }
-    }
-    for (int p = 0; p < k && gss; p++)
-        for (int q = 0; q <= p; q++) {
-            g[p * k + q] = gss[(size_t)p * FK_SMAX + q];
-            g[q * k + p] = gss[(size_t)p * FK_SMAX + q];
-        }
-    for (int p = 0; p < k; p++) {
-        for (int q = 0; q <= p; q++) {
-            double v = g[p * k + q];
-            if (p == q)
-                v += lambda0 + rho * g[p * k + p];
-            for (int l = 0; l < q; l++)
-                v -= ch[p * k + l] * ch[q * k + l];
-            if (p == q) {
-                if (!(v > 0))
-                    return fk_err(FK_EINVAL,
-                                  "fk_refine: G_SS + Lambda not positive definite at row %d "
-                                  "(lambda0 = %g, rho = %g)",
-                                  p, lambda0, rho);
-                ch[p * k + p] = sqrt(v);
-            } else {
-                ch[p * k + q] = v / ch[q * k + q];
-            }
-        }
-    }
-    for (int p = 0; p < k; p++)
-        gam[p] = 0.0;
-    for (int it = 0; it < iters; it++) {
-        for (int p = 0; p < k; p++) {
-            double v = as[p];
-            for (int q = 0; q < k; q++)
-                v -= g[p * k + q] * gam[q];
-            res[p] = v;
-        }
-        for (int p = 0; p < k; p++) { /* M y = res */
-            double v = res[p];
-            for (int l = 0; l < p; l++)
-                v -= ch[p * k + l] * res[l];
-            res[p] = v / ch[p * k + p];
-        }
-        for (int p = k - 1; p >= 0; p--) { /* M^T dy = y */
-            double v = res[p];
-            for (int l = p + 1; l < k; l++)
-                v -= ch[l * k + p] * res[l];
-            res[p] = v / ch[p * k + p];
-        }
-        for (int p = 0; p < k; p++)
-            gam[p] += res[p];
-    }
-    double xx;
-    double e = resid_refine(d->atoms, code->idx, gam, k, m, x, &xx);
-    for (int p = 0; p < k; p++)
-        code->coef[p] = gam[p];
-    code->err2 = e;
-    code->xx = xx;
-    return FK_OK;
+    double work[2 * FK_SMAX * FK_SMAX + 3 * FK_SMAX];
+    struct fk_code *const c[1] = {code};
+    return fk_refine_many(d, 1, &x, lambda0, rho, iters, c, &gss, work,
+                          sizeof work / sizeof *work);
 }

@@ -169,6 +169,17 @@ int fk_refine(const struct fk_dict_view *d, const float *x, double lambda0, doub
 int fk_refine_gss(const struct fk_dict_view *d, const float *x, double lambda0, double rho,
                   int iters, struct fk_code *code, const double *gss);
 
+/* fk_refine (gss NULL) or fk_refine_gss (gss[i] for code i) of nv vectors x[i], codes
+ * code[i]: the same bits and errors as nv calls in order. Vectors of one support size, up to
+ * FK_REFINE_LANES at a time, run in lockstep so that their chains of divisions and square
+ * roots overlap. work: work_doubles >= fk_refine_work_doubles(FK_REFINE_LANES, k) for the
+ * largest support size k (FK_EINVAL when a code does not fit). */
+#define FK_REFINE_LANES 4
+size_t fk_refine_work_doubles(int nv, int kmax);
+int fk_refine_many(const struct fk_dict_view *d, int nv, const float *const x[], double lambda0,
+                   double rho, int iters, struct fk_code *const code[],
+                   const double *const gss[], double *work, size_t work_doubles);
+
 /* FP8 E4M3FN (spec 3.7). encode: round to nearest even, saturate to +-448 (|f| >= 464
  * counts as saturation: *saturated is incremented when non-NULL). NaN -> 0x7F. */
 uint8_t fk_fp8_encode(double f, uint64_t *saturated);
