@@ -117,9 +117,9 @@ static size_t gm_work_floats(int n_atoms, int m, int s)
     return w > r ? w : r;
 }
 
-/* Vectors i .. i + nv - 1 (nv <= FK_REFINE_LANES): Top-n pools, the pool OMP (where the Gram
- * rows come from beyond L2, two vectors in turn: fk_omp_pool2, the same codes as one at a
- * time), the refinements in lockstep. */
+/* Vectors i .. i + nv - 1 (nv <= FK_REFINE_LANES): Top-n pools, the pool OMP (over the Gram,
+ * two vectors in turn: fk_omp_pool2, the same codes as one at a time), the refinements in
+ * lockstep. */
 static int gm_code(struct dc *d, const struct fk_dict_view *v, int nv, const float *x,
                    const float *a, size_t lda, struct fk_code *out)
 {
@@ -138,9 +138,9 @@ static int gm_code(struct dc *d, const struct fk_dict_view *v, int nv, const flo
         pools[i] = pool;
         gp[i] = gss[i];
     }
-    /* in turn where the Gram rows come from beyond L2 (1 MiB: N >= 512); the naive mode
-     * streams the pool and a small Gram sits in cache: nothing to overlap there */
-    int pair = v->gram_row != NULL && d->N >= 512;
+    /* over the Gram, two vectors in turn: their Cholesky steps overlap, and where the Gram
+     * rows come from beyond L2 (N >= 512) so do their gathers */
+    int pair = v->gram_row != NULL;
     for (int i = 0; i < nv;) {
         if (pair && i + 1 < nv) {
             struct fk_code *const co[2] = {&out[i], &out[i + 1]};

@@ -446,12 +446,12 @@ static double fwd_solve(const double *L, int ld, int k, const double *g, double 
     return ww;
 }
 
-/* Extends the Cholesky factor L of the support's Gram (k rows, stride ld) by a candidate
- * with G_jj = gjj and G_{S,j} in w (overwritten by L^{-1} G_{S,j}): row k of L, with L_kk in
- * *lkk, or 0 when the candidate depends on the support (delta^2 <= 1e-6 G_jj, spec 3.3). */
-static int chol_extend(double *L, int ld, int k, double gjj, double *w, double *lkk)
+/* Row k of the Cholesky factor L (stride ld) from w = L^{-1} G_{S,j} and ww = ||w||^2, with
+ * L_kk in *lkk, or 0 when the candidate depends on the support (delta^2 <= 1e-6 G_jj, spec
+ * 3.3). */
+static int chol_row(double *L, int ld, int k, double gjj, double ww, const double *w,
+                    double *lkk)
 {
-    double ww = fwd_solve(L, ld, k, w, w);
     double delta2 = gjj - ww;
     if (!(gjj > 0) || delta2 <= 1e-6 * gjj)
         return 0;
@@ -460,6 +460,13 @@ static int chol_extend(double *L, int ld, int k, double gjj, double *w, double *
         L[k * ld + l] = w[l];
     L[k * ld + k] = *lkk;
     return 1;
+}
+
+/* Extends the Cholesky factor L of the support's Gram (k rows, stride ld) by a candidate
+ * with G_jj = gjj and G_{S,j} in w (overwritten by L^{-1} G_{S,j}): chol_row. */
+static int chol_extend(double *L, int ld, int k, double gjj, double *w, double *lkk)
+{
+    return chol_row(L, ld, k, gjj, fwd_solve(L, ld, k, w, w), w, lkk);
 }
 
 static int check_args(const struct fk_dict_view *d, const float *x, int s, const char *who)
@@ -1283,7 +1290,9 @@ struct pstate {
     double *gss;
     struct fk_gram_row grow; /* Gram row of the selected atom, at pool position p */
     double xx;
-    int nc, s_eff, ld, p, active, prefetch;
+    double gjj, lkk;          /* a step's G_jj and the new diagonal entry of L */
+    double gss_w[FK_SMAX];    /* G_{S,j} (ws.w is overwritten by L^{-1} G_{S,j}) */
+    int nc, s_eff, ld, p, active, prefetch, indep;
     int ppos[FK_SMAX]; /* the support's positions in the pool */
 };
 
@@ -1342,38 +1351,66 @@ static int pool_begin(struct pstate *g, const struct fk_dict_view *d, const floa
     return FK_OK;
 }
 
-/* Accepts or excludes the selected atom; when the code goes on, updates the pool's
- * correlations and selects the next atom. */
-static void pool_step(struct pstate *g)
+/* A step's first part: the selected atom's Gram row at the pool (the support is in it) in
+ * one gather, whose loads overlap (a large Gram's row comes from L3), into the row of
+ * q_k^T D_P; the last step reads only G_jj and G_{S,j}. */
+static void pool_gather(struct pstate *g)
 {
     struct omp_ws *ws = &g->ws;
     struct fk_code *out = g->out;
     const int32_t *cand = g->cand;
-    int p = g->p, j = cand[p], k = out->k, nc = g->nc, ld = g->ld;
+    int p = g->p, j = cand[p], k = out->k, nc = g->nc;
     out->iters++;
-    /* the row's entries at the pool (the support is in it) in one gather, whose loads
-     * overlap (a large Gram's row comes from L3), into the row of q_k^T D_P; the last step
-     * reads only G_jj and G_{S,j} */
     float *dmk = ws->dm + (size_t)k * ws->ldm;
     int gather = k + 1 < g->s_eff;
     for (int q = 0; gather && q < nc; q++)
         dmk[q] = *row_ptr(&g->grow, (size_t)cand[q]);
-    double gjj = gather ? dmk[p] : *row_ptr(&g->grow, (size_t)j), gss_w[FK_SMAX];
+    g->gjj = gather ? dmk[p] : *row_ptr(&g->grow, (size_t)j);
     for (int l = 0; l < k; l++)
-        gss_w[l] = ws->w[l] =
+        g->gss_w[l] = ws->w[l] =
             gather ? dmk[g->ppos[l]] : *row_ptr(&g->grow, (size_t)out->idx[l]);
     ws->mask[j] = 1;
-    double lkk;
-    if (!chol_extend(ws->L, ld, k, gjj, ws->w, &lkk)) {
+}
+
+/* chol_extend of two steps in lockstep (each lane's operations and order are chol_extend's:
+ * the lanes overlap the latency of their chains of divisions). */
+static void chol_extend2(struct pstate *g)
+{
+    int k[2] = {g[0].out->k, g[1].out->k}, km = k[0] > k[1] ? k[0] : k[1];
+    double ww[2] = {0.0, 0.0};
+    for (int i = 0; i < km; i++)
+        for (int ln = 0; ln < 2; ln++) {
+            if (i >= k[ln])
+                continue;
+            const double *L = g[ln].ws.L + (size_t)i * (size_t)g[ln].ld;
+            double *w = g[ln].ws.w, v = w[i];
+            for (int l = 0; l < i; l++)
+                v -= L[l] * w[l];
+            w[i] = v / L[i];
+            ww[ln] += w[i] * w[i];
+        }
+    for (int ln = 0; ln < 2; ln++)
+        g[ln].indep = chol_row(g[ln].ws.L, g[ln].ld, k[ln], g[ln].gjj, ww[ln], g[ln].ws.w,
+                               &g[ln].lkk);
+}
+
+/* A step's last part: accepts or excludes the selected atom (g->indep); when the code goes
+ * on, updates the pool's correlations and selects the next atom. */
+static void pool_accept(struct pstate *g)
+{
+    struct omp_ws *ws = &g->ws;
+    struct fk_code *out = g->out;
+    int p = g->p, j = g->cand[p], k = out->k;
+    if (!g->indep) {
         out->flags |= FK_CODE_DEPENDENT;
         pool_select(g);
         return;
     }
-    gss_add(g->gss, k, gss_w, gjj);
+    gss_add(g->gss, k, g->gss_w, g->gjj);
     double wz = 0.0;
     for (int l = 0; l < k; l++)
         wz += ws->w[l] * ws->z[l];
-    double zk = ((double)g->a[j] - wz) / lkk;
+    double zk = ((double)g->a[j] - wz) / g->lkk;
     ws->z[k] = zk;
     out->idx[k] = j;
     g->ppos[k] = p;
@@ -1385,8 +1422,17 @@ static void pool_step(struct pstate *g)
     float wf[FK_SMAX];
     for (int l = 0; l < k - 1; l++)
         wf[l] = (float)ws->w[l];
-    pool_update(nc, ws->dm, ws->ldm, wf, k - 1, (float)(1.0 / lkk), (float)zk, ws->c, dmk);
+    float *dmk = ws->dm + (size_t)(k - 1) * ws->ldm;
+    pool_update(g->nc, ws->dm, ws->ldm, wf, k - 1, (float)(1.0 / g->lkk), (float)zk, ws->c,
+                dmk);
     pool_select(g);
+}
+
+static void pool_step(struct pstate *g)
+{
+    pool_gather(g);
+    g->indep = chol_extend(g->ws.L, g->ld, g->out->k, g->gjj, g->ws.w, &g->lkk);
+    pool_accept(g);
 }
 
 static int pool_gram(const struct fk_dict_view *d, const float *x, const float *a,
@@ -1416,10 +1462,16 @@ int fk_omp_pool2(const struct fk_dict_view *d, const float *const x[2],
     for (int l = 0; l < 2; l++)
         FK_TRY(pool_begin(&g[l], d, x[l], a[l], cand[l], nc[l], s, work + (size_t)l * wf,
                           out[l], gss[l], 1));
-    while (g[0].active || g[1].active)
-        for (int l = 0; l < 2; l++)
-            if (g[l].active)
-                pool_step(&g[l]);
+    while (g[0].active && g[1].active) {
+        pool_gather(&g[0]);
+        pool_gather(&g[1]);
+        chol_extend2(g);
+        pool_accept(&g[0]);
+        pool_accept(&g[1]);
+    }
+    for (int l = 0; l < 2; l++)
+        while (g[l].active)
+            pool_step(&g[l]);
     return FK_OK;
 }
 
