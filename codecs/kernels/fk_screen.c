@@ -5,12 +5,12 @@
  * Top-n selects under the total order "larger |a| first, then smaller index", so the result
  * is unique. |a_j| is ranked by an integer key built from its bit pattern (for non-negative
  * floats the order of the bits is the numeric order): dead atoms 0, NaN 1, else bits + 2.
- *   - small n (PL: n = s; n <= TOPN_SMALL and n_atoms >= TOPN_SHARE n): one pass keeping the
- *     n best in a sorted list over the blocks of TOPN_BLK atoms whose largest |a| reaches
- *     the n-th largest of the blocks' maxima (one vectorised pass computes them); within a
- *     block, only the keys above the list's threshold are visited. (A pool of N/4, GM at
- *     N = 128, would enter the list at nearly every key, each a mispredicted branch and a
- *     shift.)
+ *   - small n (PL: n = s; n <= TOPN_SMALL and n_atoms >= TOPN_SHARE n, or TOPN_SHARE512 n
+ *     where AVX-512 runs): one pass keeping the n best in a sorted list over the blocks of
+ *     TOPN_BLK atoms whose largest |a| reaches the n-th largest of the blocks' maxima (one
+ *     vectorised pass computes them); within a block, only the keys above the list's
+ *     threshold are visited. (A pool of N/4, GM at N = 128, would enter the list at nearly
+ *     every key, each a mispredicted branch and a shift.)
  *   - otherwise (GM: the pool), O(n_atoms): the threshold t0 of a conservative rank among
  *     SAMPLE evenly spaced keys; one pass computes every key and collects the atoms with
  *     key >= t0 with their keys (a few more than n, ascending; on AVX-512 16 keys per
@@ -38,6 +38,7 @@
 #define TOPN_BLK 32   /* keys per block of the sorted-list pass */
 #define TOPN_MAXBLK 1024 /* blocks whose maxima screen the sorted-list pass (32k atoms) */
 #define TOPN_SHARE 16 /* ... and n_atoms at least this many times n */
+#define TOPN_SHARE512 64 /* ... on AVX-512, whose compress makes the other pass cheaper */
 #define CHUNK 1024    /* atoms per call of the key pass */
 #define SAMPLE 256    /* keys sampled for the threshold estimate */
 #define SAMPLE_RES (1 << 16) /* its search's resolution in key units (|a| within 2^-7
@@ -500,8 +501,10 @@ int fk_topn(const float *a, const uint8_t *dead, int n_atoms, int n, int sort, i
 {
     if (n <= 0 || n_atoms <= 0)
         return 0;
-    /* the sorted list pays off while few keys enter it: n a small share of the atoms */
-    if (n <= TOPN_SMALL && (long)n * TOPN_SHARE <= n_atoms)
+    /* the sorted list pays off while few keys enter it: n a small share of the atoms, a
+     * smaller one where AVX-512 collects the candidates (docs/PERFORMANCE.md) */
+    long share = fk_have_avx512() ? TOPN_SHARE512 : TOPN_SHARE;
+    if (n <= TOPN_SMALL && (long)n * share <= n_atoms)
         return topn_small(a, dead, n_atoms, n, sort, out);
     int32_t *cand = (int32_t *)(void *)work, *ck = cand + n_atoms;
     int n_eff = topn_large(a, dead, n_atoms, n, out, cand, ck);
