@@ -39,6 +39,19 @@ printf '%s\n' "$plain" | grep -q "^  counted  *1152 multiply-adds, 6 KiB from L2
 best=$(printf '%s\n' "$plain" | awk '$1 == "best" && $2 == "reachable" {print $3}')
 awk -v b="$best" 'BEGIN { exit !(b > 0 && b <= 1) }' || fail "best reachable share '$best'"
 
+# the screening coders' stages: each coder has the stages it runs and no other (omp: no
+# Top-n or refinement; pl: no greedy loop beyond its call; gm all four)
+stages() { printf '%s\n' "$plain" | awk -v c="$1" '/^    [a-z]/ && $1 == c && NF == 5 {print $2, $3, $4, $5}'; }
+read -r oc ot og or <<< "$(stages omp)"
+read -r gc gt gg gr <<< "$(stages gm)"
+read -r pc pt pg pr <<< "$(stages pl)"
+awk -v a="$oc" -v b="$ot" -v c="$og" -v d="$or" 'BEGIN { exit !(a > 0 && b == 0 && c > 0 && d == 0) }' ||
+    fail "omp stages '$oc $ot $og $or'"
+awk -v a="$gc" -v b="$gt" -v c="$gg" -v d="$gr" 'BEGIN { exit !(a > 0 && b > 0 && c > 0 && d > 0) }' ||
+    fail "gm stages '$gc $gt $gg $gr'"
+awk -v a="$pc" -v b="$pt" -v c="$pg" -v d="$pr" 'BEGIN { exit !(a > 0 && b > 0 && c < b && d > 0) }' ||
+    fail "pl stages '$pc $pt $pg $pr'"
+
 "$BIN" "${ARGS[@]}" --kernels 'Has well' >/dev/null 2>&1
 [ $? -eq 2 ] || fail "--kernels 'Has well' should be a usage error (2)"
 echo "ok: --kernels same reproduces the --tsv run's codes ($hash, $kern kernels)"

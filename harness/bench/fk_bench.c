@@ -588,43 +588,116 @@ int fk_bench_omp_codes_write(const char *path, const struct fk_code *codes, int 
 
 enum { SC_OMP, SC_GM, SC_PL, SC_GM_OLD };
 
+/* The buffers of the screening passes. */
+struct screen_buf {
+    float *abuf;   /* (B, N) correlations */
+    float *work;   /* the coders' workspace */
+    double *rwork; /* fk_refine_many's */
+    size_t rwork_n;
+    int32_t *cand; /* (FK_REFINE_LANES, N) pools */
+    double *gss;   /* (FK_REFINE_LANES, FK_SMAX^2) G_SS of the pool OMP */
+};
+
+/* Vectors i .. i + nv - 1 as the GM coder codes them (codecs/dict/fk_dict_coders.c): every
+ * Top-n pool, the pool OMP two vectors in turn (fk_omp_pool2), the refinements in lockstep
+ * (fk_refine_many); pl: Top-s, the refinements. st[0 .. 2]: wall seconds of the Top-n, the
+ * pool OMP and the refinement, added to. */
+static int screen_group(int which, const struct fk_dict_view *v, int s, int pool, int nv,
+                        const float *x, const float *a, const struct screen_buf *sb,
+                        struct fk_code *c, double *st)
+{
+    int N = v->n_atoms, m = v->m;
+    const float *xs[FK_REFINE_LANES], *as[FK_REFINE_LANES];
+    const int32_t *ps[FK_REFINE_LANES];
+    const double *gp[FK_REFINE_LANES];
+    struct fk_code *cs[FK_REFINE_LANES];
+    int np[FK_REFINE_LANES], nr = 0;
+    double t0 = fk_wall_s();
+    for (int i = 0; i < nv; i++) {
+        xs[i] = x + (size_t)i * m;
+        as[i] = a + (size_t)i * N;
+        int32_t *ci = sb->cand + (size_t)i * N;
+        ps[i] = ci;
+        gp[i] = sb->gss + (size_t)i * FK_SMAX * FK_SMAX;
+        if (which == SC_PL) {
+            memset(&c[i], 0, sizeof c[i]);
+            c[i].xx = fk_dot_seq(xs[i], xs[i], m);
+            if (c[i].xx <= 1e-30) {
+                c[i].flags = FK_CODE_ZERO;
+                continue;
+            }
+            c[i].k = fk_topn(as[i], NULL, N, s, 1, c[i].idx, sb->work);
+        } else {
+            np[i] = fk_topn(as[i], NULL, N, pool, 0, ci, sb->work);
+        }
+    }
+    double t1 = fk_wall_s();
+    for (int i = 0; which == SC_GM && i < nv;) {
+        if (i + 1 < nv) {
+            struct fk_code *const co[2] = {&c[i], &c[i + 1]};
+            double *const g[2] = {sb->gss + (size_t)i * FK_SMAX * FK_SMAX,
+                                  sb->gss + (size_t)(i + 1) * FK_SMAX * FK_SMAX};
+            FK_TRY(fk_omp_pool2(v, xs + i, as + i, ps + i, np + i, s, sb->work, co, g));
+            i += 2;
+        } else {
+            FK_TRY(fk_omp_pool(v, xs[i], as[i], ps[i], np[i], s, sb->work, &c[i],
+                               sb->gss + (size_t)i * FK_SMAX * FK_SMAX));
+            i++;
+        }
+    }
+    double t2 = fk_wall_s();
+    for (int i = 0; i < nv; i++)
+        if (c[i].k > 0 && !(c[i].flags & FK_CODE_ZERO)) {
+            xs[nr] = xs[i];
+            gp[nr] = gp[i];
+            cs[nr++] = &c[i];
+        }
+    FK_TRY(fk_refine_many(v, nr, xs, 1e-4, 0.20, 1, cs, which == SC_GM ? gp : NULL,
+                          sb->rwork, sb->rwork_n));
+    double t3 = fk_wall_s();
+    st[0] += t1 - t0;
+    st[1] += t2 - t1;
+    st[2] += t3 - t2;
+    return FK_OK;
+}
+
+/* One pass of a coder over every signal, block by block (one correlation SGEMM each): its
+ * thread CPU seconds to *sec, the wall seconds of its stages added to st (correlations;
+ * Top-n, pool OMP or greedy loop, refinement). */
 static int screen_pass(int which, const struct fk_dict_view *v, const struct fk_bench_omp_data *d,
-                       int s, int pool, int B, float *abuf, float *work, int32_t *cand,
-                       struct fk_code *codes, double *sec)
+                       int s, int pool, int B, const struct screen_buf *sb,
+                       struct fk_code *codes, double *sec, double *st)
 {
     int n = d->n_signals, m = d->dim, N = d->n_atoms;
-    double gss[FK_SMAX * FK_SMAX];
     double t0 = fk_thread_cpu_s();
     for (int b0 = 0; b0 < n; b0 += B) {
         int nb = n - b0 < B ? n - b0 : B;
         const float *xb = d->signals + (size_t)b0 * m;
-        fk_correlate(v, xb, nb, abuf);
+        double w0 = fk_wall_s();
+        fk_correlate(v, xb, nb, sb->abuf);
+        double w1 = fk_wall_s();
+        st[0] += w1 - w0;
         if (which == SC_OMP) {
-            FK_TRY(fk_omp_gram_batch(v, nb, xb, abuf, (size_t)N, s, 0.0, work, codes + b0));
+            FK_TRY(fk_omp_gram_batch(v, nb, xb, sb->abuf, (size_t)N, s, 0.0, sb->work,
+                                     codes + b0));
+            st[2] += fk_wall_s() - w1;
             continue;
         }
-        for (int i = 0; i < nb; i++) {
-            const float *xi = xb + (size_t)i * m, *ai = abuf + (size_t)i * N;
-            struct fk_code *c = &codes[b0 + i];
-            if (which == SC_PL) {
-                memset(c, 0, sizeof *c);
-                c->xx = fk_dot_seq(xi, xi, m);
-                if (c->xx <= 1e-30) {
-                    c->flags = FK_CODE_ZERO;
-                    continue;
-                }
-                c->k = fk_topn(ai, NULL, N, s, 1, c->idx, work);
-                FK_TRY(fk_refine(v, xi, 1e-4, 0.20, 1, c));
-                continue;
+        if (which == SC_GM_OLD) { /* the naive pool OMP and refinement, one at a time */
+            for (int i = 0; i < nb; i++) {
+                const float *xi = xb + (size_t)i * m, *ai = sb->abuf + (size_t)i * N;
+                struct fk_code *c = &codes[b0 + i];
+                int np = fk_topn(ai, NULL, N, pool, 0, sb->cand, sb->work);
+                FK_TRY(fk_omp_naive(v, xi, ai, sb->cand, np, s, 0, sb->work, c));
+                if (c->k > 0 && !(c->flags & FK_CODE_ZERO))
+                    FK_TRY(fk_refine(v, xi, 1e-4, 0.20, 1, c));
             }
-            int np = fk_topn(ai, NULL, N, pool, 0, cand, work);
-            if (which == SC_GM)
-                FK_TRY(fk_omp_pool(v, xi, ai, cand, np, s, work, c, gss));
-            else
-                FK_TRY(fk_omp_naive(v, xi, ai, cand, np, s, 0, work, c));
-            if (c->k > 0 && !(c->flags & FK_CODE_ZERO))
-                FK_TRY(which == SC_GM ? fk_refine_gss(v, xi, 1e-4, 0.20, 1, c, gss)
-                                      : fk_refine(v, xi, 1e-4, 0.20, 1, c));
+            continue;
+        }
+        for (int i = 0; i < nb; i += FK_REFINE_LANES) {
+            int nv = nb - i < FK_REFINE_LANES ? nb - i : FK_REFINE_LANES;
+            FK_TRY(screen_group(which, v, s, pool, nv, xb + (size_t)i * m,
+                                sb->abuf + (size_t)i * N, sb, codes + b0 + i, st + 1));
         }
     }
     *sec = fk_thread_cpu_s() - t0;
@@ -658,17 +731,22 @@ int fk_bench_screen_run(const struct fk_bench_omp_cfg *cfg, const struct fk_benc
                       s, pool, N);
     res->pool = pool;
     size_t wsz = fk_omp_batch_work_floats(N, m, s);
-    size_t w2 = fk_omp_work_floats(N, m, s) + 2 * (size_t)N + 64;
+    size_t w2 = fk_omp_pool2_work_floats(N, m, s) + 2 * (size_t)N + 64;
     wsz = wsz > w2 ? wsz : w2;
     float *gram = fk_gram_alloc((size_t)N * N);
-    float *abuf = malloc((size_t)B * N * sizeof(float));
-    float *work = malloc(wsz * sizeof(float));
-    int32_t *cand = malloc((size_t)N * sizeof(int32_t));
+    struct screen_buf sb = {
+        .abuf = malloc((size_t)B * N * sizeof(float)), .work = malloc(wsz * sizeof(float)),
+        .rwork_n = fk_refine_work_doubles(FK_REFINE_LANES, s),
+        .cand = malloc((size_t)FK_REFINE_LANES * N * sizeof(int32_t)),
+        .gss = malloc((size_t)FK_REFINE_LANES * FK_SMAX * FK_SMAX * sizeof(double))};
+    sb.rwork = malloc(sb.rwork_n * sizeof(double));
     struct fk_code *codes = malloc((size_t)n * sizeof *codes);
     struct fk_code *codes2 = malloc((size_t)n * sizeof *codes2);
     double *t = malloc((size_t)3 * R * sizeof(double));
+    double *st = calloc((size_t)3 * 4 * R, sizeof(double)); /* [coder][stage][round] */
     double *rel = malloc((size_t)2 * R * sizeof(double));
-    int rc = gram && abuf && work && cand && codes && codes2 && t && rel
+    int rc = gram && sb.abuf && sb.work && sb.rwork && sb.cand && sb.gss && codes && codes2 &&
+                     t && st && rel
                  ? FK_OK
                  : fk_err(FK_ENOMEM, "bench omp --pool: cannot allocate buffers");
     if (rc == FK_OK)
@@ -677,17 +755,20 @@ int fk_bench_screen_run(const struct fk_bench_omp_cfg *cfg, const struct fk_benc
     struct gram_store gs = {gram, (size_t)N};
     struct fk_dict_view v = {.m = m, .n_atoms = N, .atoms = data->atoms, .dead = NULL,
                              .gram_row = gram_row_stored, .gram_ctx = &gs};
-    double dt;
+    double dt, sw[4];
     for (int w = SC_OMP; rc == FK_OK && w <= SC_PL; w++) /* warm-up */
-        rc = screen_pass(w, &v, data, s, pool, B, abuf, work, cand, codes, &dt);
+        rc = screen_pass(w, &v, data, s, pool, B, &sb, codes, &dt, sw);
     for (int r = 0; rc == FK_OK && r < R; r++)
-        for (int w = SC_OMP; rc == FK_OK && w <= SC_PL; w++)
-            rc = screen_pass(w, &v, data, s, pool, B, abuf, work, cand, codes,
-                             &t[(size_t)w * R + r]);
+        for (int w = SC_OMP; rc == FK_OK && w <= SC_PL; w++) {
+            memset(sw, 0, sizeof sw);
+            rc = screen_pass(w, &v, data, s, pool, B, &sb, codes, &t[(size_t)w * R + r], sw);
+            for (int k = 0; k < 4; k++)
+                st[((size_t)w * 4 + k) * R + r] = sw[k];
+        }
     if (rc == FK_OK) {
-        rc = screen_pass(SC_GM, &v, data, s, pool, B, abuf, work, cand, codes, &dt);
+        rc = screen_pass(SC_GM, &v, data, s, pool, B, &sb, codes, &dt, sw);
         if (rc == FK_OK)
-            rc = screen_pass(SC_GM_OLD, &v, data, s, pool, B, abuf, work, cand, codes2, &dt);
+            rc = screen_pass(SC_GM_OLD, &v, data, s, pool, B, &sb, codes2, &dt, sw);
         int same = 0;
         for (int i = 0; rc == FK_OK && i < n; i++)
             same += gm_agrees(&codes[i], &codes2[i], &res->gm_coef_diff);
@@ -708,15 +789,21 @@ int fk_bench_screen_run(const struct fk_bench_omp_cfg *cfg, const struct fk_benc
         res->pl_vps = n / fk_bench_median_sort(t + 2 * R, R);
         res->gm_rel = fk_bench_median_sort(rel, R);
         res->pl_rel = fk_bench_median_sort(rel + R, R);
+        for (int w = 0; w < 3; w++)
+            for (int k = 0; k < 4; k++)
+                res->stage_us[w][k] = 1e6 / n * fk_bench_median_sort(st + ((size_t)w * 4 + k) * R, R);
     }
     fk_blas_restore(saved);
     free(gram);
-    free(abuf);
-    free(work);
-    free(cand);
+    free(sb.abuf);
+    free(sb.work);
+    free(sb.rwork);
+    free(sb.cand);
+    free(sb.gss);
     free(codes);
     free(codes2);
     free(t);
+    free(st);
     free(rel);
     return rc;
 }

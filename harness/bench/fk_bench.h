@@ -106,6 +106,10 @@ struct fk_bench_screen_result {
     int rounds;
     double gm_support_same;         /* share of codes with gm's support equal to naive's */
     double gm_coef_diff;            /* max |coef - naive coef| / (1 + |naive coef|) over them */
+    /* wall us per vector of each stage, median of rounds: [omp, gm, pl][correlations, Top-n,
+     * greedy loop (Batch-OMP's or the pool OMP), refinement]; 0 for a stage a coder does not
+     * have */
+    double stage_us[3][4];
 };
 
 int fk_bench_screen_run(const struct fk_bench_omp_cfg *cfg, const struct fk_bench_omp_data *data,

@@ -27,7 +27,9 @@ static void usage(FILE *f)
             "  the /dict and /signals of a file; --codes-out writes the codes.\n"
             "  --pool n (default N/16; 0 = skip): then times the screening coders gm (Top-n\n"
             "  pool, greedy OMP in it, ridge) and pl (Top-s, ridge) next to Batch-OMP on the\n"
-            "  same data, one thread, each block one SGEMM; ratios taken within each round.\n"
+            "  same data, one thread, each block one SGEMM, coded as the codecs code them\n"
+            "  (four vectors at a time); ratios taken within each round, and each stage's\n"
+            "  wall time per vector (correlations, Top-n, greedy loop, refinement).\n"
             "  --kernels (default best): the figures again in a column of their own from a\n"
             "  child process with other OpenBLAS kernels: best = OPENBLAS_CORETYPE unset (the\n"
             "  set OpenBLAS picks for this CPU; skipped when this run has it already), NAME =\n"
@@ -303,7 +305,13 @@ int fk_cli_bench_omp(int argc, char **argv)
         printf(")\n  %-34s %12.0f %12.3f  (rounds", "pl (Top-s, ridge)", sr.pl_vps, sr.pl_rel);
         for (int r = 0; r < sr.rounds && r < 8; r++)
             printf(" %.3f", sr.pl_rel_r[r]);
-        printf(")\n  gm codes against the naive pool OMP (fk_omp_naive + fk_refine): the same "
+        printf(")\n  stages, wall us per vector (median of rounds): correlations, Top-n, greedy "
+               "loop, refinement\n");
+        static const char *const who[3] = {"omp", "gm", "pl"};
+        for (int w = 0; w < 3; w++)
+            printf("    %-4s %8.3f %8.3f %8.3f %8.3f\n", who[w], sr.stage_us[w][0],
+                   sr.stage_us[w][1], sr.stage_us[w][2], sr.stage_us[w][3]);
+        printf("  gm codes against the naive pool OMP (fk_omp_naive + fk_refine): the same "
                "support in %.2f%%, coefficients within %.2g\n", 100 * sr.gm_support_same,
                sr.gm_coef_diff);
     }
