@@ -1459,9 +1459,11 @@ int fk_omp_pool2(const struct fk_dict_view *d, const float *const x[2],
         return fk_err(FK_EINVAL, "fk_omp_pool2: expected a Gram row function and two of each");
     struct pstate g[2];
     size_t wf = fk_omp_work_floats(d->n_atoms, d->m, s) + 16;
+    /* the rows' entries are requested ahead where the Gram lies beyond L2 (1 MiB) */
+    int pf = (size_t)d->n_atoms * (size_t)d->n_atoms * sizeof(float) > ((size_t)1 << 20);
     for (int l = 0; l < 2; l++)
         FK_TRY(pool_begin(&g[l], d, x[l], a[l], cand[l], nc[l], s, work + (size_t)l * wf,
-                          out[l], gss[l], 1));
+                          out[l], gss[l], pf));
     while (g[0].active && g[1].active) {
         pool_gather(&g[0]);
         pool_gather(&g[1]);
