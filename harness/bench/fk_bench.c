@@ -9,6 +9,7 @@
 #include "bench/fk_bench.h"
 
 #include "common/fk_err.h"
+#include "core/fk_codec.h"
 #include "kernels/fk_blas.h"
 #include "kernels/fk_dot.h"
 
@@ -599,9 +600,10 @@ struct screen_buf {
 };
 
 /* Vectors i .. i + nv - 1 as the GM coder codes them (codecs/dict/fk_dict_coders.c): every
- * Top-n pool, the pool OMP two vectors in turn (fk_omp_pool2), the refinements in lockstep
- * (fk_refine_many); pl: Top-s, the refinements. st[0 .. 2]: wall seconds of the Top-n, the
- * pool OMP and the refinement, added to. */
+ * Top-n pool, the pool OMP (over the Gram two vectors in turn, fk_omp_pool2, up to N
+ * FK_OWN_GRAM_MAX; beyond it the naive pool OMP, as the coder keeps no Gram there), the
+ * refinements in lockstep (fk_refine_many); pl: Top-s, the refinements. st[0 .. 2]: wall
+ * seconds of the Top-n, the pool OMP and the refinement, added to. */
 static int screen_group(int which, const struct fk_dict_view *v, int s, int pool, int nv,
                         const float *x, const float *a, const struct screen_buf *sb,
                         struct fk_code *c, double *st)
@@ -632,7 +634,12 @@ static int screen_group(int which, const struct fk_dict_view *v, int s, int pool
         }
     }
     double t1 = fk_wall_s();
-    for (int i = 0; which == SC_GM && i < nv;) {
+    struct fk_dict_view vn = *v; /* no Gram: fk_omp_pool's naive mode */
+    vn.gram_row = NULL;
+    for (int i = 0; which == SC_GM && N > FK_OWN_GRAM_MAX && i < nv; i++)
+        FK_TRY(fk_omp_pool(&vn, xs[i], as[i], ps[i], np[i], s, sb->work, &c[i],
+                           sb->gss + (size_t)i * FK_SMAX * FK_SMAX));
+    for (int i = 0; which == SC_GM && N <= FK_OWN_GRAM_MAX && i < nv;) {
         if (i + 1 < nv) {
             struct fk_code *const co[2] = {&c[i], &c[i + 1]};
             double *const g[2] = {sb->gss + (size_t)i * FK_SMAX * FK_SMAX,
