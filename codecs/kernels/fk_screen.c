@@ -420,6 +420,18 @@ FK_CLONES512 static int count_gt(const int32_t *restrict ck, int nc, int32_t thr
     return c;
 }
 
+/* Every atom a candidate (t0 1, none dead: collect_keys's result without its masks): ids and
+ * keys of a[0 .. n) in one vectorised pass. */
+FK_CLONES512 static int all_keys(const float *restrict a, int n, int32_t *restrict cand,
+                                 int32_t *restrict ck)
+{
+    for (int i = 0; i < n; i++) {
+        cand[i] = i;
+        ck[i] = screen_key(a[i]);
+    }
+    return n;
+}
+
 /* collect_keys16 where this CPU has AVX-512F, else collect_keys. */
 static int collect_any(const float *a, const uint8_t *dead, int n, int32_t t0, int32_t *cand,
                        int32_t *ck)
@@ -482,7 +494,8 @@ static int topn_large(const float *a, const uint8_t *dead, int n_atoms, int n, i
             t0 = t0 > 1 ? t0 : 1;
         }
     }
-    int nc = collect_any(a, dead, n_atoms, t0, cand, ck);
+    int nc = t0 <= 1 && !dead ? all_keys(a, n_atoms, cand, ck)
+                              : collect_any(a, dead, n_atoms, t0, cand, ck);
     if (nc < n_eff)
         nc = collect_any(a, dead, n_atoms, 1, cand, ck);
     if (nc == n_eff) {
