@@ -143,9 +143,10 @@ int fk_omp_pool(const struct fk_dict_view *d, const float *x, const float *a,
 size_t fk_omp_pool2_work_floats(int n_atoms, int m, int s);
 
 /* fk_omp_pool in Gram mode (d->gram_row) on two vectors at once (x, a, cand, nc, out, gss:
- * one of each per vector), stepping in turn so that the Gram row entries one vector reads
- * next are requested while the other updates: the same bits as two calls of fk_omp_pool.
- * work: fk_omp_pool2_work_floats. */
+ * one of each per vector), stepping in turn: both vectors gather, then extend their Cholesky
+ * factors in lockstep (their chains of divisions overlap), then update; where the Gram lies
+ * beyond L2 the row entries one vector reads next are requested while the other updates. The
+ * same bits as two calls of fk_omp_pool. work: fk_omp_pool2_work_floats. */
 int fk_omp_pool2(const struct fk_dict_view *d, const float *const x[2],
                  const float *const a[2], const int32_t *const cand[2], const int nc[2], int s,
                  float *work, struct fk_code *const out[2], double *const gss[2]);
